@@ -1,0 +1,158 @@
+//! Boot selection: which slot the bootloader tries next, and how often.
+//!
+//! One trait, several backends. Every backend expresses the same model: an
+//! ordered list of slots to try, and per slot whether it may be booted and
+//! how many attempts it has left. The backends map that model onto their
+//! bootloader's variables so that existing boot scripts work unchanged:
+//!
+//! | model                 | U-Boot (`uboot`)         | GRUB (`grub`)              | `file`           |
+//! |-----------------------|--------------------------|----------------------------|------------------|
+//! | order                 | `BOOT_ORDER="A B"`       | `ORDER="A B"`              | `BOOT_ORDER`     |
+//! | attempts left         | `BOOT_A_LEFT=3`          | `A_TRY=0` (one try)        | `BOOT_A_LEFT`    |
+//! | may be booted         | in `BOOT_ORDER`, LEFT>0  | `A_OK=1`, in `ORDER`       | as U-Boot        |
+//!
+//! Every change is one write of the whole environment, so a power cut leaves
+//! either the old or the new selection, never a mix, as far as the medium
+//! allows (see `docs/bootloaders.md`). A backend must refuse to write when it
+//! cannot read a valid current state: guessing a fresh environment is how
+//! devices get bricked.
+
+pub mod file;
+pub mod grub;
+pub mod script;
+pub mod uboot;
+
+use std::fmt;
+
+use crate::config::{BootloaderKind, Config};
+use crate::err;
+use crate::error::Result;
+use crate::slot::SlotName;
+
+/// Per-slot boot status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotBoot {
+    /// The bootloader may pick this slot (in the order, marked OK).
+    pub bootable: bool,
+    /// Attempts left before the bootloader falls back (GRUB: 1 or 0).
+    pub tries_left: u32,
+}
+
+/// The boot selection as read from the bootloader.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BootState {
+    /// Slots in the order the bootloader tries them.
+    pub order: Vec<SlotName>,
+    pub a: SlotBoot,
+    pub b: SlotBoot,
+}
+
+impl BootState {
+    pub fn slot(&self, s: SlotName) -> SlotBoot {
+        match s {
+            SlotName::A => self.a,
+            SlotName::B => self.b,
+        }
+    }
+
+    /// The slot the bootloader will boot next: the first in the order that
+    /// is bootable and has attempts left.
+    pub fn next_boot(&self) -> Option<SlotName> {
+        self.order
+            .iter()
+            .copied()
+            .find(|s| self.slot(*s).bootable && self.slot(*s).tries_left > 0)
+    }
+}
+
+impl fmt::Display for BootState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let order: Vec<&str> = self.order.iter().map(|s| s.as_str()).collect();
+        write!(
+            f,
+            "order [{}], A {}({} left), B {}({} left)",
+            order.join(" "),
+            if self.a.bootable { "ok" } else { "off" },
+            self.a.tries_left,
+            if self.b.bootable { "ok" } else { "off" },
+            self.b.tries_left
+        )
+    }
+}
+
+/// What updraft asks of a bootloader.
+pub trait Bootloader {
+    /// A short name for logs ("uboot /etc/fw_env.config").
+    fn describe(&self) -> String;
+
+    /// Read the current selection. Fails when the environment is corrupt.
+    fn read(&mut self) -> Result<BootState>;
+
+    /// Take `slot` out of the boot order entirely (not bootable, no attempts)
+    /// so a half-written slot can never be booted, not even by a boot script
+    /// that resets counters when nothing is bootable.
+    fn disable(&mut self, slot: SlotName) -> Result<()>;
+
+    /// Put `slot` first for a counted trial boot with `tries` attempts. The
+    /// other slot stays in the order as the fallback.
+    fn trial(&mut self, slot: SlotName, tries: u32) -> Result<()>;
+
+    /// Mark `slot` good: first in the order, bootable, attempts reset to
+    /// `tries`. Writes nothing when that is already the state.
+    fn mark_good(&mut self, slot: SlotName, tries: u32) -> Result<()>;
+
+    /// Mark `slot` bad: out of the order, the other slot first.
+    fn mark_bad(&mut self, slot: SlotName) -> Result<()>;
+}
+
+/// Build the backend the configuration names.
+pub fn from_config(cfg: &Config) -> Result<Box<dyn Bootloader>> {
+    let b = &cfg.bootloader;
+    Ok(match b.kind {
+        BootloaderKind::File => Box::new(file::FileBootloader::new(b.path.clone())),
+        BootloaderKind::Uboot => Box::new(uboot::UbootBootloader::from_config_file(&b.fw_env_config)?),
+        BootloaderKind::Grub => Box::new(grub::GrubBootloader::new(b.grubenv.clone())?),
+        BootloaderKind::Script => {
+            let Some(script) = &b.script else {
+                return Err(err!(Config, "bootloader.script is required when kind = \"script\""));
+            };
+            Box::new(script::ScriptBootloader::new(script.clone())?)
+        }
+    })
+}
+
+/// The model operations on a generic (order, left) pair, shared by the
+/// backends that store U-Boot style variables.
+pub mod model {
+    use super::*;
+
+    /// Order without `slot`.
+    pub fn without(order: &[SlotName], slot: SlotName) -> Vec<SlotName> {
+        order.iter().copied().filter(|s| *s != slot).collect()
+    }
+
+    /// Order with `slot` first, followed by the rest in their order.
+    pub fn first(order: &[SlotName], slot: SlotName) -> Vec<SlotName> {
+        let mut v = vec![slot];
+        v.extend(without(order, slot));
+        v
+    }
+
+    /// Parse a space-separated order ("A B"); unknown names are an error,
+    /// duplicates are dropped.
+    pub fn parse_order(text: &str) -> Result<Vec<SlotName>> {
+        let mut out = Vec::new();
+        for word in text.split_whitespace() {
+            let s = SlotName::parse(word)
+                .ok_or_else(|| err!(Bootloader, "boot order {text:?} names unknown slot {word:?}"))?;
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn format_order(order: &[SlotName]) -> String {
+        order.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" ")
+    }
+}

@@ -1,0 +1,431 @@
+//! The configuration file: `/etc/updraft/updraft.toml` unless `--config`.
+//!
+//! Every key is documented in `docs/configuration.md`. Parsing is strict:
+//! an unknown key, a value of the wrong type or a duration that does not
+//! parse is an error that names the key and the file, because a typo in a
+//! device image must fail on the bench, not silently fall back to a default
+//! in the field. This module only reads and checks; it opens nothing the
+//! values point at, except the public key files it must parse.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::error::{Error, Kind, Result};
+use crate::timestamp::parse_duration;
+use crate::trust::{Anchor, KeySet, PublicKey};
+
+pub const DEFAULT_PATH: &str = "/etc/updraft/updraft.toml";
+
+/// A duration written as `30m`, `6h`, `90s`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration(&s).map(Dur).map_err(serde::de::Error::custom)
+    }
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: Server,
+    pub device: Device,
+    pub trust: TrustConfig,
+    pub slots: Slots,
+    #[serde(default)]
+    pub bootloader: Bootloader,
+    #[serde(default)]
+    pub health: Health,
+    #[serde(default)]
+    pub system: System,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields, default)]
+pub struct Server {
+    /// Where the signed manifest is polled. Empty: the daemon never polls
+    /// (local installs only).
+    pub manifest_url: String,
+    /// Extra trust anchor (PEM) for TLS, added to the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// Use the system's CA bundle as well (default true).
+    pub system_roots: bool,
+    /// Base URLs tried in order when the primary fails.
+    pub mirrors: Vec<String>,
+    /// Where reports are POSTed; empty keeps them queued.
+    pub report_url: String,
+    pub poll_interval: Dur,
+    /// Spread of every poll around `poll_interval`, and of the first poll
+    /// after start.
+    pub poll_jitter: Option<Dur>,
+    pub heartbeat_interval: Dur,
+    /// Cap of the exponential backoff after failures.
+    pub retry_max: Dur,
+    pub connect_timeout: Dur,
+    /// No byte for this long on an open connection ends the transfer.
+    pub stall_timeout: Dur,
+    /// Slow-retrieval floor: a transfer slower than `min_rate` bytes/s over
+    /// `min_rate_window` is abandoned.
+    pub min_rate: u64,
+    pub min_rate_window: Dur,
+    /// PEM client certificate chain and key, for servers that want mTLS.
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+    /// File holding a bearer token sent as `Authorization: Bearer …`.
+    pub token_file: Option<PathBuf>,
+    /// Development only: allow plain `http://` URLs.
+    pub insecure_allow_http: bool,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Server {
+            manifest_url: String::new(),
+            ca_file: None,
+            system_roots: true,
+            mirrors: Vec::new(),
+            report_url: String::new(),
+            poll_interval: Dur(Duration::from_secs(30 * 60)),
+            poll_jitter: None,
+            heartbeat_interval: Dur(Duration::from_secs(6 * 3600)),
+            retry_max: Dur(Duration::from_secs(6 * 3600)),
+            connect_timeout: Dur(Duration::from_secs(30)),
+            stall_timeout: Dur(Duration::from_secs(60)),
+            min_rate: 256,
+            min_rate_window: Dur(Duration::from_secs(120)),
+            client_cert: None,
+            client_key: None,
+            token_file: None,
+            insecure_allow_http: false,
+        }
+    }
+}
+
+impl Server {
+    /// Jitter window: configured, else a quarter of the poll interval.
+    pub fn jitter(&self) -> Duration {
+        match self.poll_jitter {
+            Some(d) => d.0,
+            None => self.poll_interval.0 / 4,
+        }
+    }
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Device {
+    /// This device's hardware id; a release must list it in `compatible`.
+    pub compatible: String,
+    #[serde(default = "default_id_file")]
+    pub id_file: PathBuf,
+}
+
+fn default_id_file() -> PathBuf {
+    PathBuf::from("/data/updraft/device-id")
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct TrustConfig {
+    #[serde(default)]
+    pub root_keys: Vec<PathBuf>,
+    #[serde(default)]
+    pub keys: Vec<PathBuf>,
+    #[serde(default = "one")]
+    pub threshold: usize,
+    /// Version of the key document the provisioned root keys belong to.
+    #[serde(default)]
+    pub keys_version: u64,
+}
+
+fn one() -> usize {
+    1
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Slots {
+    pub a: PathBuf,
+    pub b: PathBuf,
+    #[serde(default = "default_cmdline")]
+    pub cmdline: PathBuf,
+}
+
+fn default_cmdline() -> PathBuf {
+    PathBuf::from("/proc/cmdline")
+}
+
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BootloaderKind {
+    Uboot,
+    Grub,
+    File,
+    Script,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields, default)]
+pub struct Bootloader {
+    pub kind: BootloaderKind,
+    pub tries: u32,
+    pub path: PathBuf,
+    pub fw_env_config: PathBuf,
+    pub grubenv: PathBuf,
+    /// Script backend: an executable called as `SCRIPT <verb> [SLOT] [TRIES]`.
+    pub script: Option<PathBuf>,
+}
+
+impl Default for Bootloader {
+    fn default() -> Self {
+        Bootloader {
+            kind: BootloaderKind::File,
+            tries: 3,
+            path: PathBuf::from("/data/updraft/boot.state"),
+            fw_env_config: PathBuf::from("/etc/fw_env.config"),
+            grubenv: PathBuf::from("/boot/grub/grubenv"),
+            script: None,
+        }
+    }
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields, default)]
+pub struct Health {
+    pub checks_dir: PathBuf,
+    pub required_units: Vec<String>,
+    /// Deadline for all checks together.
+    pub timeout: Dur,
+    /// Deadline for one check executable.
+    pub check_timeout: Dur,
+    /// Also require that the update server answers.
+    pub check_server: bool,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            checks_dir: PathBuf::from("/etc/updraft/health.d"),
+            required_units: Vec::new(),
+            timeout: Dur(Duration::from_secs(300)),
+            check_timeout: Dur(Duration::from_secs(60)),
+            check_server: false,
+        }
+    }
+}
+
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RebootMode {
+    Auto,
+    Manual,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields, default)]
+pub struct System {
+    pub reboot: RebootMode,
+    pub reboot_command: Vec<String>,
+    pub boot_id_file: PathBuf,
+    pub state_dir: PathBuf,
+    pub socket: PathBuf,
+    /// Group allowed to use read-only socket commands.
+    pub socket_group: Option<String>,
+    pub metrics_file: Option<PathBuf>,
+    /// Data is flushed to the slot every this many bytes.
+    pub sync_bytes: u64,
+}
+
+impl Default for System {
+    fn default() -> Self {
+        System {
+            reboot: RebootMode::Auto,
+            reboot_command: vec!["systemctl".into(), "reboot".into()],
+            boot_id_file: PathBuf::from("/proc/sys/kernel/random/boot_id"),
+            state_dir: PathBuf::from("/data/updraft"),
+            socket: PathBuf::from("/run/updraft/updraft.sock"),
+            socket_group: None,
+            metrics_file: None,
+            sync_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for BootloaderKind {
+    fn default() -> Self {
+        BootloaderKind::File
+    }
+}
+
+impl Config {
+    /// Read and check the file at `path`.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::new(Kind::Config, format!("reading config {}: {e}", path.display())))?;
+        Config::parse(&text).map_err(|e| e.wrap(format!("config {}", path.display())))
+    }
+
+    /// Parse and check configuration text. Relative paths are kept as
+    /// written (resolved against the working directory when used).
+    pub fn parse(text: &str) -> Result<Config> {
+        let cfg: Config = toml::from_str(text)
+            .map_err(|e| Error::new(Kind::Config, e.to_string().trim_end().to_string()))?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |key: &str, why: String| Err(Error::new(Kind::Config, format!("{key}: {why}")));
+        let s = &self.server;
+        for (key, url) in std::iter::once(("server.manifest_url", &s.manifest_url))
+            .chain(std::iter::once(("server.report_url", &s.report_url)))
+            .chain(s.mirrors.iter().map(|m| ("server.mirrors", m)))
+        {
+            if url.is_empty() && key != "server.mirrors" {
+                continue;
+            }
+            if url.starts_with("http://") {
+                if !s.insecure_allow_http {
+                    return bad(
+                        key,
+                        format!("{url:?} is plain http; use https (server.insecure_allow_http = true is for development only)"),
+                    );
+                }
+            } else if !url.starts_with("https://") {
+                return bad(key, format!("{url:?} is not an https URL"));
+            }
+        }
+        if s.poll_interval.0 < Duration::from_secs(1) {
+            return bad("server.poll_interval", "must be at least 1s".into());
+        }
+        if s.jitter() > s.poll_interval.0 {
+            return bad("server.poll_jitter", "must not exceed server.poll_interval".into());
+        }
+        if s.client_cert.is_some() != s.client_key.is_some() {
+            return bad("server.client_cert", "client_cert and client_key go together".into());
+        }
+        if self.device.compatible.is_empty() {
+            return bad("device.compatible", "must not be empty".into());
+        }
+        let t = &self.trust;
+        match (t.root_keys.is_empty(), t.keys.is_empty()) {
+            (true, true) => return bad("trust", "set root_keys (root mode) or keys (simple mode)".into()),
+            (false, false) => return bad("trust", "root_keys and keys are exclusive: root keys sign key documents that list the release keys".into()),
+            _ => {}
+        }
+        if self.slots.a == self.slots.b {
+            return bad("slots.b", format!("is the same path as slots.a ({})", self.slots.a.display()));
+        }
+        let b = &self.bootloader;
+        if b.tries == 0 || b.tries > 255 {
+            return bad("bootloader.tries", format!("{} is not between 1 and 255", b.tries));
+        }
+        if b.kind == BootloaderKind::Script && b.script.is_none() {
+            return bad("bootloader.script", "is required when kind = \"script\"".into());
+        }
+        if self.system.reboot == RebootMode::Auto && self.system.reboot_command.is_empty() {
+            return bad("system.reboot_command", "is empty but reboot = \"auto\"".into());
+        }
+        if self.system.sync_bytes < 1024 * 1024 {
+            return bad("system.sync_bytes", "must be at least 1 MiB".into());
+        }
+        Ok(())
+    }
+
+    /// Load the trust anchor: the public key files named by `trust`.
+    pub fn trust_anchor(&self) -> Result<Anchor> {
+        let t = &self.trust;
+        let (paths, key) = if t.root_keys.is_empty() {
+            (&t.keys, "trust.keys")
+        } else {
+            (&t.root_keys, "trust.root_keys")
+        };
+        let keys = paths
+            .iter()
+            .map(|p| PublicKey::load(p))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| e.wrap(key))?;
+        let set = KeySet::new(keys, t.threshold)
+            .map_err(|e| e.wrap(format!("{key} with trust.threshold")).with_kind(Kind::Config))?;
+        Ok(if t.root_keys.is_empty() {
+            Anchor::Release(set)
+        } else {
+            Anchor::Root {
+                keys: set,
+                version: t.keys_version,
+            }
+        })
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        self.system.state_dir.join("updraft.db")
+    }
+
+    pub fn lock_path(&self) -> PathBuf {
+        self.system.state_dir.join("updraft.lock")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[device]
+compatible = "rpi4"
+[trust]
+keys = ["/k.pub"]
+[slots]
+a = "/dev/a"
+b = "/dev/b"
+"#;
+
+    #[test]
+    fn minimal_config_takes_defaults() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!(c.server.poll_interval.0, Duration::from_secs(1800));
+        assert_eq!(c.bootloader.kind, BootloaderKind::File);
+        assert_eq!(c.system.state_dir, PathBuf::from("/data/updraft"));
+        assert_eq!(c.server.jitter(), Duration::from_secs(450));
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = Config::parse(&format!("{MINIMAL}\n[system]\nstate_dri = \"/x\"\n")).unwrap_err();
+        assert!(e.to_string().contains("state_dri"), "{e}");
+        assert_eq!(e.kind(), Kind::Config);
+    }
+
+    #[test]
+    fn bad_duration_is_named() {
+        let e = Config::parse(&format!("[server]\npoll_interval = \"soon\"\n{MINIMAL}")).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("poll_interval") && msg.contains("\"soon\""), "{msg}");
+    }
+
+    #[test]
+    fn plain_http_needs_the_development_switch() {
+        let cfg = format!("[server]\nmanifest_url = \"http://127.0.0.1/m.json\"\n{MINIMAL}");
+        let e = Config::parse(&cfg).unwrap_err();
+        assert!(e.to_string().starts_with("server.manifest_url:"), "{e}");
+        let cfg = format!("[server]\nmanifest_url = \"http://127.0.0.1/m.json\"\ninsecure_allow_http = true\n{MINIMAL}");
+        assert!(Config::parse(&cfg).is_ok());
+    }
+
+    #[test]
+    fn trust_modes_are_exclusive() {
+        let cfg = MINIMAL.replace("keys = [\"/k.pub\"]", "keys = [\"/k.pub\"]\nroot_keys = [\"/r.pub\"]");
+        assert!(Config::parse(&cfg).unwrap_err().to_string().contains("exclusive"));
+    }
+
+    #[test]
+    fn same_slot_twice_is_refused() {
+        let cfg = MINIMAL.replace("b = \"/dev/b\"", "b = \"/dev/a\"");
+        assert!(Config::parse(&cfg).unwrap_err().to_string().starts_with("slots.b"));
+    }
+}

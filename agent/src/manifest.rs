@@ -1,0 +1,446 @@
+//! The release manifest: schema, structural validation and the policy checks
+//! a verified manifest must pass before anything is written.
+//!
+//! A manifest is a DSSE envelope (see [`crate::envelope`]) whose payload is
+//! the JSON [`Manifest`]. This module owns what the payload means: the
+//! release, the image the slot must end up containing, the full artifact and
+//! its signed frame table, and the optional deltas. Everything here is pure:
+//! it takes bytes, keys, the clock reading and stored values as arguments
+//! and never touches the network, the store or a slot.
+//!
+//! Validation happens in two layers. [`Manifest::parse`] refuses payloads
+//! that are internally inconsistent (frames that do not tile the artifact,
+//! sizes that do not add up, frames too big for the device's decoder), so
+//! the install pipeline can trust every number it reads.
+//! [`Manifest::check_policy`] then applies the device's rules: expiry,
+//! serial, hardware compatibility.
+
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::{Envelope, Verified};
+use crate::error::{Error, Kind, Result};
+use crate::hash::{Sha256, truncate};
+use crate::timestamp::Timestamp;
+use crate::trust::Trust;
+
+/// `payloadType` of manifests.
+pub const PAYLOAD_TYPE: &str = "application/vnd.updraft.manifest+json";
+
+/// The payload format this build understands.
+pub const SPEC_VERSION: u32 = 1;
+
+/// A manifest download larger than this is abandoned (endless data).
+pub const MAX_MANIFEST_BYTES: usize = 1024 * 1024;
+
+/// Largest decoded size of one artifact frame. The device decodes a frame
+/// into one buffer, so this bounds its memory.
+pub const MAX_FRAME_OUTPUT: u64 = 8 * 1024 * 1024;
+
+/// Largest zstd window the device accepts, as a power of two (8 MiB).
+pub const MAX_WINDOW_LOG: u32 = 23;
+
+/// At most this many frames and deltas.
+pub const MAX_FRAMES: usize = 1 << 16;
+pub const MAX_DELTAS: usize = 64;
+
+/// The signed payload.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Manifest {
+    pub spec_version: u32,
+    /// Monotonic: lower than stored is a rollback attack, equal is no change.
+    pub serial: u64,
+    /// When the publisher signed it; also a floor for the device clock.
+    pub issued: Timestamp,
+    /// After this, the manifest is refused (freeze attack).
+    pub expires: Timestamp,
+    /// The key document version the signing release keys belong to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys_version: Option<u64>,
+    pub release: Release,
+    pub image: Image,
+    pub artifact: Artifact,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deltas: Vec<Delta>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Release {
+    pub version: String,
+    /// Hardware ids this image runs on; the device's must be listed.
+    pub compatible: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Rollout {
+    /// Share of the fleet eligible, 0 to 100.
+    pub percent: f64,
+}
+
+/// What the slot must contain after the install.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+pub struct Image {
+    pub size: u64,
+    pub sha256: Sha256,
+}
+
+/// The full image as a zstd stream of independent frames.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Artifact {
+    pub url: String,
+    pub size: u64,
+    pub sha256: Sha256,
+    pub frames: Vec<Frame>,
+}
+
+/// One zstd frame: where it sits in the artifact and what it decodes to.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+pub struct Frame {
+    pub offset: u64,
+    pub size: u64,
+    pub out_size: u64,
+    pub out_sha256: Sha256,
+}
+
+/// A bsdiff delta from an older image to this one.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Delta {
+    pub from_size: u64,
+    pub from_sha256: Sha256,
+    pub url: String,
+    pub size: u64,
+    pub sha256: Sha256,
+}
+
+/// Upper bound of a zstd frame's compressed size for `n` input bytes
+/// (ZSTD_COMPRESSBOUND plus a frame header's worth).
+pub fn compress_bound(n: u64) -> u64 {
+    let margin = if n < (128 << 10) { ((128 << 10) - n) >> 11 } else { 0 };
+    n + (n >> 8) + margin + 64
+}
+
+/// A manifest whose signatures verified.
+#[derive(Clone, Debug)]
+pub struct VerifiedManifest {
+    pub manifest: Manifest,
+    /// The envelope exactly as received.
+    pub raw: Vec<u8>,
+}
+
+/// Read the `keys_version` hint from an unverified envelope so the caller can
+/// fetch newer key documents before verifying. Never trust anything else
+/// read this way.
+pub fn keys_version_hint(raw: &[u8]) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct Hint {
+        keys_version: Option<u64>,
+    }
+    let env = Envelope::parse(raw, "manifest").ok()?;
+    let payload = env.payload_bytes("manifest").ok()?;
+    serde_json::from_slice::<Hint>(&payload).ok()?.keys_version
+}
+
+/// Verify the envelope against the release keys in force and parse the
+/// payload. Policy (expiry, serial, compatibility) is checked separately.
+pub fn verify(raw: &[u8], trust: &Trust) -> Result<VerifiedManifest> {
+    if raw.len() > MAX_MANIFEST_BYTES {
+        return Err(Error::new(
+            Kind::Malformed,
+            format!(
+                "manifest is {} bytes, larger than the {MAX_MANIFEST_BYTES}-byte limit",
+                raw.len()
+            ),
+        ));
+    }
+    let env = Envelope::parse(raw, "manifest")?;
+    let (keys, role) = trust.release_keys()?;
+    let Verified { payload, .. } = env.verify("manifest", PAYLOAD_TYPE, keys, &role)?;
+    let manifest = Manifest::parse(&payload)?;
+    Ok(VerifiedManifest {
+        manifest,
+        raw: raw.to_vec(),
+    })
+}
+
+/// The outcome of comparing a verified manifest with the stored serial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freshness {
+    /// Higher serial: a new manifest.
+    New,
+    /// Same serial as stored: nothing new was published.
+    Unchanged,
+}
+
+impl Manifest {
+    /// Parse and structurally validate a payload.
+    pub fn parse(payload: &[u8]) -> Result<Manifest> {
+        // Look at spec_version first so a future format gets a clear error
+        // rather than a complaint about a missing field.
+        #[derive(Deserialize)]
+        struct Version {
+            spec_version: Option<serde_json::Value>,
+        }
+        let v: Version = serde_json::from_slice(payload)
+            .map_err(|e| Error::new(Kind::Malformed, format!("manifest payload is not valid JSON: {e}")))?;
+        match v.spec_version.as_ref().and_then(|v| v.as_u64()) {
+            Some(n) if n == SPEC_VERSION as u64 => {}
+            Some(n) => {
+                return Err(Error::new(
+                    Kind::Policy,
+                    format!("manifest spec_version {n} is not supported (this updraft reads {SPEC_VERSION})"),
+                ));
+            }
+            None => {
+                return Err(Error::new(
+                    Kind::Malformed,
+                    "manifest payload has no numeric spec_version",
+                ));
+            }
+        }
+        let m: Manifest = serde_json::from_slice(payload)
+            .map_err(|e| Error::new(Kind::Malformed, format!("manifest payload: {e}")))?;
+        m.validate()?;
+        Ok(m)
+    }
+
+    /// Structural checks: everything the install pipeline relies on.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::new(Kind::Malformed, format!("manifest: {msg}")));
+        let r = &self.release;
+        if r.version.is_empty() || r.version.len() > 128 || r.version.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return bad(format!("release version {:?} is empty, too long or has spaces or control characters", truncate(&r.version, 140)));
+        }
+        if r.compatible.is_empty() {
+            return bad("release.compatible is empty".into());
+        }
+        if r.compatible.len() > 256 || r.compatible.iter().any(|c| c.is_empty() || c.len() > 128) {
+            return bad("release.compatible has empty, overlong or too many entries".into());
+        }
+        if let Some(ro) = &r.rollout {
+            if !(ro.percent.is_finite() && (0.0..=100.0).contains(&ro.percent)) {
+                return bad(format!("rollout percent {} is not between 0 and 100", ro.percent));
+            }
+        }
+        if self.expires <= self.issued {
+            return bad(format!("expires {} is not after issued {}", self.expires, self.issued));
+        }
+        check_url(&self.artifact.url, "artifact url")?;
+        let a = &self.artifact;
+        if self.image.size == 0 {
+            return bad("image size is 0".into());
+        }
+        if a.frames.is_empty() {
+            return bad("artifact has no frames".into());
+        }
+        if a.frames.len() > MAX_FRAMES {
+            return bad(format!("artifact has {} frames, at most {MAX_FRAMES} are accepted", a.frames.len()));
+        }
+        let mut offset: u64 = 0;
+        let mut out: u64 = 0;
+        for (i, f) in a.frames.iter().enumerate() {
+            if f.offset != offset {
+                return bad(format!("frame {i} starts at {} but the previous frame ends at {offset}", f.offset));
+            }
+            if f.out_size == 0 || f.out_size > MAX_FRAME_OUTPUT {
+                return bad(format!(
+                    "frame {i} decodes to {} bytes; frames must decode to 1..={MAX_FRAME_OUTPUT} bytes",
+                    f.out_size
+                ));
+            }
+            if f.size == 0 || f.size > compress_bound(f.out_size) {
+                return bad(format!(
+                    "frame {i} is {} bytes compressed, impossible for {} bytes of output",
+                    f.size, f.out_size
+                ));
+            }
+            offset = offset
+                .checked_add(f.size)
+                .ok_or_else(|| Error::new(Kind::Malformed, "manifest: frame sizes overflow"))?;
+            out = out
+                .checked_add(f.out_size)
+                .ok_or_else(|| Error::new(Kind::Malformed, "manifest: frame output sizes overflow"))?;
+        }
+        if offset != a.size {
+            return bad(format!("frames cover {offset} bytes but the artifact is {} bytes", a.size));
+        }
+        if out != self.image.size {
+            return bad(format!("frames decode to {out} bytes but the image is {} bytes", self.image.size));
+        }
+        if self.deltas.len() > MAX_DELTAS {
+            return bad(format!("{} deltas listed, at most {MAX_DELTAS} are accepted", self.deltas.len()));
+        }
+        for (i, d) in self.deltas.iter().enumerate() {
+            check_url(&d.url, &format!("delta {i} url"))?;
+            if d.size == 0 || d.from_size == 0 {
+                return bad(format!("delta {i} has a zero size"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The device's rules for a verified manifest. `stored_serial` is the
+    /// highest serial accepted before (None on a fresh device).
+    pub fn check_policy(&self, now: Timestamp, stored_serial: Option<u64>, compatible: &str) -> Result<Freshness> {
+        if now >= self.expires {
+            return Err(Error::new(
+                Kind::Policy,
+                format!(
+                    "manifest serial {} expired at {} (now {now}): refusing a possibly frozen update server",
+                    self.serial, self.expires
+                ),
+            ));
+        }
+        let freshness = match stored_serial {
+            Some(s) if self.serial < s => {
+                return Err(Error::new(
+                    Kind::Policy,
+                    format!(
+                        "manifest serial {} is older than stored serial {s}: refusing a rollback",
+                        self.serial
+                    ),
+                ));
+            }
+            Some(s) if self.serial == s => Freshness::Unchanged,
+            _ => Freshness::New,
+        };
+        if !self.release.compatible.iter().any(|c| c == compatible) {
+            return Err(Error::new(
+                Kind::Policy,
+                format!(
+                    "release {} is for {:?}, not for this device ({compatible:?})",
+                    self.release.version,
+                    self.release.compatible.iter().map(|c| truncate(c, 40)).collect::<Vec<_>>()
+                ),
+            ));
+        }
+        Ok(freshness)
+    }
+
+    /// The delta that applies to an active slot holding `from`, if listed.
+    pub fn delta_from(&self, from_size: u64, from_sha256: &Sha256) -> Option<&Delta> {
+        self.deltas
+            .iter()
+            .find(|d| d.from_size == from_size && &d.from_sha256 == from_sha256)
+    }
+}
+
+/// Artifact and delta URLs are relative paths below the manifest's
+/// directory, or absolute https URLs. `..` segments, queries with control
+/// characters and other schemes are refused.
+fn check_url(url: &str, what: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(Error::new(
+            Kind::Malformed,
+            format!("manifest: {what} {:?} {why}", truncate(url, 120)),
+        ))
+    };
+    if url.is_empty() || url.len() > 2048 {
+        return bad("is empty or too long");
+    }
+    if url.chars().any(|c| c.is_control() || c == ' ' || c == '\\') {
+        return bad("contains spaces, backslashes or control characters");
+    }
+    if url.contains("://") {
+        if !url.starts_with("https://") && !url.starts_with("http://") {
+            return bad("uses an unsupported scheme");
+        }
+        return Ok(());
+    }
+    if url.starts_with('/') || url.split('/').any(|seg| seg == ".." || seg == ".") {
+        return bad("must be a plain relative path below the manifest");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Manifest {
+        let h = Sha256::of(b"x");
+        Manifest {
+            spec_version: 1,
+            serial: 7,
+            issued: Timestamp(1_800_000_000),
+            expires: Timestamp(1_900_000_000),
+            keys_version: None,
+            release: Release {
+                version: "1.2.3".into(),
+                compatible: vec!["rpi4".into()],
+                rollout: None,
+            },
+            image: Image { size: 10, sha256: h },
+            artifact: Artifact {
+                url: "artifacts/a.zst".into(),
+                size: 30,
+                sha256: h,
+                frames: vec![
+                    Frame { offset: 0, size: 15, out_size: 6, out_sha256: h },
+                    Frame { offset: 15, size: 15, out_size: 4, out_sha256: h },
+                ],
+            },
+            deltas: vec![],
+        }
+    }
+
+    fn reparse(m: &Manifest) -> Result<Manifest> {
+        Manifest::parse(&serde_json::to_vec(m).unwrap())
+    }
+
+    #[test]
+    fn valid_sample_round_trips() {
+        let m = sample();
+        assert_eq!(reparse(&m).unwrap(), m);
+    }
+
+    #[test]
+    fn frames_must_tile_the_artifact() {
+        let mut m = sample();
+        m.artifact.frames[1].offset = 16;
+        assert!(reparse(&m).unwrap_err().to_string().contains("frame 1 starts at 16"));
+        let mut m = sample();
+        m.artifact.size = 31;
+        assert!(reparse(&m).unwrap_err().to_string().contains("frames cover 30 bytes"));
+        let mut m = sample();
+        m.image.size = 11;
+        assert!(reparse(&m).unwrap_err().to_string().contains("decode to 10 bytes"));
+        let mut m = sample();
+        m.artifact.frames[0].out_size = MAX_FRAME_OUTPUT + 1;
+        assert!(reparse(&m).is_err());
+    }
+
+    #[test]
+    fn urls_stay_below_the_manifest() {
+        for bad in ["../x", "/etc/passwd", "a/../../b", "ftp://x/y", "a b", ""] {
+            let mut m = sample();
+            m.artifact.url = bad.into();
+            assert!(reparse(&m).is_err(), "{bad:?} accepted");
+        }
+        let mut m = sample();
+        m.artifact.url = "https://cdn.example.com/a.zst".into();
+        assert!(reparse(&m).is_ok());
+    }
+
+    #[test]
+    fn unknown_spec_version_is_named() {
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["spec_version"] = 2.into();
+        let e = Manifest::parse(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert_eq!(e.kind(), Kind::Policy);
+        assert!(e.to_string().contains("spec_version 2"));
+    }
+
+    #[test]
+    fn policy_serial_expiry_compatibility() {
+        let m = sample();
+        let now = Timestamp(1_850_000_000);
+        assert_eq!(m.check_policy(now, None, "rpi4").unwrap(), Freshness::New);
+        assert_eq!(m.check_policy(now, Some(6), "rpi4").unwrap(), Freshness::New);
+        assert_eq!(m.check_policy(now, Some(7), "rpi4").unwrap(), Freshness::Unchanged);
+        let e = m.check_policy(now, Some(8), "rpi4").unwrap_err();
+        assert_eq!(e.to_string(), "manifest serial 7 is older than stored serial 8: refusing a rollback");
+        assert!(m.check_policy(Timestamp(1_900_000_000), None, "rpi4").is_err());
+        assert!(m.check_policy(now, None, "rpi3").unwrap_err().to_string().contains("not for this device"));
+    }
+}

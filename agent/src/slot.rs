@@ -1,0 +1,456 @@
+//! The A/B slot pair: which slot is booted, and reading and writing slots.
+//!
+//! A slot is a block device (a partition) or, for development and tests, a
+//! regular file of fixed size standing in for one. This module owns opening
+//! slots safely and moving bytes in and out of them:
+//!
+//! * A block device is opened for writing with `O_EXCL`, which the kernel
+//!   refuses while the device is mounted or otherwise claimed, so updraft can
+//!   never write a mounted filesystem.
+//! * Writes go out in large blocks. Dirty data is bounded: every
+//!   `sync_bytes` the writer starts write-back of what it just wrote
+//!   (`sync_file_range`) and waits for the previous step, so the kernel
+//!   writes while updraft decodes, and no single `fdatasync` stall is long.
+//! * At the end the data is made durable (`fdatasync`), the page cache for
+//!   the slot is dropped (`BLKFLSBUF` / `POSIX_FADV_DONTNEED`), and the
+//!   image is read back from the medium and hashed.
+//!
+//! It must never decide *which* slot to write: that is the caller's, after
+//! checking [`booted_slot`]. It refuses, as a last line of defence, to open
+//! for writing a slot that is the same device as the booted one.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Context, Error, Kind, Result};
+use crate::hash::{Hasher, Sha256};
+use crate::{bail, err};
+
+/// One of the two slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub enum SlotName {
+    A,
+    B,
+}
+
+impl SlotName {
+    pub fn other(self) -> SlotName {
+        match self {
+            SlotName::A => SlotName::B,
+            SlotName::B => SlotName::A,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlotName::A => "A",
+            SlotName::B => "B",
+        }
+    }
+
+    /// Accepts `A`/`B` in either case.
+    pub fn parse(s: &str) -> Option<SlotName> {
+        match s {
+            "A" | "a" => Some(SlotName::A),
+            "B" | "b" => Some(SlotName::B),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for SlotName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The configured pair.
+#[derive(Clone, Debug)]
+pub struct SlotPair {
+    pub a: PathBuf,
+    pub b: PathBuf,
+}
+
+impl SlotPair {
+    pub fn path(&self, s: SlotName) -> &Path {
+        match s {
+            SlotName::A => &self.a,
+            SlotName::B => &self.b,
+        }
+    }
+}
+
+/// The booted slot, from `updraft.slot=A|B` on the kernel command line.
+pub fn booted_slot(cmdline: &Path) -> Result<SlotName> {
+    let text = std::fs::read_to_string(cmdline)
+        .kind_context(Kind::Slot, format!("reading {}", cmdline.display()))?;
+    parse_cmdline(&text).ok_or_else(|| {
+        err!(
+            Slot,
+            "{} has no updraft.slot=A or updraft.slot=B: cannot tell which slot is booted",
+            cmdline.display()
+        )
+    })
+}
+
+/// The last `updraft.slot=` wins, as with kernel parameters.
+pub fn parse_cmdline(text: &str) -> Option<SlotName> {
+    text.split_whitespace()
+        .filter_map(|w| w.strip_prefix("updraft.slot="))
+        .last()
+        .and_then(SlotName::parse)
+}
+
+/// Identity of a file or device, to detect two paths naming the same slot.
+fn identity(path: &Path) -> Result<(bool, u64, u64)> {
+    let md = std::fs::metadata(path).kind_context(Kind::Slot, format!("slot {}", path.display()))?;
+    if md.file_type().is_block_device() {
+        Ok((true, md.rdev(), 0))
+    } else {
+        Ok((false, md.dev(), md.ino()))
+    }
+}
+
+/// True when both paths are the same device or file.
+pub fn same_slot(a: &Path, b: &Path) -> Result<bool> {
+    Ok(identity(a)? == identity(b)?)
+}
+
+/// Capacity in bytes of a slot (block device size, or file length).
+pub fn capacity(path: &Path) -> Result<u64> {
+    let f = File::open(path).kind_context(Kind::Slot, format!("opening slot {}", path.display()))?;
+    capacity_of(&f, path)
+}
+
+fn capacity_of(f: &File, path: &Path) -> Result<u64> {
+    let md = f.metadata().kind_context(Kind::Slot, format!("slot {}", path.display()))?;
+    if md.file_type().is_block_device() {
+        let mut size: u64 = 0;
+        // SAFETY: BLKGETSIZE64 writes one u64 through the pointer we pass.
+        let rc = unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) };
+        if rc != 0 {
+            return Err(Error::from(io::Error::last_os_error())
+                .wrap(format!("reading the size of {}", path.display()))
+                .with_kind(Kind::Slot));
+        }
+        Ok(size)
+    } else if md.file_type().is_file() {
+        Ok(md.len())
+    } else {
+        bail!(Slot, "slot {} is neither a block device nor a regular file", path.display())
+    }
+}
+
+// _IOR(0x12, 114, size_t) and _IO(0x12, 97)
+const BLKGETSIZE64: libc::c_ulong = if cfg!(target_pointer_width = "64") {
+    0x8008_1272
+} else {
+    0x8004_1272
+};
+const BLKFLSBUF: libc::c_ulong = 0x1261;
+
+/// A slot opened for writing.
+pub struct SlotWriter {
+    file: File,
+    path: PathBuf,
+    block: bool,
+    capacity: u64,
+    /// Next write position.
+    pos: u64,
+    /// Write-back has been started for everything below this.
+    started: u64,
+    /// Write-back has completed for everything below this.
+    written_back: u64,
+    /// Everything below this is known durable.
+    durable: u64,
+    sync_bytes: u64,
+}
+
+impl SlotWriter {
+    /// Open `path` for writing without truncating. A block device is opened
+    /// `O_EXCL`, which fails while it is mounted. `booted` is the booted
+    /// slot's path: writing the same device is refused.
+    pub fn open(path: &Path, booted: &Path, sync_bytes: u64) -> Result<SlotWriter> {
+        if same_slot(path, booted)? {
+            bail!(
+                Slot,
+                "slot {} is the same device as the booted slot {}: refusing to write it",
+                path.display(),
+                booted.display()
+            );
+        }
+        let md = std::fs::metadata(path).kind_context(Kind::Slot, format!("slot {}", path.display()))?;
+        let block = md.file_type().is_block_device();
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true);
+        if block {
+            opts.custom_flags(libc::O_EXCL | libc::O_CLOEXEC);
+        } else {
+            opts.custom_flags(libc::O_CLOEXEC);
+        }
+        let file = opts.open(path).map_err(|e| {
+            if block && e.raw_os_error() == Some(libc::EBUSY) {
+                err!(
+                    Slot,
+                    "slot {} is in use (mounted or held open exclusively): refusing to write it",
+                    path.display()
+                )
+            } else {
+                Error::from(e)
+                    .wrap(format!("opening slot {} for writing", path.display()))
+                    .with_kind(Kind::Slot)
+            }
+        })?;
+        let capacity = capacity_of(&file, path)?;
+        Ok(SlotWriter {
+            file,
+            path: path.to_path_buf(),
+            block,
+            capacity,
+            pos: 0,
+            started: 0,
+            written_back: 0,
+            durable: 0,
+            sync_bytes,
+        })
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Everything below this offset has reached the medium.
+    pub fn durable(&self) -> u64 {
+        self.durable
+    }
+
+    /// Continue writing at `offset` (resume). Data below it is taken as
+    /// already durable.
+    pub fn seek(&mut self, offset: u64) {
+        self.pos = offset;
+        self.started = offset;
+        self.written_back = offset;
+        self.durable = offset;
+    }
+
+    /// Write `data` at the current position. Returns true when a write-back
+    /// step was taken (a good moment to [`sync`](Self::sync) and record
+    /// progress).
+    pub fn write_all(&mut self, data: &[u8]) -> Result<bool> {
+        let end = self.pos.checked_add(data.len() as u64).unwrap_or(u64::MAX);
+        if end > self.capacity {
+            bail!(
+                Slot,
+                "write past the end of slot {} ({} bytes)",
+                self.path.display(),
+                self.capacity
+            );
+        }
+        self.file
+            .write_all_at(data, self.pos)
+            .kind_context(Kind::Slot, format!("writing slot {} at offset {}", self.path.display(), self.pos))?;
+        self.pos = end;
+        if self.pos - self.started >= self.sync_bytes {
+            return self.step();
+        }
+        Ok(false)
+    }
+
+    /// One bounded write-back step: wait for the range started last time,
+    /// then start write-back of what was written since. Nothing here
+    /// flushes the device's volatile cache; only [`sync`](Self::sync) and
+    /// [`finish`](Self::finish) make data durable.
+    fn step(&mut self) -> Result<bool> {
+        let fd = self.file.as_raw_fd();
+        sync_range(fd, self.written_back, self.started - self.written_back, WAIT_ALL)
+            .with_context(|| format!("flushing slot {}", self.path.display()))?;
+        self.written_back = self.started;
+        sync_range(fd, self.started, self.pos - self.started, libc::SYNC_FILE_RANGE_WRITE)
+            .with_context(|| format!("flushing slot {}", self.path.display()))?;
+        self.started = self.pos;
+        Ok(true)
+    }
+
+    /// Make everything durable and drop the slot from the page cache, so a
+    /// following read-back reads the medium.
+    pub fn finish(mut self) -> Result<()> {
+        self.file
+            .sync_data()
+            .kind_context(Kind::Slot, format!("fdatasync {}", self.path.display()))?;
+        self.durable = self.pos;
+        drop_cache(&self.file, self.block);
+        Ok(())
+    }
+
+    /// Make everything written so far durable (before recording progress
+    /// that relies on it).
+    pub fn sync(&mut self) -> Result<()> {
+        self.file
+            .sync_data()
+            .kind_context(Kind::Slot, format!("fdatasync {}", self.path.display()))?;
+        self.started = self.pos;
+        self.written_back = self.pos;
+        self.durable = self.pos;
+        Ok(())
+    }
+}
+
+const WAIT_ALL: libc::c_uint = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+    | libc::SYNC_FILE_RANGE_WRITE
+    | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+
+fn sync_range(fd: i32, offset: u64, len: u64, flags: libc::c_uint) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: plain syscall on a file descriptor we own.
+    let rc = unsafe { libc::sync_file_range(fd, offset as libc::off64_t, len as libc::off64_t, flags) };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        // Some filesystems (FUSE, network) do not implement it: fall back.
+        if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) | Some(libc::EINVAL)) {
+            // SAFETY: as above.
+            if unsafe { libc::fdatasync(fd) } != 0 {
+                return Err(Error::from(io::Error::last_os_error()).with_kind(Kind::Slot));
+            }
+            return Ok(());
+        }
+        return Err(Error::from(e).with_kind(Kind::Slot));
+    }
+    Ok(())
+}
+
+/// Ask the kernel to forget cached pages of a slot. Best effort: failure
+/// only means the read-back may be served from memory.
+pub fn drop_cache(file: &File, block: bool) {
+    let fd = file.as_raw_fd();
+    if block {
+        // SAFETY: BLKFLSBUF takes no argument beyond the fd.
+        unsafe { libc::ioctl(fd, BLKFLSBUF, 0) };
+    }
+    // SAFETY: advisory call on our fd.
+    unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
+/// A slot opened for reading (the active slot as a delta source, or any
+/// slot for read-back).
+pub struct SlotReader {
+    file: File,
+    path: PathBuf,
+    block: bool,
+    capacity: u64,
+}
+
+impl SlotReader {
+    pub fn open(path: &Path) -> Result<SlotReader> {
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .kind_context(Kind::Slot, format!("opening slot {} for reading", path.display()))?;
+        let block = file
+            .metadata()
+            .map(|m| m.file_type().is_block_device())
+            .unwrap_or(false);
+        let capacity = capacity_of(&file, path)?;
+        Ok(SlotReader {
+            file,
+            path: path.to_path_buf(),
+            block,
+            capacity,
+        })
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Read exactly `buf.len()` bytes at `offset`.
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.file.read_exact_at(buf, offset).kind_context(
+            Kind::Slot,
+            format!("reading slot {} at offset {offset}", self.path.display()),
+        )
+    }
+
+    /// Hash the first `len` bytes, reading in large blocks; `tick` is called
+    /// with the bytes read so far between blocks.
+    pub fn hash_prefix(&self, len: u64, tick: &mut dyn FnMut(u64) -> Result<()>) -> Result<Sha256> {
+        if len > self.capacity {
+            bail!(
+                Slot,
+                "slot {} holds {} bytes, fewer than the {len} to hash",
+                self.path.display(),
+                self.capacity
+            );
+        }
+        let mut buf = vec![0u8; READ_BLOCK];
+        let mut h = Hasher::new();
+        let mut off = 0u64;
+        while off < len {
+            let n = (len - off).min(READ_BLOCK as u64) as usize;
+            self.read_exact_at(&mut buf[..n], off)?;
+            h.update(&buf[..n]);
+            off += n as u64;
+            tick(off)?;
+        }
+        if self.block || len > 0 {
+            // Reading a whole slot should not push everything else out of
+            // the page cache.
+            drop_cache(&self.file, false);
+        }
+        Ok(h.finish())
+    }
+}
+
+/// Block size for reading slots back.
+pub const READ_BLOCK: usize = 1024 * 1024;
+
+/// Read into `buf` until it is full or the reader ends; returns the count.
+pub fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmdline_parsing() {
+        assert_eq!(parse_cmdline("root=/dev/x updraft.slot=B quiet"), Some(SlotName::B));
+        assert_eq!(parse_cmdline("updraft.slot=A updraft.slot=b"), Some(SlotName::B));
+        assert_eq!(parse_cmdline("updraft.slot=C"), None);
+        assert_eq!(parse_cmdline("root=/dev/x"), None);
+        assert_eq!(parse_cmdline("xupdraft.slot=A"), None);
+    }
+}

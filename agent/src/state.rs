@@ -1,0 +1,173 @@
+//! The update cycle as data: every state, what it carries, and which
+//! transitions exist.
+//!
+//! ```text
+//! Idle → Checking → Downloading → Installing → Installed → Rebooting
+//!      → Testing (after boot, on the new slot) → Committed | RolledBack
+//! any step → Failed(reason) → Idle (with backoff)
+//! ```
+//!
+//! The state is persisted (see [`crate::store`]) in one transaction per
+//! transition, *before* the side effect the new state announces, and every
+//! side effect is safe to repeat, so a restart in any state simply runs that
+//! state's action again. What each state's action is lives in
+//! [`crate::daemon`]; this module only defines the states and the legal
+//! moves between them, so the whole machine can be read in one screen.
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::Image;
+use crate::slot::SlotName;
+use crate::timestamp::Timestamp;
+
+/// How the new image reaches the slot.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Method {
+    /// The full artifact, streamed frame by frame into the slot.
+    Full,
+    /// A delta against the active slot, downloaded to `state_dir` first.
+    Delta { url: String, size: u64 },
+}
+
+/// Why the machine is rebooting.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RebootPurpose {
+    /// Into the new slot, for its trial boot.
+    Trial,
+    /// Back into the old slot after the new one failed its health checks.
+    Rollback,
+}
+
+/// One install attempt of one release into one slot.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Job {
+    /// Unique per attempt; reports about this job carry it.
+    pub id: String,
+    pub version: String,
+    pub serial: u64,
+    pub image: Image,
+    /// Where the manifest came from (URL or path); artifacts resolve
+    /// against it.
+    pub source: String,
+    /// The slot being written (never the booted one).
+    pub target: SlotName,
+    pub method: Method,
+    pub started: Timestamp,
+    /// Frames known durable in the target slot (resume hint).
+    #[serde(default)]
+    pub frames_durable: u64,
+    /// Bytes fetched over the network for this job.
+    #[serde(default)]
+    pub bytes_downloaded: u64,
+    /// Boot id when the install finished / the reboot was requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purpose: Option<RebootPurpose>,
+    /// Why the job failed or was rolled back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When the image was verified on the slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installed: Option<Timestamp>,
+}
+
+/// The persisted state of the update cycle.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum State {
+    /// Nothing in progress; waiting for the next poll.
+    Idle,
+    /// Fetching and verifying the manifest.
+    Checking,
+    /// Bytes are arriving. The target slot was taken out of the boot order
+    /// before the first byte was written to it.
+    Downloading(Job),
+    /// All bytes are in (or a delta is being applied); verifying the slot.
+    Installing(Job),
+    /// The image is verified on the slot and the slot is first in the boot
+    /// order for a counted trial boot.
+    Installed(Job),
+    /// A reboot was requested; `job.boot_id` tells whether it happened.
+    Rebooting(Job),
+    /// Booted into the new slot; health checks running.
+    Testing(Job),
+    /// The new slot passed and is marked good.
+    Committed(Job),
+    /// Back on the old slot; `job.reason` says why.
+    RolledBack(Job),
+    /// The attempt failed before the device changed slot.
+    Failed {
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        job: Option<Job>,
+    },
+}
+
+impl State {
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::Idle => "idle",
+            State::Checking => "checking",
+            State::Downloading(_) => "downloading",
+            State::Installing(_) => "installing",
+            State::Installed(_) => "installed",
+            State::Rebooting(_) => "rebooting",
+            State::Testing(_) => "testing",
+            State::Committed(_) => "committed",
+            State::RolledBack(_) => "rolled_back",
+            State::Failed { .. } => "failed",
+        }
+    }
+
+    pub fn job(&self) -> Option<&Job> {
+        match self {
+            State::Downloading(j)
+            | State::Installing(j)
+            | State::Installed(j)
+            | State::Rebooting(j)
+            | State::Testing(j)
+            | State::Committed(j)
+            | State::RolledBack(j) => Some(j),
+            State::Failed { job, .. } => job.as_ref(),
+            State::Idle | State::Checking => None,
+        }
+    }
+
+    /// True while a slot may be half-written or a reboot outcome is
+    /// pending: a new install must not start.
+    pub fn busy(&self) -> bool {
+        !matches!(
+            self,
+            State::Idle | State::Checking | State::Committed(_) | State::RolledBack(_) | State::Failed { .. }
+        )
+    }
+
+    /// Every legal move. Anything else is a bug and is refused by the store.
+    pub fn can_become(&self, next: &State) -> bool {
+        use State::*;
+        matches!(
+            (self, next),
+            (Idle | Committed(_) | RolledBack(_) | Failed { .. }, Idle)
+                | (Idle | Committed(_) | RolledBack(_) | Failed { .. }, Checking)
+                | (Checking, Idle)
+                | (Checking, Downloading(_))
+                | (Downloading(_), Downloading(_))
+                | (Downloading(_), Installing(_))
+                | (Installing(_), Installed(_))
+                | (Installed(_), Rebooting(_))
+                | (Installed(_), Testing(_))
+                | (Installed(_), RolledBack(_))
+                | (Rebooting(_), Rebooting(_))
+                | (Rebooting(_), Testing(_))
+                | (Rebooting(_), RolledBack(_))
+                | (Testing(_), Committed(_))
+                | (Testing(_), Rebooting(_))
+                | (Testing(_), RolledBack(_))
+                | (Checking | Downloading(_) | Installing(_) | Installed(_), Failed { .. })
+                | (Rebooting(_) | Testing(_), Failed { .. })
+        )
+    }
+}

@@ -1,0 +1,589 @@
+//! Persistent state in SQLite: the state machine, trust, history, the
+//! report outbox.
+//!
+//! One database file, `state_dir/updraft.db`, on a partition both slots
+//! share. Every write is a transaction with `synchronous=FULL` in rollback-
+//! journal mode (the most conservative combination, and one that works on
+//! any filesystem), so after a power cut the database holds exactly the
+//! transactions that returned. A state transition, its history line and its
+//! report are one transaction: a report can never be lost or invented
+//! relative to the state it describes.
+//!
+//! The schema only ever grows (new tables, new nullable columns), so an older
+//! updraft booted after a rollback still reads the database a newer one
+//! wrote. This module stores and returns values; it makes no decisions
+//! beyond refusing an illegal state transition.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use serde::Serialize;
+
+use crate::error::{Context, Error, Kind, Result};
+use crate::hash::Sha256;
+use crate::slot::SlotName;
+use crate::state::State;
+use crate::timestamp::Timestamp;
+use crate::{bail, err};
+
+/// Current schema version; migrations below bring older files up to it.
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA_V1: &str = "
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS state (
+    id    INTEGER PRIMARY KEY CHECK (id = 1),
+    body  TEXT NOT NULL,
+    since INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS key_documents (
+    version  INTEGER PRIMARY KEY,
+    envelope BLOB NOT NULL,
+    accepted INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS slots (
+    name      TEXT PRIMARY KEY,
+    version   TEXT NOT NULL,
+    sha256    TEXT NOT NULL,
+    size      INTEGER NOT NULL,
+    installed INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rejected (
+    sha256  TEXT PRIMARY KEY,
+    version TEXT NOT NULL,
+    reason  TEXT NOT NULL,
+    time    INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS history (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    time    INTEGER NOT NULL,
+    event   TEXT NOT NULL,
+    release TEXT,
+    slot    TEXT,
+    detail  TEXT
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    key      TEXT NOT NULL UNIQUE,
+    kind     TEXT NOT NULL,
+    created  INTEGER NOT NULL,
+    updated  INTEGER NOT NULL,
+    count    INTEGER NOT NULL DEFAULT 1,
+    foldable INTEGER NOT NULL DEFAULT 0,
+    body     TEXT NOT NULL
+);
+";
+
+/// History entries kept; older ones are pruned.
+const HISTORY_KEEP: i64 = 1000;
+
+/// What a slot is known to hold (written after its image verified).
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct SlotRecord {
+    pub slot: SlotName,
+    pub version: String,
+    pub sha256: Sha256,
+    pub size: u64,
+    pub installed: Timestamp,
+}
+
+/// One line of history.
+#[derive(Serialize, Clone, Debug)]
+pub struct HistoryEntry {
+    pub id: i64,
+    pub time: Timestamp,
+    pub event: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// A history line to write with a transition.
+#[derive(Clone, Debug, Default)]
+pub struct Event<'a> {
+    pub event: &'a str,
+    pub release: Option<&'a str>,
+    pub slot: Option<SlotName>,
+    pub detail: Option<&'a str>,
+}
+
+/// A report waiting in the outbox.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutboxEntry {
+    pub seq: i64,
+    pub key: String,
+    pub kind: String,
+    pub created: Timestamp,
+    pub updated: Timestamp,
+    pub count: i64,
+    pub body: String,
+}
+
+/// A report to queue.
+#[derive(Clone, Debug)]
+pub struct Report<'a> {
+    pub key: &'a str,
+    pub kind: &'a str,
+    /// Heartbeats and repeated poll failures: folded into the newest queued
+    /// report of the same kind instead of adding a row.
+    pub foldable: bool,
+    pub body: &'a str,
+}
+
+pub struct Store {
+    conn: Connection,
+}
+
+impl Store {
+    /// Open (creating if needed) the database read-write.
+    pub fn open(path: &Path) -> Result<Store> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .with_context(|| format!("opening database {}", path.display()))?;
+        let store = Store { conn };
+        store.configure()?;
+        store
+            .migrate()
+            .with_context(|| format!("preparing database {}", path.display()))?;
+        Ok(store)
+    }
+
+    /// Open an existing database for reading only (status, history).
+    pub fn open_readonly(path: &Path) -> Result<Store> {
+        if !path.exists() {
+            bail!(Store, "no database at {} (nothing installed yet?)", path.display());
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .with_context(|| format!("opening database {}", path.display()))?;
+        conn.busy_timeout(std::time::Duration::from_secs(2))?;
+        Ok(Store { conn })
+    }
+
+    fn configure(&self) -> Result<()> {
+        self.conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // Rollback journal + FULL: each commit is durable when it returns,
+        // on any filesystem (no shared-memory WAL index needed).
+        self.conn.pragma_update(None, "journal_mode", "DELETE")?;
+        self.conn.pragma_update(None, "synchronous", "FULL")?;
+        self.conn.pragma_update(None, "foreign_keys", "ON")?;
+        // A small page cache keeps the daemon's resident memory low.
+        self.conn.pragma_update(None, "cache_size", -128)?;
+        Ok(())
+    }
+
+    fn migrate(&self) -> Result<()> {
+        self.conn.execute_batch(SCHEMA_V1)?;
+        let version: Option<String> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
+            .optional()?;
+        match version.as_deref().map(str::parse::<i64>) {
+            None => {
+                self.conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)",
+                    params![SCHEMA_VERSION.to_string()],
+                )?;
+            }
+            Some(Ok(v)) if v <= SCHEMA_VERSION => {
+                // Additive migrations for v < SCHEMA_VERSION go here.
+            }
+            Some(Ok(v)) => {
+                // Written by a newer updraft: still readable, since schemas
+                // only grow. Leave the version as it is.
+                log::info!("database schema {v} is newer than this updraft's {SCHEMA_VERSION}; continuing");
+            }
+            Some(Err(_)) => bail!(Store, "database meta schema_version is not a number"),
+        }
+        Ok(())
+    }
+
+    // ---- key/value -------------------------------------------------------
+
+    pub fn get(&self, key: &str) -> Result<Option<String>> {
+        Ok(self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = ?1", params![key], |r| r.get(0))
+            .optional()?)
+    }
+
+    pub fn set(&self, key: &str, value: &str) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO meta (key, value) VALUES (?1, ?2)
+             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            params![key, value],
+        )?;
+        Ok(())
+    }
+
+    fn get_parsed<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>> {
+        match self.get(key)? {
+            None => Ok(None),
+            Some(v) => v
+                .parse()
+                .map(Some)
+                .map_err(|_| err!(Store, "database value {key}={v:?} is malformed")),
+        }
+    }
+
+    /// Highest manifest serial accepted.
+    pub fn serial(&self) -> Result<Option<u64>> {
+        self.get_parsed("serial")
+    }
+
+    /// Newest signed time verified (clock floor).
+    pub fn time_floor(&self) -> Result<Option<Timestamp>> {
+        Ok(self.get_parsed::<i64>("time_floor")?.map(Timestamp))
+    }
+
+    /// Record a verified manifest: serial and clock floor only ever rise.
+    pub fn accept_manifest(&self, serial: u64, issued: Timestamp) -> Result<()> {
+        let tx = self.conn.unchecked_transaction()?;
+        let old: Option<u64> = self.get_parsed("serial")?;
+        if old.is_none_or(|o| serial > o) {
+            self.set("serial", &serial.to_string())?;
+        }
+        let floor: Option<i64> = self.get_parsed("time_floor")?;
+        if floor.is_none_or(|f| issued.0 > f) {
+            self.set("time_floor", &issued.0.to_string())?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    // ---- trust -----------------------------------------------------------
+
+    /// The newest stored key document.
+    pub fn key_document(&self) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT envelope FROM key_documents ORDER BY version DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
+    pub fn put_key_document(&self, version: u64, envelope: &[u8]) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO key_documents (version, envelope, accepted) VALUES (?1, ?2, ?3)",
+            params![version as i64, envelope, Timestamp::now().0],
+        )?;
+        Ok(())
+    }
+
+    // ---- state machine ---------------------------------------------------
+
+    /// The persisted state (`Idle` on a fresh database) and since when.
+    pub fn state(&self) -> Result<(State, Timestamp)> {
+        let row: Option<(String, i64)> = self
+            .conn
+            .query_row("SELECT body, since FROM state WHERE id = 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        match row {
+            None => Ok((State::Idle, Timestamp(0))),
+            Some((body, since)) => {
+                let s = serde_json::from_str(&body)
+                    .map_err(|e| err!(Store, "stored state is unreadable ({e}): {body}"))?;
+                Ok((s, Timestamp(since)))
+            }
+        }
+    }
+
+    /// Move to `next`, with its history line and reports, in one durable
+    /// transaction. Refuses a transition the state machine does not have.
+    pub fn transition(&self, next: &State, event: Option<&Event<'_>>, reports: &[Report<'_>]) -> Result<()> {
+        let tx = self.conn.unchecked_transaction()?;
+        let (current, _) = self.state()?;
+        if !current.can_become(next) {
+            bail!(
+                Store,
+                "illegal state transition {} -> {}",
+                current.name(),
+                next.name()
+            );
+        }
+        self.put_state(next)?;
+        if let Some(e) = event {
+            self.add_history(e)?;
+        }
+        for r in reports {
+            self.push_report(r)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Update the data of the current state (progress), same state name.
+    pub fn update_state(&self, state: &State) -> Result<()> {
+        let (current, _) = self.state()?;
+        if current.name() != state.name() {
+            bail!(Store, "state update {} while in {}", state.name(), current.name());
+        }
+        let body = serde_json::to_string(state).map_err(|e| err!(Store, "encoding state: {e}"))?;
+        self.conn
+            .execute("UPDATE state SET body = ?1 WHERE id = 1", params![body])?;
+        Ok(())
+    }
+
+    fn put_state(&self, s: &State) -> Result<()> {
+        let body = serde_json::to_string(s).map_err(|e| err!(Store, "encoding state: {e}"))?;
+        self.conn.execute(
+            "INSERT INTO state (id, body, since) VALUES (1, ?1, ?2)
+             ON CONFLICT(id) DO UPDATE SET body = excluded.body, since = excluded.since",
+            params![body, Timestamp::now().0],
+        )?;
+        Ok(())
+    }
+
+    // ---- slots and rejected releases --------------------------------------
+
+    pub fn slot_record(&self, slot: SlotName) -> Result<Option<SlotRecord>> {
+        let row: Option<(String, String, i64, i64)> = self
+            .conn
+            .query_row(
+                "SELECT version, sha256, size, installed FROM slots WHERE name = ?1",
+                params![slot.as_str()],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()?;
+        row.map(|(version, sha, size, installed)| {
+            Ok(SlotRecord {
+                slot,
+                version,
+                sha256: Sha256::from_hex(&sha).map_err(|e| e.with_kind(Kind::Store))?,
+                size: size as u64,
+                installed: Timestamp(installed),
+            })
+        })
+        .transpose()
+    }
+
+    pub fn set_slot_record(&self, r: &SlotRecord) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO slots (name, version, sha256, size, installed) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![r.slot.as_str(), r.version, r.sha256.to_hex(), r.size as i64, r.installed.0],
+        )?;
+        Ok(())
+    }
+
+    pub fn forget_slot(&self, slot: SlotName) -> Result<()> {
+        self.conn
+            .execute("DELETE FROM slots WHERE name = ?1", params![slot.as_str()])?;
+        Ok(())
+    }
+
+    /// Why an image was rejected before, if it was.
+    pub fn rejected(&self, sha: &Sha256) -> Result<Option<String>> {
+        Ok(self
+            .conn
+            .query_row("SELECT reason FROM rejected WHERE sha256 = ?1", params![sha.to_hex()], |r| r.get(0))
+            .optional()?)
+    }
+
+    pub fn reject(&self, sha: &Sha256, version: &str, reason: &str) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO rejected (sha256, version, reason, time) VALUES (?1, ?2, ?3, ?4)",
+            params![sha.to_hex(), version, reason, Timestamp::now().0],
+        )?;
+        Ok(())
+    }
+
+    /// Forget a rejection (explicit operator install).
+    pub fn unreject(&self, sha: &Sha256) -> Result<()> {
+        self.conn
+            .execute("DELETE FROM rejected WHERE sha256 = ?1", params![sha.to_hex()])?;
+        Ok(())
+    }
+
+    // ---- history -----------------------------------------------------------
+
+    pub fn add_history(&self, e: &Event<'_>) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO history (time, event, release, slot, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![Timestamp::now().0, e.event, e.release, e.slot.map(|s| s.as_str()), e.detail],
+        )?;
+        self.conn.execute(
+            "DELETE FROM history WHERE id <= (SELECT MAX(id) FROM history) - ?1",
+            params![HISTORY_KEEP],
+        )?;
+        Ok(())
+    }
+
+    /// Newest last, at most `limit` entries.
+    pub fn history(&self, limit: usize) -> Result<Vec<HistoryEntry>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT id, time, event, release, slot, detail FROM
+               (SELECT * FROM history ORDER BY id DESC LIMIT ?1) ORDER BY id",
+        )?;
+        let rows = stmt.query_map(params![limit as i64], |r| {
+            Ok(HistoryEntry {
+                id: r.get(0)?,
+                time: Timestamp(r.get(1)?),
+                event: r.get(2)?,
+                release: r.get(3)?,
+                slot: r.get(4)?,
+                detail: r.get(5)?,
+            })
+        })?;
+        rows.collect::<std::result::Result<Vec<_>, _>>().map_err(Error::from)
+    }
+
+    // ---- outbox ------------------------------------------------------------
+
+    /// Queue a report. A foldable report replaces the newest queued report
+    /// of the same kind when that one is also foldable and is the newest
+    /// row overall (so order is never changed), counting the occurrences.
+    pub fn push_report(&self, r: &Report<'_>) -> Result<()> {
+        let now = Timestamp::now().0;
+        if r.foldable {
+            let newest: Option<(i64, String, bool)> = self
+                .conn
+                .query_row(
+                    "SELECT seq, kind, foldable FROM outbox ORDER BY seq DESC LIMIT 1",
+                    [],
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                )
+                .optional()?;
+            if let Some((seq, kind, true)) = newest {
+                if kind == r.kind {
+                    self.conn.execute(
+                        "UPDATE outbox SET count = count + 1, updated = ?1, body = ?2 WHERE seq = ?3",
+                        params![now, r.body, seq],
+                    )?;
+                    return Ok(());
+                }
+            }
+        }
+        self.conn.execute(
+            "INSERT INTO outbox (key, kind, created, updated, count, foldable, body)
+             VALUES (?1, ?2, ?3, ?3, 1, ?4, ?5)",
+            params![r.key, r.kind, now, r.foldable, r.body],
+        )?;
+        Ok(())
+    }
+
+    /// The oldest queued reports, in order.
+    pub fn outbox_peek(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT seq, key, kind, created, updated, count, body FROM outbox ORDER BY seq LIMIT ?1",
+        )?;
+        let rows = stmt.query_map(params![limit as i64], |r| {
+            Ok(OutboxEntry {
+                seq: r.get(0)?,
+                key: r.get(1)?,
+                kind: r.get(2)?,
+                created: Timestamp(r.get(3)?),
+                updated: Timestamp(r.get(4)?),
+                count: r.get(5)?,
+                body: r.get(6)?,
+            })
+        })?;
+        rows.collect::<std::result::Result<Vec<_>, _>>().map_err(Error::from)
+    }
+
+    /// Drop a delivered report.
+    pub fn outbox_ack(&self, seq: i64) -> Result<()> {
+        self.conn.execute("DELETE FROM outbox WHERE seq = ?1", params![seq])?;
+        Ok(())
+    }
+
+    pub fn outbox_len(&self) -> Result<u64> {
+        Ok(self
+            .conn
+            .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get::<_, i64>(0))? as u64)
+    }
+
+    /// Run `f` in one transaction.
+    pub fn atomically<T>(&self, f: impl FnOnce(&Store) -> Result<T>) -> Result<T> {
+        let tx = self.conn.unchecked_transaction()?;
+        let v = f(self)?;
+        tx.commit()?;
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::Image;
+    use crate::state::{Job, Method};
+
+    fn db(name: &str) -> Store {
+        let d = std::env::temp_dir().join(format!("updraft-store-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Store::open(&d.join("updraft.db")).unwrap()
+    }
+
+    fn job() -> Job {
+        Job {
+            id: "j1".into(),
+            version: "2.0".into(),
+            serial: 2,
+            image: Image { size: 1, sha256: Sha256::of(b"i") },
+            source: "m.json".into(),
+            target: SlotName::B,
+            method: Method::Full,
+            started: Timestamp(1),
+            frames_durable: 0,
+            bytes_downloaded: 0,
+            boot_id: None,
+            purpose: None,
+            reason: None,
+            installed: None,
+        }
+    }
+
+    #[test]
+    fn serial_and_floor_only_rise() {
+        let s = db("serial");
+        assert_eq!(s.serial().unwrap(), None);
+        s.accept_manifest(5, Timestamp(100)).unwrap();
+        s.accept_manifest(3, Timestamp(50)).unwrap();
+        assert_eq!(s.serial().unwrap(), Some(5));
+        assert_eq!(s.time_floor().unwrap(), Some(Timestamp(100)));
+    }
+
+    #[test]
+    fn transitions_are_checked() {
+        let s = db("trans");
+        assert_eq!(s.state().unwrap().0, State::Idle);
+        let e = s.transition(&State::Testing(job()), None, &[]).unwrap_err();
+        assert!(e.to_string().contains("illegal state transition idle -> testing"));
+        s.transition(&State::Checking, None, &[]).unwrap();
+        s.transition(&State::Downloading(job()), Some(&Event { event: "download", ..Default::default() }), &[])
+            .unwrap();
+        assert_eq!(s.state().unwrap().0, State::Downloading(job()));
+        assert_eq!(s.history(10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn outbox_folds_only_the_newest_foldable_row() {
+        let s = db("outbox");
+        fn hb(k: &str) -> Report<'_> {
+            Report { key: k, kind: "heartbeat", foldable: true, body: "{}" }
+        }
+        s.push_report(&hb("h1")).unwrap();
+        s.push_report(&hb("h2")).unwrap();
+        s.push_report(&Report { key: "r1", kind: "install", foldable: false, body: "{}" }).unwrap();
+        s.push_report(&hb("h3")).unwrap();
+        s.push_report(&hb("h4")).unwrap();
+        let rows = s.outbox_peek(10).unwrap();
+        let summary: Vec<(&str, i64)> = rows.iter().map(|r| (r.key.as_str(), r.count)).collect();
+        assert_eq!(summary, vec![("h1", 2), ("r1", 1), ("h3", 2)]);
+        s.outbox_ack(rows[0].seq).unwrap();
+        assert_eq!(s.outbox_len().unwrap(), 2);
+    }
+}

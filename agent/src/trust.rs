@@ -1,0 +1,438 @@
+//! Who may sign what: root and release keys, thresholds, key rotation.
+//!
+//! Two roles, as in TUF. **Root** keys are kept offline; a threshold of them
+//! signs a versioned *key document* (`keys/N.json`) that lists the root keys
+//! and the **release** keys with their thresholds. Release keys sign
+//! manifests. A device is provisioned with root public keys and a threshold
+//! (or, in the simple mode, directly with release keys). Key document N+1 is
+//! accepted only when a threshold of the root keys of N *and* a threshold of
+//! its own root keys signed it, so a stolen release key can sign releases
+//! until root revokes it but can never change who is trusted, and a single
+//! stolen root key below threshold changes nothing.
+//!
+//! This module decides trust from bytes and keys it is handed. It never
+//! fetches, never persists and never reads the clock: the caller stores an
+//! accepted document before relying on it.
+
+use ed25519_dalek::{Signature as EdSignature, VerifyingKey};
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::{Envelope, decode_base64, encode_base64};
+use crate::error::{Error, Kind, Result};
+use crate::hash::{Sha256, hex, truncate, unhex};
+
+/// `payloadType` of key documents.
+pub const KEYS_PAYLOAD_TYPE: &str = "application/vnd.updraft.keys+json";
+
+/// Key documents larger than this are refused before parsing.
+pub const MAX_KEY_DOCUMENT_BYTES: usize = 64 * 1024;
+
+/// At most this many keys per role.
+pub const MAX_KEYS: usize = 32;
+
+// DER prefix of an ed25519 SubjectPublicKeyInfo (RFC 8410), followed by the
+// 32 raw key bytes.
+const SPKI_PREFIX: [u8; 12] = [
+    0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+];
+
+/// An ed25519 public key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PublicKey {
+    key: VerifyingKey,
+}
+
+impl std::fmt::Debug for PublicKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PublicKey({})", self.keyid())
+    }
+}
+
+impl PublicKey {
+    pub fn from_bytes(bytes: &[u8; 32]) -> Result<PublicKey> {
+        VerifyingKey::from_bytes(bytes)
+            .map(|key| PublicKey { key })
+            .map_err(|_| Error::new(Kind::Malformed, "not a valid ed25519 public key"))
+    }
+
+    /// The raw 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        self.key.as_bytes()
+    }
+
+    /// The key id: sha256 of the raw public key, hex. Only ever a hint.
+    pub fn keyid(&self) -> String {
+        Sha256::of(self.key.as_bytes()).to_hex()
+    }
+
+    /// Parse a PEM `PUBLIC KEY` (SubjectPublicKeyInfo, as `openssl pkey
+    /// -pubout` writes for ed25519).
+    pub fn from_pem(text: &str) -> Result<PublicKey> {
+        let der = pem_body(text, "PUBLIC KEY")?;
+        if der.len() != 44 || der[..12] != SPKI_PREFIX {
+            return Err(Error::new(
+                Kind::Malformed,
+                "PEM PUBLIC KEY is not an ed25519 SubjectPublicKeyInfo",
+            ));
+        }
+        let mut raw = [0u8; 32];
+        raw.copy_from_slice(&der[12..]);
+        PublicKey::from_bytes(&raw)
+    }
+
+    pub fn to_pem(&self) -> String {
+        let mut der = SPKI_PREFIX.to_vec();
+        der.extend_from_slice(self.key.as_bytes());
+        format!(
+            "-----BEGIN PUBLIC KEY-----\n{}\n-----END PUBLIC KEY-----\n",
+            encode_base64(&der)
+        )
+    }
+
+    /// Read a `.pub` file.
+    pub fn load(path: &std::path::Path) -> Result<PublicKey> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::new(Kind::Config, format!("reading public key {}: {e}", path.display()))
+        })?;
+        PublicKey::from_pem(&text)
+            .map_err(|e| e.wrap(format!("public key {}", path.display())).with_kind(Kind::Config))
+    }
+
+    /// Strict verification: rejects small-order keys and non-canonical
+    /// signatures, so one key cannot produce two distinct valid signatures.
+    pub fn verify(&self, message: &[u8], sig: &[u8; 64]) -> bool {
+        let sig = EdSignature::from_bytes(sig);
+        self.key.verify_strict(message, &sig).is_ok()
+    }
+}
+
+/// Extract and decode the base64 body of a PEM block with the given label.
+pub fn pem_body(text: &str, label: &str) -> Result<Vec<u8>> {
+    let begin = format!("-----BEGIN {label}-----");
+    let end = format!("-----END {label}-----");
+    let start = text
+        .find(&begin)
+        .ok_or_else(|| Error::new(Kind::Malformed, format!("no PEM {label} block found")))?;
+    let body_start = start + begin.len();
+    let stop = text[body_start..]
+        .find(&end)
+        .ok_or_else(|| Error::new(Kind::Malformed, format!("PEM {label} block is not terminated")))?;
+    let body: String = text[body_start..body_start + stop]
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    decode_base64(&body, &format!("PEM {label}"))
+}
+
+/// A set of distinct public keys with the number that must sign.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeySet {
+    keys: Vec<PublicKey>,
+    threshold: usize,
+}
+
+impl KeySet {
+    /// Keys must be distinct and the threshold between 1 and their number.
+    pub fn new(keys: Vec<PublicKey>, threshold: usize) -> Result<KeySet> {
+        if keys.is_empty() {
+            return Err(Error::new(Kind::Malformed, "key set is empty"));
+        }
+        if keys.len() > MAX_KEYS {
+            return Err(Error::new(
+                Kind::Malformed,
+                format!("key set has {} keys, at most {MAX_KEYS} are allowed", keys.len()),
+            ));
+        }
+        for (i, k) in keys.iter().enumerate() {
+            if keys[..i].contains(k) {
+                return Err(Error::new(
+                    Kind::Malformed,
+                    format!("key {} is listed twice", k.keyid()),
+                ));
+            }
+        }
+        if threshold == 0 || threshold > keys.len() {
+            return Err(Error::new(
+                Kind::Malformed,
+                format!(
+                    "threshold {threshold} is impossible with {} key(s)",
+                    keys.len()
+                ),
+            ));
+        }
+        Ok(KeySet { keys, threshold })
+    }
+
+    pub fn keys(&self) -> &[PublicKey] {
+        &self.keys
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    pub fn threshold(&self) -> usize {
+        self.threshold
+    }
+
+    /// Index of the key that made `sig` over `message`, if any.
+    pub fn find_signer(&self, message: &[u8], sig: &[u8; 64]) -> Option<usize> {
+        self.keys.iter().position(|k| k.verify(message, sig))
+    }
+}
+
+/// Serialised form of a key in a key document.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct KeyEntry {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub public: String,
+}
+
+/// Serialised form of one role.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct RoleEntry {
+    pub keys: Vec<KeyEntry>,
+    pub threshold: usize,
+}
+
+/// The payload of a key document, as signed.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct KeyDocumentBody {
+    pub version: u64,
+    pub root: RoleEntry,
+    pub release: RoleEntry,
+}
+
+impl RoleEntry {
+    pub fn from_keyset(set: &KeySet) -> RoleEntry {
+        RoleEntry {
+            keys: set
+                .keys()
+                .iter()
+                .map(|k| KeyEntry {
+                    kind: "ed25519".into(),
+                    public: hex(k.as_bytes()),
+                })
+                .collect(),
+            threshold: set.threshold(),
+        }
+    }
+
+    fn to_keyset(&self, role: &str) -> Result<KeySet> {
+        let mut keys = Vec::with_capacity(self.keys.len().min(MAX_KEYS));
+        for (i, k) in self.keys.iter().enumerate() {
+            if k.kind != "ed25519" {
+                return Err(Error::new(
+                    Kind::Malformed,
+                    format!("{role} key {}: unsupported type {:?}", i + 1, truncate(&k.kind, 32)),
+                ));
+            }
+            let raw = unhex(&k.public)
+                .and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
+                .ok_or_else(|| {
+                    Error::new(
+                        Kind::Malformed,
+                        format!("{role} key {}: public key is not 64 hex digits", i + 1),
+                    )
+                })?;
+            keys.push(PublicKey::from_bytes(&raw).map_err(|e| e.wrap(format!("{role} key {}", i + 1)))?);
+        }
+        KeySet::new(keys, self.threshold).map_err(|e| e.wrap(format!("{role} keys")))
+    }
+}
+
+/// A verified key document.
+#[derive(Clone, Debug)]
+pub struct KeyDocument {
+    pub version: u64,
+    pub root: KeySet,
+    pub release: KeySet,
+    /// The envelope exactly as received, for persistence.
+    pub raw: Vec<u8>,
+}
+
+/// What the device was provisioned with.
+#[derive(Clone, Debug)]
+pub enum Anchor {
+    /// Root keys: release keys come from key documents. `version` is the key
+    /// document version these roots belong to (0 when they precede
+    /// `keys/1.json`).
+    Root { keys: KeySet, version: u64 },
+    /// Simple mode: release keys straight from the configuration.
+    Release(KeySet),
+}
+
+/// The current trust state: the anchor plus the newest accepted document.
+#[derive(Clone, Debug)]
+pub struct Trust {
+    anchor: Anchor,
+    current: Option<KeyDocument>,
+}
+
+impl Trust {
+    /// `persisted` is the newest stored key document (already verified when
+    /// it was stored; it is re-parsed but its chain is not re-walked). A
+    /// persisted document older than the anchor's version is ignored.
+    pub fn new(anchor: Anchor, persisted: Option<&[u8]>) -> Result<Trust> {
+        let mut trust = Trust {
+            anchor,
+            current: None,
+        };
+        if let (Anchor::Root { version, .. }, Some(raw)) = (&trust.anchor, persisted) {
+            let doc = parse_key_document(raw, "stored key document")?;
+            if doc.version >= *version {
+                trust.current = Some(doc);
+            }
+        }
+        Ok(trust)
+    }
+
+    pub fn anchor(&self) -> &Anchor {
+        &self.anchor
+    }
+
+    pub fn is_simple(&self) -> bool {
+        matches!(self.anchor, Anchor::Release(_))
+    }
+
+    /// Version of the newest key document trusted (the anchor's when none).
+    pub fn version(&self) -> u64 {
+        match (&self.anchor, &self.current) {
+            (_, Some(doc)) => doc.version,
+            (Anchor::Root { version, .. }, None) => *version,
+            (Anchor::Release(_), None) => 0,
+        }
+    }
+
+    pub fn current(&self) -> Option<&KeyDocument> {
+        self.current.as_ref()
+    }
+
+    /// Root keys in force.
+    pub fn root_keys(&self) -> Option<&KeySet> {
+        match (&self.anchor, &self.current) {
+            (Anchor::Release(_), _) => None,
+            (_, Some(doc)) => Some(&doc.root),
+            (Anchor::Root { keys, .. }, None) => Some(keys),
+        }
+    }
+
+    /// Release keys in force, and a name for them in messages.
+    pub fn release_keys(&self) -> Result<(&KeySet, String)> {
+        match (&self.anchor, &self.current) {
+            (Anchor::Release(keys), _) => Ok((keys, "release keys of the configuration".into())),
+            (_, Some(doc)) => Ok((&doc.release, format!("release keys of key document v{}", doc.version))),
+            (Anchor::Root { version, .. }, None) => Err(Error::new(
+                Kind::Signature,
+                format!(
+                    "no key document is trusted yet (provisioned root keys are version {version}); \
+                     keys/{}.json is needed to learn the release keys",
+                    version + 1
+                ),
+            )),
+        }
+    }
+
+    /// The next key document version to fetch, or `None` when release keys
+    /// of the current version are already known and nothing newer is named.
+    pub fn needs(&self, named: Option<u64>) -> Option<u64> {
+        if self.is_simple() {
+            return None;
+        }
+        if self.current.is_none() {
+            // Provisioned at version V > 0 without document V: fetch V itself.
+            if let Anchor::Root { version, .. } = &self.anchor {
+                if *version > 0 {
+                    return Some(*version);
+                }
+            }
+            return Some(self.version() + 1);
+        }
+        match named {
+            Some(n) if n > self.version() => Some(self.version() + 1),
+            _ => None,
+        }
+    }
+
+    /// Verify a key document fetched as `what` against the current roots and
+    /// make it current. The caller must persist `raw` before relying on it.
+    pub fn accept(&mut self, raw: &[u8], what: &str) -> Result<&KeyDocument> {
+        let Some(old_roots) = self.root_keys().cloned() else {
+            return Err(Error::new(
+                Kind::Signature,
+                format!("{what}: key documents are not used in simple mode (release keys come from the configuration)"),
+            ));
+        };
+        if raw.len() > MAX_KEY_DOCUMENT_BYTES {
+            return Err(Error::new(
+                Kind::Malformed,
+                format!("{what} is {} bytes, larger than the {MAX_KEY_DOCUMENT_BYTES}-byte limit", raw.len()),
+            ));
+        }
+        let current = self.version();
+        // Provisioned at V>0 with no document yet: document V itself must be
+        // signed by a threshold of the provisioned roots (which are its roots).
+        let expected = match (&self.anchor, &self.current) {
+            (Anchor::Root { version, .. }, None) if *version > 0 => *version,
+            _ => current + 1,
+        };
+        let env = Envelope::parse(raw, what)?;
+        let old_role = if expected == current {
+            format!("provisioned root keys (v{current})")
+        } else {
+            format!("root keys of v{current}")
+        };
+        env.verify(what, KEYS_PAYLOAD_TYPE, &old_roots, &old_role)?;
+        let doc = parse_key_document(raw, what)?;
+        if doc.version != expected {
+            let why = if doc.version <= current {
+                "is not newer than"
+            } else {
+                "skips versions after"
+            };
+            return Err(Error::new(
+                Kind::Signature,
+                format!(
+                    "{what} has version {}, which {why} the trusted version {current} (expected {expected})",
+                    doc.version
+                ),
+            ));
+        }
+        env.verify(what, KEYS_PAYLOAD_TYPE, &doc.root, &format!("its own root keys (v{})", doc.version))?;
+        Ok(self.current.insert(doc))
+    }
+}
+
+/// Parse a key document envelope without checking signatures.
+fn parse_key_document(raw: &[u8], what: &str) -> Result<KeyDocument> {
+    let env = Envelope::parse(raw, what)?;
+    if env.payload_type != KEYS_PAYLOAD_TYPE {
+        return Err(Error::new(
+            Kind::Signature,
+            format!(
+                "{what} has payloadType {:?}, expected {KEYS_PAYLOAD_TYPE:?}",
+                truncate(&env.payload_type, 80)
+            ),
+        ));
+    }
+    let payload = env.payload_bytes(what)?;
+    let body: KeyDocumentBody = serde_json::from_slice(&payload)
+        .map_err(|e| Error::new(Kind::Malformed, format!("{what} payload: {e}")))?;
+    if body.version == 0 {
+        return Err(Error::new(Kind::Malformed, format!("{what}: version 0 is reserved for provisioned keys")));
+    }
+    Ok(KeyDocument {
+        version: body.version,
+        root: body.root.to_keyset("root").map_err(|e| e.wrap(what))?,
+        release: body.release.to_keyset("release").map_err(|e| e.wrap(what))?,
+        raw: raw.to_vec(),
+    })
+}
