@@ -2,10 +2,11 @@
 //! report outbox.
 //!
 //! One database file, `state_dir/updraft.db`, on a partition both slots
-//! share. Every write is a transaction with `synchronous=FULL` in rollback-
-//! journal mode (the most conservative combination, and one that works on
-//! any filesystem), so after a power cut the database holds exactly the
-//! transactions that returned. A state transition, its history line and its
+//! share. Every write is a transaction in rollback-journal mode with
+//! `synchronous=EXTRA` (FULL, plus a directory sync after the journal is
+//! deleted, which is the commit point), the most conservative combination
+//! and one that works on any filesystem. After a power cut the database
+//! holds exactly the transactions that returned. A state transition, its history line and its
 //! report are one transaction: a report can never be lost or invented
 //! relative to the state it describes.
 //!
@@ -172,10 +173,12 @@ impl Store {
 
     fn configure(&self) -> Result<()> {
         self.conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        // Rollback journal + FULL: each commit is durable when it returns,
-        // on any filesystem (no shared-memory WAL index needed).
+        // Rollback journal with synchronous=EXTRA: like FULL, and the
+        // directory is also synced after the journal is unlinked, so a
+        // commit is durable when it returns, on any filesystem (no
+        // shared-memory WAL index needed).
         self.conn.pragma_update(None, "journal_mode", "DELETE")?;
-        self.conn.pragma_update(None, "synchronous", "FULL")?;
+        self.conn.pragma_update(None, "synchronous", "EXTRA")?;
         self.conn.pragma_update(None, "foreign_keys", "ON")?;
         // A small page cache keeps the daemon's resident memory low.
         self.conn.pragma_update(None, "cache_size", -128)?;

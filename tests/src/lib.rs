@@ -1,1 +1,13 @@
+//! Test support for updraft's end-to-end tests: the one place that knows how
+//! to make keys, releases, slots, servers and devices, so every test reads as
+//! a specification of behaviour rather than a page of setup.
+//!
+//! Everything here drives updraft through its public contract (the `updraft`
+//! and `updraft-publish` binaries, their files and sockets) or, for unit-level
+//! interop, through the `updraft` library API. Nothing here mocks updraft.
 
+pub mod bootenv;
+pub mod ca;
+pub mod nginx;
+pub mod powerfs;
+pub mod proxy;

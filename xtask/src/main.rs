@@ -1,1 +1,57 @@
-fn main() {}
+//! `cargo xtask …`: the project's automation, in Rust so it runs wherever
+//! cargo does.
+//!
+//! * `demo` — the main job end to end on file-backed slots.
+//! * `test` — the whole test suite.
+//! * `bench install|daemon|delta|size` — figures side by side with reference tools.
+//! * `fuzz [TARGET] [--seconds N]` — run the cargo-fuzz targets for a bounded time.
+//! * `cross-test` — build for aarch64 and armv7 and run the tests under qemu-user.
+
+mod bench;
+mod cross;
+mod demo;
+mod fuzz;
+mod test;
+mod util;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cmd, rest) = match args.split_first() {
+        Some((c, r)) => (c.as_str(), r),
+        None => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cmd {
+        "demo" => demo::run(rest),
+        "test" => test::run(rest),
+        "bench" => bench::run(rest),
+        "fuzz" => fuzz::run(rest),
+        "cross-test" => cross::run(rest),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        other => {
+            eprintln!("xtask: unknown command {other:?}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask {cmd}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+const USAGE: &str = "usage: cargo xtask <command>
+  demo                      keys, releases, install, update and rollback on file-backed slots
+  test                      the whole test suite
+  bench install|daemon|delta|size
+  fuzz [TARGET] [--seconds N]
+  cross-test                build for aarch64 and armv7, run the tests under qemu-user";

@@ -1,0 +1,22 @@
+//! `cargo xtask bench …`: figures printed side by side with the reference
+//! tools, measured in the same run on the same data.
+
+mod daemon;
+mod delta;
+mod install;
+mod size;
+
+use crate::util::Result;
+
+pub fn run(args: &[String]) -> Result {
+    let (what, rest) = args
+        .split_first()
+        .ok_or("usage: cargo xtask bench install|daemon|delta|size")?;
+    match what.as_str() {
+        "install" => install::run(rest),
+        "daemon" => daemon::run(rest),
+        "delta" => delta::run(rest),
+        "size" => size::run(rest),
+        other => Err(format!("unknown benchmark {other:?} (install, daemon, delta, size)")),
+    }
+}

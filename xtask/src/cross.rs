@@ -1,0 +1,7 @@
+//! `cargo xtask cross`.
+
+use crate::util::Result;
+
+pub fn run(_args: &[String]) -> Result {
+    Err("not available yet".into())
+}

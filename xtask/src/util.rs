@@ -1,0 +1,67 @@
+//! Shared plumbing for xtask commands: locating the workspace, running
+//! commands with their output visible, and reporting what failed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub type Result<T = ()> = std::result::Result<T, String>;
+
+/// The workspace root (the parent of `xtask/`).
+pub fn root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or(manifest)
+}
+
+/// Run a command, inheriting stdio; fail if it fails.
+pub fn run(cmd: &mut Command) -> Result {
+    let shown = format!("{cmd:?}");
+    let status = cmd.status().map_err(|e| format!("starting {shown}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{shown} failed: {status}"))
+    }
+}
+
+/// Run a command and capture stdout; fail with its stderr if it fails.
+pub fn output(cmd: &mut Command) -> Result<String> {
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().map_err(|e| format!("starting {shown}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{shown} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// `cargo` as invoked by the user (respects `CARGO`).
+pub fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+/// True when running as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc_geteuid() == 0 }
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+/// True when `name` is found on PATH.
+pub fn have(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+        .unwrap_or(false)
+}
