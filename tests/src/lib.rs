@@ -6,8 +6,10 @@
 //! and `updraft-publish` binaries, their files and sockets) or, for unit-level
 //! interop, through the `updraft` library API. Nothing here mocks updraft.
 
+pub mod bin;
 pub mod bootenv;
 pub mod ca;
 pub mod nginx;
 pub mod powerfs;
 pub mod proxy;
+pub mod skip;

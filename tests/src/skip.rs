@@ -1,0 +1,38 @@
+//! Skipping a test loudly.
+//!
+//! A test that cannot run here (not root, a tool missing on this target)
+//! must say so, not pass silently. [`skip!`](crate::skip) prints the reason
+//! on stderr and appends a line to the file named by `UPDRAFT_SKIP_LOG`, so
+//! `cargo xtask test` and `cargo xtask cross-test` can count and list skips.
+
+use std::io::Write;
+
+/// Record a skip; used by the [`skip!`](crate::skip) macro.
+pub fn record(test: &str, reason: &str) {
+    eprintln!("SKIPPED {test}: {reason}");
+    if let Some(path) = std::env::var_os("UPDRAFT_SKIP_LOG") {
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{test}\t{reason}");
+        }
+    }
+}
+
+/// Skip the current test with a reason: `skip!("needs root for loop devices")`.
+#[macro_export]
+macro_rules! skip {
+    ($($arg:tt)*) => {{
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        $crate::skip::record(&name, &format!($($arg)*));
+        return;
+    }};
+}
+
+/// True when running as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { geteuid() == 0 }
+}
+
+unsafe extern "C" {
+    fn geteuid() -> u32;
+}
