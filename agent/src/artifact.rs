@@ -79,7 +79,11 @@ pub fn parse_frame_header(buf: &[u8]) -> Result<FrameHeader> {
     if buf.len() < header_len {
         return Err(malformed("truncated"));
     }
-    let le = |b: &[u8]| b.iter().rev().fold(0u64, |acc, x| (acc << 8) | u64::from(*x));
+    let le = |b: &[u8]| {
+        b.iter()
+            .rev()
+            .fold(0u64, |acc, x| (acc << 8) | u64::from(*x))
+    };
     let dictionary_id = le(&buf[pos..pos + did_len]) as u32;
     pos += did_len;
     let content_size = match fcs_len {
@@ -130,7 +134,11 @@ impl FrameDecoder {
         if compressed.len() as u64 != frame.size {
             return Err(ctx(Error::new(
                 Kind::Integrity,
-                format!("got {} bytes, the signed frame is {}", compressed.len(), frame.size),
+                format!(
+                    "got {} bytes, the signed frame is {}",
+                    compressed.len(),
+                    frame.size
+                ),
             )));
         }
         let header = parse_frame_header(compressed).map_err(ctx)?;
@@ -144,13 +152,19 @@ impl FrameDecoder {
             )));
         }
         if header.dictionary_id != 0 {
-            return Err(ctx(Error::new(Kind::Malformed, "zstd frame needs a dictionary")));
+            return Err(ctx(Error::new(
+                Kind::Malformed,
+                "zstd frame needs a dictionary",
+            )));
         }
         if let Some(c) = header.content_size {
             if c != frame.out_size {
                 return Err(ctx(Error::new(
                     Kind::Integrity,
-                    format!("zstd header declares {c} bytes, the signed frame decodes to {}", frame.out_size),
+                    format!(
+                        "zstd header declares {c} bytes, the signed frame decodes to {}",
+                        frame.out_size
+                    ),
                 )));
             }
         }
@@ -159,13 +173,19 @@ impl FrameDecoder {
             Ok(n) => {
                 return Err(ctx(Error::new(
                     Kind::Integrity,
-                    format!("holds a {n}-byte zstd frame followed by {} more bytes", compressed.len() - n),
+                    format!(
+                        "holds a {n}-byte zstd frame followed by {} more bytes",
+                        compressed.len() - n
+                    ),
                 )));
             }
             Err(code) => {
                 return Err(ctx(Error::new(
                     Kind::Malformed,
-                    format!("corrupt zstd frame: {}", zstd::zstd_safe::get_error_name(code)),
+                    format!(
+                        "corrupt zstd frame: {}",
+                        zstd::zstd_safe::get_error_name(code)
+                    ),
                 )));
             }
         }
@@ -180,7 +200,12 @@ impl FrameDecoder {
         let n = self
             .dctx
             .decompress_to_buffer(compressed, &mut self.out)
-            .map_err(|e| ctx(Error::new(Kind::Malformed, format!("corrupt zstd frame: {e}"))))?;
+            .map_err(|e| {
+                ctx(Error::new(
+                    Kind::Malformed,
+                    format!("corrupt zstd frame: {e}"),
+                ))
+            })?;
         if n as u64 != frame.out_size {
             return Err(ctx(Error::new(
                 Kind::Integrity,
@@ -242,7 +267,11 @@ mod tests {
         let mut d = FrameDecoder::new(5000).unwrap();
         let e = d.decode(3, &f, &c).unwrap_err();
         assert_eq!(e.kind(), Kind::Integrity);
-        assert!(e.to_string().starts_with("artifact frame 3: decodes to sha256"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("artifact frame 3: decodes to sha256"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -260,13 +289,21 @@ mod tests {
     #[test]
     fn garbage_never_panics() {
         let mut d = FrameDecoder::new(4096).unwrap();
-        let f = Frame { offset: 0, size: 0, out_size: 4096, out_sha256: Sha256::of(b"") };
+        let f = Frame {
+            offset: 0,
+            size: 0,
+            out_size: 4096,
+            out_sha256: Sha256::of(b""),
+        };
         for len in 0..64 {
             let mut buf: Vec<u8> = (0..len).map(|i| (i * 37 + 11) as u8).collect();
             if len >= 4 {
                 buf[..4].copy_from_slice(&ZSTD_MAGIC.to_le_bytes());
             }
-            let f = Frame { size: buf.len() as u64, ..f };
+            let f = Frame {
+                size: buf.len() as u64,
+                ..f
+            };
             assert!(d.decode(0, &f, &buf).is_err());
         }
     }

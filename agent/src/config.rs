@@ -25,7 +25,9 @@ pub struct Dur(pub Duration);
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        parse_duration(&s).map(Dur).map_err(serde::de::Error::custom)
+        parse_duration(&s)
+            .map(Dur)
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -160,11 +162,12 @@ fn default_cmdline() -> PathBuf {
     PathBuf::from("/proc/cmdline")
 }
 
-#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum BootloaderKind {
     Uboot,
     Grub,
+    #[default]
     File,
     Script,
 }
@@ -239,6 +242,9 @@ pub struct System {
     pub metrics_file: Option<PathBuf>,
     /// Data is flushed to the slot every this many bytes.
     pub sync_bytes: u64,
+    /// Read the slot back and hash it after writing (always done after a
+    /// resumed download).
+    pub readback: bool,
 }
 
 impl Default for System {
@@ -252,21 +258,20 @@ impl Default for System {
             socket_group: None,
             metrics_file: None,
             sync_bytes: 32 * 1024 * 1024,
+            readback: true,
         }
-    }
-}
-
-impl Default for BootloaderKind {
-    fn default() -> Self {
-        BootloaderKind::File
     }
 }
 
 impl Config {
     /// Read and check the file at `path`.
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::new(Kind::Config, format!("reading config {}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::new(
+                Kind::Config,
+                format!("reading config {}: {e}", path.display()),
+            )
+        })?;
         Config::parse(&text).map_err(|e| e.wrap(format!("config {}", path.display())))
     }
 
@@ -293,7 +298,9 @@ impl Config {
                 if !s.insecure_allow_http {
                     return bad(
                         key,
-                        format!("{url:?} is plain http; use https (server.insecure_allow_http = true is for development only)"),
+                        format!(
+                            "{url:?} is plain http; use https (server.insecure_allow_http = true is for development only)"
+                        ),
                     );
                 }
             } else if !url.starts_with("https://") {
@@ -304,10 +311,16 @@ impl Config {
             return bad("server.poll_interval", "must be at least 1s".into());
         }
         if s.jitter() > s.poll_interval.0 {
-            return bad("server.poll_jitter", "must not exceed server.poll_interval".into());
+            return bad(
+                "server.poll_jitter",
+                "must not exceed server.poll_interval".into(),
+            );
         }
         if s.client_cert.is_some() != s.client_key.is_some() {
-            return bad("server.client_cert", "client_cert and client_key go together".into());
+            return bad(
+                "server.client_cert",
+                "client_cert and client_key go together".into(),
+            );
         }
         if self.device.compatible.is_empty() {
             return bad("device.compatible", "must not be empty".into());
@@ -319,17 +332,29 @@ impl Config {
             _ => {}
         }
         if self.slots.a == self.slots.b {
-            return bad("slots.b", format!("is the same path as slots.a ({})", self.slots.a.display()));
+            return bad(
+                "slots.b",
+                format!("is the same path as slots.a ({})", self.slots.a.display()),
+            );
         }
         let b = &self.bootloader;
         if b.tries == 0 || b.tries > 255 {
-            return bad("bootloader.tries", format!("{} is not between 1 and 255", b.tries));
+            return bad(
+                "bootloader.tries",
+                format!("{} is not between 1 and 255", b.tries),
+            );
         }
         if b.kind == BootloaderKind::Script && b.script.is_none() {
-            return bad("bootloader.script", "is required when kind = \"script\"".into());
+            return bad(
+                "bootloader.script",
+                "is required when kind = \"script\"".into(),
+            );
         }
         if self.system.reboot == RebootMode::Auto && self.system.reboot_command.is_empty() {
-            return bad("system.reboot_command", "is empty but reboot = \"auto\"".into());
+            return bad(
+                "system.reboot_command",
+                "is empty but reboot = \"auto\"".into(),
+            );
         }
         if self.system.sync_bytes < 1024 * 1024 {
             return bad("system.sync_bytes", "must be at least 1 MiB".into());
@@ -350,8 +375,10 @@ impl Config {
             .map(|p| PublicKey::load(p))
             .collect::<Result<Vec<_>>>()
             .map_err(|e| e.wrap(key))?;
-        let set = KeySet::new(keys, t.threshold)
-            .map_err(|e| e.wrap(format!("{key} with trust.threshold")).with_kind(Kind::Config))?;
+        let set = KeySet::new(keys, t.threshold).map_err(|e| {
+            e.wrap(format!("{key} with trust.threshold"))
+                .with_kind(Kind::Config)
+        })?;
         Ok(if t.root_keys.is_empty() {
             Anchor::Release(set)
         } else {
@@ -403,9 +430,13 @@ b = "/dev/b"
 
     #[test]
     fn bad_duration_is_named() {
-        let e = Config::parse(&format!("[server]\npoll_interval = \"soon\"\n{MINIMAL}")).unwrap_err();
+        let e =
+            Config::parse(&format!("[server]\npoll_interval = \"soon\"\n{MINIMAL}")).unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("poll_interval") && msg.contains("\"soon\""), "{msg}");
+        assert!(
+            msg.contains("poll_interval") && msg.contains("\"soon\""),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -413,19 +444,34 @@ b = "/dev/b"
         let cfg = format!("[server]\nmanifest_url = \"http://127.0.0.1/m.json\"\n{MINIMAL}");
         let e = Config::parse(&cfg).unwrap_err();
         assert!(e.to_string().starts_with("server.manifest_url:"), "{e}");
-        let cfg = format!("[server]\nmanifest_url = \"http://127.0.0.1/m.json\"\ninsecure_allow_http = true\n{MINIMAL}");
+        let cfg = format!(
+            "[server]\nmanifest_url = \"http://127.0.0.1/m.json\"\ninsecure_allow_http = true\n{MINIMAL}"
+        );
         assert!(Config::parse(&cfg).is_ok());
     }
 
     #[test]
     fn trust_modes_are_exclusive() {
-        let cfg = MINIMAL.replace("keys = [\"/k.pub\"]", "keys = [\"/k.pub\"]\nroot_keys = [\"/r.pub\"]");
-        assert!(Config::parse(&cfg).unwrap_err().to_string().contains("exclusive"));
+        let cfg = MINIMAL.replace(
+            "keys = [\"/k.pub\"]",
+            "keys = [\"/k.pub\"]\nroot_keys = [\"/r.pub\"]",
+        );
+        assert!(
+            Config::parse(&cfg)
+                .unwrap_err()
+                .to_string()
+                .contains("exclusive")
+        );
     }
 
     #[test]
     fn same_slot_twice_is_refused() {
         let cfg = MINIMAL.replace("b = \"/dev/b\"", "b = \"/dev/a\"");
-        assert!(Config::parse(&cfg).unwrap_err().to_string().starts_with("slots.b"));
+        assert!(
+            Config::parse(&cfg)
+                .unwrap_err()
+                .to_string()
+                .starts_with("slots.b")
+        );
     }
 }

@@ -114,7 +114,13 @@ impl Envelope {
     /// Check the payload type, then count the distinct keys of `keys` that
     /// signed, and require the threshold. `role` names the key set in errors
     /// ("release keys of key document v3").
-    pub fn verify(&self, what: &str, payload_type: &str, keys: &KeySet, role: &str) -> Result<Verified> {
+    pub fn verify(
+        &self,
+        what: &str,
+        payload_type: &str,
+        keys: &KeySet,
+        role: &str,
+    ) -> Result<Verified> {
         if self.payload_type != payload_type {
             return Err(Error::new(
                 Kind::Signature,
@@ -194,7 +200,9 @@ mod tests {
     #[test]
     fn parse_rejects_structure() {
         assert!(Envelope::parse(b"{", "m").is_err());
-        assert!(Envelope::parse(br#"{"payloadType":"t","payload":"","signatures":[]}"#, "m").is_err());
+        assert!(
+            Envelope::parse(br#"{"payloadType":"t","payload":"","signatures":[]}"#, "m").is_err()
+        );
         let many = format!(
             r#"{{"payloadType":"t","payload":"","signatures":[{}]}}"#,
             vec![r#"{"keyid":"","sig":""}"#; 17].join(",")

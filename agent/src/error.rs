@@ -77,6 +77,8 @@ impl Kind {
 pub struct Error {
     kind: Kind,
     message: String,
+    /// A server asked to be left alone for this long (429/503 Retry-After).
+    retry_after: Option<std::time::Duration>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -86,7 +88,19 @@ impl Error {
         Error {
             kind,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// Attach the delay a server asked for before the next attempt.
+    pub fn with_retry_after(mut self, d: std::time::Duration) -> Self {
+        self.retry_after = Some(d);
+        self
+    }
+
+    /// The delay a server asked for, if any.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.retry_after
     }
 
     pub fn kind(&self) -> Kind {
@@ -191,7 +205,10 @@ mod tests {
             .context("opening slot B")
             .map_err(|e| e.wrap("installing 2.0"))
             .unwrap_err();
-        assert_eq!(e.to_string(), "installing 2.0: opening slot B: permission denied");
+        assert_eq!(
+            e.to_string(),
+            "installing 2.0: opening slot B: permission denied"
+        );
         assert_eq!(e.kind(), Kind::Io);
     }
 

@@ -80,7 +80,10 @@ mod tests {
         atomic_write(&p, b"one", 0o600).unwrap();
         atomic_write(&p, b"two", 0o600).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1, "{names:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -8,18 +8,34 @@
 pub mod error;
 
 pub mod artifact;
+pub mod backoff;
 pub mod bootloader;
+pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod control;
+pub mod daemon;
+pub mod delta;
 pub mod envelope;
+pub mod fetch;
 pub mod fsutil;
 pub mod hash;
-// pub mod install;
+pub mod health;
+pub mod identity;
+pub mod install;
+pub mod lock;
+pub mod logging;
+pub mod machine;
 pub mod manifest;
+pub mod notify;
+pub mod report;
+pub mod rollout;
 pub mod slot;
+pub mod source;
 pub mod state;
 pub mod store;
 pub mod timestamp;
 pub mod trust;
+pub mod worker;
 
 pub use error::{Error, Kind, Result};

@@ -1,1 +1,16 @@
-fn main() {}
+//! `updraft`: the update daemon and its command-line client.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    updraft::logging::init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = match updraft::cli::parse(&args) {
+        Ok(a) => updraft::cli::run(a),
+        Err(msg) => {
+            eprintln!("updraft: {msg}\n\n{}", updraft::cli::USAGE);
+            2
+        }
+    };
+    ExitCode::from(code as u8)
+}

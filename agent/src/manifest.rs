@@ -116,7 +116,11 @@ pub struct Delta {
 /// Upper bound of a zstd frame's compressed size for `n` input bytes
 /// (ZSTD_COMPRESSBOUND plus a frame header's worth).
 pub fn compress_bound(n: u64) -> u64 {
-    let margin = if n < (128 << 10) { ((128 << 10) - n) >> 11 } else { 0 };
+    let margin = if n < (128 << 10) {
+        ((128 << 10) - n) >> 11
+    } else {
+        0
+    };
     n + (n >> 8) + margin + 64
 }
 
@@ -181,14 +185,20 @@ impl Manifest {
         struct Version {
             spec_version: Option<serde_json::Value>,
         }
-        let v: Version = serde_json::from_slice(payload)
-            .map_err(|e| Error::new(Kind::Malformed, format!("manifest payload is not valid JSON: {e}")))?;
+        let v: Version = serde_json::from_slice(payload).map_err(|e| {
+            Error::new(
+                Kind::Malformed,
+                format!("manifest payload is not valid JSON: {e}"),
+            )
+        })?;
         match v.spec_version.as_ref().and_then(|v| v.as_u64()) {
             Some(n) if n == SPEC_VERSION as u64 => {}
             Some(n) => {
                 return Err(Error::new(
                     Kind::Policy,
-                    format!("manifest spec_version {n} is not supported (this updraft reads {SPEC_VERSION})"),
+                    format!(
+                        "manifest spec_version {n} is not supported (this updraft reads {SPEC_VERSION})"
+                    ),
                 ));
             }
             None => {
@@ -208,8 +218,16 @@ impl Manifest {
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(Error::new(Kind::Malformed, format!("manifest: {msg}")));
         let r = &self.release;
-        if r.version.is_empty() || r.version.len() > 128 || r.version.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            return bad(format!("release version {:?} is empty, too long or has spaces or control characters", truncate(&r.version, 140)));
+        if r.version.is_empty()
+            || r.version.len() > 128
+            || r.version
+                .chars()
+                .any(|c| c.is_control() || c.is_whitespace())
+        {
+            return bad(format!(
+                "release version {:?} is empty, too long or has spaces or control characters",
+                truncate(&r.version, 140)
+            ));
         }
         if r.compatible.is_empty() {
             return bad("release.compatible is empty".into());
@@ -219,11 +237,17 @@ impl Manifest {
         }
         if let Some(ro) = &r.rollout {
             if !(ro.percent.is_finite() && (0.0..=100.0).contains(&ro.percent)) {
-                return bad(format!("rollout percent {} is not between 0 and 100", ro.percent));
+                return bad(format!(
+                    "rollout percent {} is not between 0 and 100",
+                    ro.percent
+                ));
             }
         }
         if self.expires <= self.issued {
-            return bad(format!("expires {} is not after issued {}", self.expires, self.issued));
+            return bad(format!(
+                "expires {} is not after issued {}",
+                self.expires, self.issued
+            ));
         }
         check_url(&self.artifact.url, "artifact url")?;
         let a = &self.artifact;
@@ -234,13 +258,19 @@ impl Manifest {
             return bad("artifact has no frames".into());
         }
         if a.frames.len() > MAX_FRAMES {
-            return bad(format!("artifact has {} frames, at most {MAX_FRAMES} are accepted", a.frames.len()));
+            return bad(format!(
+                "artifact has {} frames, at most {MAX_FRAMES} are accepted",
+                a.frames.len()
+            ));
         }
         let mut offset: u64 = 0;
         let mut out: u64 = 0;
         for (i, f) in a.frames.iter().enumerate() {
             if f.offset != offset {
-                return bad(format!("frame {i} starts at {} but the previous frame ends at {offset}", f.offset));
+                return bad(format!(
+                    "frame {i} starts at {} but the previous frame ends at {offset}",
+                    f.offset
+                ));
             }
             if f.out_size == 0 || f.out_size > MAX_FRAME_OUTPUT {
                 return bad(format!(
@@ -257,18 +287,27 @@ impl Manifest {
             offset = offset
                 .checked_add(f.size)
                 .ok_or_else(|| Error::new(Kind::Malformed, "manifest: frame sizes overflow"))?;
-            out = out
-                .checked_add(f.out_size)
-                .ok_or_else(|| Error::new(Kind::Malformed, "manifest: frame output sizes overflow"))?;
+            out = out.checked_add(f.out_size).ok_or_else(|| {
+                Error::new(Kind::Malformed, "manifest: frame output sizes overflow")
+            })?;
         }
         if offset != a.size {
-            return bad(format!("frames cover {offset} bytes but the artifact is {} bytes", a.size));
+            return bad(format!(
+                "frames cover {offset} bytes but the artifact is {} bytes",
+                a.size
+            ));
         }
         if out != self.image.size {
-            return bad(format!("frames decode to {out} bytes but the image is {} bytes", self.image.size));
+            return bad(format!(
+                "frames decode to {out} bytes but the image is {} bytes",
+                self.image.size
+            ));
         }
         if self.deltas.len() > MAX_DELTAS {
-            return bad(format!("{} deltas listed, at most {MAX_DELTAS} are accepted", self.deltas.len()));
+            return bad(format!(
+                "{} deltas listed, at most {MAX_DELTAS} are accepted",
+                self.deltas.len()
+            ));
         }
         for (i, d) in self.deltas.iter().enumerate() {
             check_url(&d.url, &format!("delta {i} url"))?;
@@ -281,7 +320,12 @@ impl Manifest {
 
     /// The device's rules for a verified manifest. `stored_serial` is the
     /// highest serial accepted before (None on a fresh device).
-    pub fn check_policy(&self, now: Timestamp, stored_serial: Option<u64>, compatible: &str) -> Result<Freshness> {
+    pub fn check_policy(
+        &self,
+        now: Timestamp,
+        stored_serial: Option<u64>,
+        compatible: &str,
+    ) -> Result<Freshness> {
         if now >= self.expires {
             return Err(Error::new(
                 Kind::Policy,
@@ -310,7 +354,11 @@ impl Manifest {
                 format!(
                     "release {} is for {:?}, not for this device ({compatible:?})",
                     self.release.version,
-                    self.release.compatible.iter().map(|c| truncate(c, 40)).collect::<Vec<_>>()
+                    self.release
+                        .compatible
+                        .iter()
+                        .map(|c| truncate(c, 40))
+                        .collect::<Vec<_>>()
                 ),
             ));
         }
@@ -370,14 +418,27 @@ mod tests {
                 compatible: vec!["rpi4".into()],
                 rollout: None,
             },
-            image: Image { size: 10, sha256: h },
+            image: Image {
+                size: 10,
+                sha256: h,
+            },
             artifact: Artifact {
                 url: "artifacts/a.zst".into(),
                 size: 30,
                 sha256: h,
                 frames: vec![
-                    Frame { offset: 0, size: 15, out_size: 6, out_sha256: h },
-                    Frame { offset: 15, size: 15, out_size: 4, out_sha256: h },
+                    Frame {
+                        offset: 0,
+                        size: 15,
+                        out_size: 6,
+                        out_sha256: h,
+                    },
+                    Frame {
+                        offset: 15,
+                        size: 15,
+                        out_size: 4,
+                        out_sha256: h,
+                    },
                 ],
             },
             deltas: vec![],
@@ -398,13 +459,28 @@ mod tests {
     fn frames_must_tile_the_artifact() {
         let mut m = sample();
         m.artifact.frames[1].offset = 16;
-        assert!(reparse(&m).unwrap_err().to_string().contains("frame 1 starts at 16"));
+        assert!(
+            reparse(&m)
+                .unwrap_err()
+                .to_string()
+                .contains("frame 1 starts at 16")
+        );
         let mut m = sample();
         m.artifact.size = 31;
-        assert!(reparse(&m).unwrap_err().to_string().contains("frames cover 30 bytes"));
+        assert!(
+            reparse(&m)
+                .unwrap_err()
+                .to_string()
+                .contains("frames cover 30 bytes")
+        );
         let mut m = sample();
         m.image.size = 11;
-        assert!(reparse(&m).unwrap_err().to_string().contains("decode to 10 bytes"));
+        assert!(
+            reparse(&m)
+                .unwrap_err()
+                .to_string()
+                .contains("decode to 10 bytes")
+        );
         let mut m = sample();
         m.artifact.frames[0].out_size = MAX_FRAME_OUTPUT + 1;
         assert!(reparse(&m).is_err());
@@ -436,11 +512,28 @@ mod tests {
         let m = sample();
         let now = Timestamp(1_850_000_000);
         assert_eq!(m.check_policy(now, None, "rpi4").unwrap(), Freshness::New);
-        assert_eq!(m.check_policy(now, Some(6), "rpi4").unwrap(), Freshness::New);
-        assert_eq!(m.check_policy(now, Some(7), "rpi4").unwrap(), Freshness::Unchanged);
+        assert_eq!(
+            m.check_policy(now, Some(6), "rpi4").unwrap(),
+            Freshness::New
+        );
+        assert_eq!(
+            m.check_policy(now, Some(7), "rpi4").unwrap(),
+            Freshness::Unchanged
+        );
         let e = m.check_policy(now, Some(8), "rpi4").unwrap_err();
-        assert_eq!(e.to_string(), "manifest serial 7 is older than stored serial 8: refusing a rollback");
-        assert!(m.check_policy(Timestamp(1_900_000_000), None, "rpi4").is_err());
-        assert!(m.check_policy(now, None, "rpi3").unwrap_err().to_string().contains("not for this device"));
+        assert_eq!(
+            e.to_string(),
+            "manifest serial 7 is older than stored serial 8: refusing a rollback"
+        );
+        assert!(
+            m.check_policy(Timestamp(1_900_000_000), None, "rpi4")
+                .is_err()
+        );
+        assert!(
+            m.check_policy(now, None, "rpi3")
+                .unwrap_err()
+                .to_string()
+                .contains("not for this device")
+        );
     }
 }

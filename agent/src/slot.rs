@@ -102,13 +102,14 @@ pub fn booted_slot(cmdline: &Path) -> Result<SlotName> {
 pub fn parse_cmdline(text: &str) -> Option<SlotName> {
     text.split_whitespace()
         .filter_map(|w| w.strip_prefix("updraft.slot="))
-        .last()
+        .next_back()
         .and_then(SlotName::parse)
 }
 
 /// Identity of a file or device, to detect two paths naming the same slot.
 fn identity(path: &Path) -> Result<(bool, u64, u64)> {
-    let md = std::fs::metadata(path).kind_context(Kind::Slot, format!("slot {}", path.display()))?;
+    let md =
+        std::fs::metadata(path).kind_context(Kind::Slot, format!("slot {}", path.display()))?;
     if md.file_type().is_block_device() {
         Ok((true, md.rdev(), 0))
     } else {
@@ -123,12 +124,15 @@ pub fn same_slot(a: &Path, b: &Path) -> Result<bool> {
 
 /// Capacity in bytes of a slot (block device size, or file length).
 pub fn capacity(path: &Path) -> Result<u64> {
-    let f = File::open(path).kind_context(Kind::Slot, format!("opening slot {}", path.display()))?;
+    let f =
+        File::open(path).kind_context(Kind::Slot, format!("opening slot {}", path.display()))?;
     capacity_of(&f, path)
 }
 
 fn capacity_of(f: &File, path: &Path) -> Result<u64> {
-    let md = f.metadata().kind_context(Kind::Slot, format!("slot {}", path.display()))?;
+    let md = f
+        .metadata()
+        .kind_context(Kind::Slot, format!("slot {}", path.display()))?;
     if md.file_type().is_block_device() {
         let mut size: u64 = 0;
         // SAFETY: BLKGETSIZE64 writes one u64 through the pointer we pass.
@@ -142,7 +146,11 @@ fn capacity_of(f: &File, path: &Path) -> Result<u64> {
     } else if md.file_type().is_file() {
         Ok(md.len())
     } else {
-        bail!(Slot, "slot {} is neither a block device nor a regular file", path.display())
+        bail!(
+            Slot,
+            "slot {} is neither a block device nor a regular file",
+            path.display()
+        )
     }
 }
 
@@ -184,7 +192,8 @@ impl SlotWriter {
                 booted.display()
             );
         }
-        let md = std::fs::metadata(path).kind_context(Kind::Slot, format!("slot {}", path.display()))?;
+        let md =
+            std::fs::metadata(path).kind_context(Kind::Slot, format!("slot {}", path.display()))?;
         let block = md.file_type().is_block_device();
         let mut opts = OpenOptions::new();
         opts.read(true).write(true);
@@ -250,7 +259,7 @@ impl SlotWriter {
     /// step was taken (a good moment to [`sync`](Self::sync) and record
     /// progress).
     pub fn write_all(&mut self, data: &[u8]) -> Result<bool> {
-        let end = self.pos.checked_add(data.len() as u64).unwrap_or(u64::MAX);
+        let end = self.pos.saturating_add(data.len() as u64);
         if end > self.capacity {
             bail!(
                 Slot,
@@ -259,9 +268,14 @@ impl SlotWriter {
                 self.capacity
             );
         }
-        self.file
-            .write_all_at(data, self.pos)
-            .kind_context(Kind::Slot, format!("writing slot {} at offset {}", self.path.display(), self.pos))?;
+        self.file.write_all_at(data, self.pos).kind_context(
+            Kind::Slot,
+            format!(
+                "writing slot {} at offset {}",
+                self.path.display(),
+                self.pos
+            ),
+        )?;
         self.pos = end;
         if self.pos - self.started >= self.sync_bytes {
             return self.step();
@@ -275,11 +289,21 @@ impl SlotWriter {
     /// [`finish`](Self::finish) make data durable.
     fn step(&mut self) -> Result<bool> {
         let fd = self.file.as_raw_fd();
-        sync_range(fd, self.written_back, self.started - self.written_back, WAIT_ALL)
-            .with_context(|| format!("flushing slot {}", self.path.display()))?;
+        sync_range(
+            fd,
+            self.written_back,
+            self.started - self.written_back,
+            WAIT_ALL,
+        )
+        .with_context(|| format!("flushing slot {}", self.path.display()))?;
         self.written_back = self.started;
-        sync_range(fd, self.started, self.pos - self.started, libc::SYNC_FILE_RANGE_WRITE)
-            .with_context(|| format!("flushing slot {}", self.path.display()))?;
+        sync_range(
+            fd,
+            self.started,
+            self.pos - self.started,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+        .with_context(|| format!("flushing slot {}", self.path.display()))?;
         self.started = self.pos;
         Ok(true)
     }
@@ -317,11 +341,15 @@ fn sync_range(fd: i32, offset: u64, len: u64, flags: libc::c_uint) -> Result<()>
         return Ok(());
     }
     // SAFETY: plain syscall on a file descriptor we own.
-    let rc = unsafe { libc::sync_file_range(fd, offset as libc::off64_t, len as libc::off64_t, flags) };
+    let rc =
+        unsafe { libc::sync_file_range(fd, offset as libc::off64_t, len as libc::off64_t, flags) };
     if rc != 0 {
         let e = io::Error::last_os_error();
         // Some filesystems (FUSE, network) do not implement it: fall back.
-        if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) | Some(libc::EINVAL)) {
+        if matches!(
+            e.raw_os_error(),
+            Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) | Some(libc::EINVAL)
+        ) {
             // SAFETY: as above.
             if unsafe { libc::fdatasync(fd) } != 0 {
                 return Err(Error::from(io::Error::last_os_error()).with_kind(Kind::Slot));
@@ -360,7 +388,10 @@ impl SlotReader {
             .read(true)
             .custom_flags(libc::O_CLOEXEC)
             .open(path)
-            .kind_context(Kind::Slot, format!("opening slot {} for reading", path.display()))?;
+            .kind_context(
+                Kind::Slot,
+                format!("opening slot {} for reading", path.display()),
+            )?;
         let block = file
             .metadata()
             .map(|m| m.file_type().is_block_device())
@@ -447,8 +478,14 @@ mod tests {
 
     #[test]
     fn cmdline_parsing() {
-        assert_eq!(parse_cmdline("root=/dev/x updraft.slot=B quiet"), Some(SlotName::B));
-        assert_eq!(parse_cmdline("updraft.slot=A updraft.slot=b"), Some(SlotName::B));
+        assert_eq!(
+            parse_cmdline("root=/dev/x updraft.slot=B quiet"),
+            Some(SlotName::B)
+        );
+        assert_eq!(
+            parse_cmdline("updraft.slot=A updraft.slot=b"),
+            Some(SlotName::B)
+        );
         assert_eq!(parse_cmdline("updraft.slot=C"), None);
         assert_eq!(parse_cmdline("root=/dev/x"), None);
         assert_eq!(parse_cmdline("xupdraft.slot=A"), None);

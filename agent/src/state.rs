@@ -72,6 +72,10 @@ pub struct Job {
     /// When the image was verified on the slot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub installed: Option<Timestamp>,
+    /// The artifact and image hashes were checked while streaming from the
+    /// first frame (no resume); otherwise the read-back is mandatory.
+    #[serde(default)]
+    pub stream_verified: bool,
 }
 
 /// The persisted state of the update cycle.
@@ -141,7 +145,11 @@ impl State {
     pub fn busy(&self) -> bool {
         !matches!(
             self,
-            State::Idle | State::Checking | State::Committed(_) | State::RolledBack(_) | State::Failed { .. }
+            State::Idle
+                | State::Checking
+                | State::Committed(_)
+                | State::RolledBack(_)
+                | State::Failed { .. }
         )
     }
 
@@ -151,7 +159,10 @@ impl State {
         matches!(
             (self, next),
             (Idle | Committed(_) | RolledBack(_) | Failed { .. }, Idle)
-                | (Idle | Committed(_) | RolledBack(_) | Failed { .. }, Checking)
+                | (
+                    Idle | Committed(_) | RolledBack(_) | Failed { .. },
+                    Checking
+                )
                 | (Checking, Idle)
                 | (Checking, Downloading(_))
                 | (Downloading(_), Downloading(_))
@@ -163,10 +174,14 @@ impl State {
                 | (Rebooting(_), Rebooting(_))
                 | (Rebooting(_), Testing(_))
                 | (Rebooting(_), RolledBack(_))
+                | (Testing(_), Testing(_))
                 | (Testing(_), Committed(_))
                 | (Testing(_), Rebooting(_))
                 | (Testing(_), RolledBack(_))
-                | (Checking | Downloading(_) | Installing(_) | Installed(_), Failed { .. })
+                | (
+                    Checking | Downloading(_) | Installing(_) | Installed(_),
+                    Failed { .. }
+                )
                 | (Rebooting(_) | Testing(_), Failed { .. })
         )
     }

@@ -18,7 +18,7 @@
 use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Context, Error, Kind, Result};
 use crate::hash::Sha256;
@@ -92,7 +92,7 @@ pub struct SlotRecord {
 }
 
 /// One line of history.
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct HistoryEntry {
     pub id: i64,
     pub time: Timestamp,
@@ -146,7 +146,9 @@ impl Store {
     pub fn open(path: &Path) -> Result<Store> {
         let conn = Connection::open_with_flags(
             path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .with_context(|| format!("opening database {}", path.display()))?;
         let store = Store { conn };
@@ -160,7 +162,11 @@ impl Store {
     /// Open an existing database for reading only (status, history).
     pub fn open_readonly(path: &Path) -> Result<Store> {
         if !path.exists() {
-            bail!(Store, "no database at {} (nothing installed yet?)", path.display());
+            bail!(
+                Store,
+                "no database at {} (nothing installed yet?)",
+                path.display()
+            );
         }
         let conn = Connection::open_with_flags(
             path,
@@ -189,7 +195,11 @@ impl Store {
         self.conn.execute_batch(SCHEMA_V1)?;
         let version: Option<String> = self
             .conn
-            .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'schema_version'",
+                [],
+                |r| r.get(0),
+            )
             .optional()?;
         match version.as_deref().map(str::parse::<i64>) {
             None => {
@@ -204,7 +214,9 @@ impl Store {
             Some(Ok(v)) => {
                 // Written by a newer updraft: still readable, since schemas
                 // only grow. Leave the version as it is.
-                log::info!("database schema {v} is newer than this updraft's {SCHEMA_VERSION}; continuing");
+                log::info!(
+                    "database schema {v} is newer than this updraft's {SCHEMA_VERSION}; continuing"
+                );
             }
             Some(Err(_)) => bail!(Store, "database meta schema_version is not a number"),
         }
@@ -216,7 +228,9 @@ impl Store {
     pub fn get(&self, key: &str) -> Result<Option<String>> {
         Ok(self
             .conn
-            .query_row("SELECT value FROM meta WHERE key = ?1", params![key], |r| r.get(0))
+            .query_row("SELECT value FROM meta WHERE key = ?1", params![key], |r| {
+                r.get(0)
+            })
             .optional()?)
     }
 
@@ -292,7 +306,9 @@ impl Store {
     pub fn state(&self) -> Result<(State, Timestamp)> {
         let row: Option<(String, i64)> = self
             .conn
-            .query_row("SELECT body, since FROM state WHERE id = 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_row("SELECT body, since FROM state WHERE id = 1", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .optional()?;
         match row {
             None => Ok((State::Idle, Timestamp(0))),
@@ -306,7 +322,12 @@ impl Store {
 
     /// Move to `next`, with its history line and reports, in one durable
     /// transaction. Refuses a transition the state machine does not have.
-    pub fn transition(&self, next: &State, event: Option<&Event<'_>>, reports: &[Report<'_>]) -> Result<()> {
+    pub fn transition(
+        &self,
+        next: &State,
+        event: Option<&Event<'_>>,
+        reports: &[Report<'_>],
+    ) -> Result<()> {
         let tx = self.conn.unchecked_transaction()?;
         let (current, _) = self.state()?;
         if !current.can_become(next) {
@@ -332,7 +353,12 @@ impl Store {
     pub fn update_state(&self, state: &State) -> Result<()> {
         let (current, _) = self.state()?;
         if current.name() != state.name() {
-            bail!(Store, "state update {} while in {}", state.name(), current.name());
+            bail!(
+                Store,
+                "state update {} while in {}",
+                state.name(),
+                current.name()
+            );
         }
         let body = serde_json::to_string(state).map_err(|e| err!(Store, "encoding state: {e}"))?;
         self.conn
@@ -391,7 +417,11 @@ impl Store {
     pub fn rejected(&self, sha: &Sha256) -> Result<Option<String>> {
         Ok(self
             .conn
-            .query_row("SELECT reason FROM rejected WHERE sha256 = ?1", params![sha.to_hex()], |r| r.get(0))
+            .query_row(
+                "SELECT reason FROM rejected WHERE sha256 = ?1",
+                params![sha.to_hex()],
+                |r| r.get(0),
+            )
             .optional()?)
     }
 
@@ -405,8 +435,10 @@ impl Store {
 
     /// Forget a rejection (explicit operator install).
     pub fn unreject(&self, sha: &Sha256) -> Result<()> {
-        self.conn
-            .execute("DELETE FROM rejected WHERE sha256 = ?1", params![sha.to_hex()])?;
+        self.conn.execute(
+            "DELETE FROM rejected WHERE sha256 = ?1",
+            params![sha.to_hex()],
+        )?;
         Ok(())
     }
 
@@ -415,7 +447,13 @@ impl Store {
     pub fn add_history(&self, e: &Event<'_>) -> Result<()> {
         self.conn.execute(
             "INSERT INTO history (time, event, release, slot, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![Timestamp::now().0, e.event, e.release, e.slot.map(|s| s.as_str()), e.detail],
+            params![
+                Timestamp::now().0,
+                e.event,
+                e.release,
+                e.slot.map(|s| s.as_str()),
+                e.detail
+            ],
         )?;
         self.conn.execute(
             "DELETE FROM history WHERE id <= (SELECT MAX(id) FROM history) - ?1",
@@ -440,7 +478,8 @@ impl Store {
                 detail: r.get(5)?,
             })
         })?;
-        rows.collect::<std::result::Result<Vec<_>, _>>().map_err(Error::from)
+        rows.collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(Error::from)
     }
 
     // ---- outbox ------------------------------------------------------------
@@ -493,19 +532,22 @@ impl Store {
                 body: r.get(6)?,
             })
         })?;
-        rows.collect::<std::result::Result<Vec<_>, _>>().map_err(Error::from)
+        rows.collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(Error::from)
     }
 
     /// Drop a delivered report.
     pub fn outbox_ack(&self, seq: i64) -> Result<()> {
-        self.conn.execute("DELETE FROM outbox WHERE seq = ?1", params![seq])?;
+        self.conn
+            .execute("DELETE FROM outbox WHERE seq = ?1", params![seq])?;
         Ok(())
     }
 
     pub fn outbox_len(&self) -> Result<u64> {
         Ok(self
             .conn
-            .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get::<_, i64>(0))? as u64)
+            .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get::<_, i64>(0))?
+            as u64)
     }
 
     /// Run `f` in one transaction.
@@ -535,7 +577,10 @@ mod tests {
             id: "j1".into(),
             version: "2.0".into(),
             serial: 2,
-            image: Image { size: 1, sha256: Sha256::of(b"i") },
+            image: Image {
+                size: 1,
+                sha256: Sha256::of(b"i"),
+            },
             source: "m.json".into(),
             target: SlotName::B,
             method: Method::Full,
@@ -546,6 +591,7 @@ mod tests {
             purpose: None,
             reason: None,
             installed: None,
+            stream_verified: false,
         }
     }
 
@@ -564,10 +610,20 @@ mod tests {
         let s = db("trans");
         assert_eq!(s.state().unwrap().0, State::Idle);
         let e = s.transition(&State::Testing(job()), None, &[]).unwrap_err();
-        assert!(e.to_string().contains("illegal state transition idle -> testing"));
+        assert!(
+            e.to_string()
+                .contains("illegal state transition idle -> testing")
+        );
         s.transition(&State::Checking, None, &[]).unwrap();
-        s.transition(&State::Downloading(job()), Some(&Event { event: "download", ..Default::default() }), &[])
-            .unwrap();
+        s.transition(
+            &State::Downloading(job()),
+            Some(&Event {
+                event: "download",
+                ..Default::default()
+            }),
+            &[],
+        )
+        .unwrap();
         assert_eq!(s.state().unwrap().0, State::Downloading(job()));
         assert_eq!(s.history(10).unwrap().len(), 1);
     }
@@ -576,11 +632,22 @@ mod tests {
     fn outbox_folds_only_the_newest_foldable_row() {
         let s = db("outbox");
         fn hb(k: &str) -> Report<'_> {
-            Report { key: k, kind: "heartbeat", foldable: true, body: "{}" }
+            Report {
+                key: k,
+                kind: "heartbeat",
+                foldable: true,
+                body: "{}",
+            }
         }
         s.push_report(&hb("h1")).unwrap();
         s.push_report(&hb("h2")).unwrap();
-        s.push_report(&Report { key: "r1", kind: "install", foldable: false, body: "{}" }).unwrap();
+        s.push_report(&Report {
+            key: "r1",
+            kind: "install",
+            foldable: false,
+            body: "{}",
+        })
+        .unwrap();
         s.push_report(&hb("h3")).unwrap();
         s.push_report(&hb("h4")).unwrap();
         let rows = s.outbox_peek(10).unwrap();

@@ -28,8 +28,11 @@ impl Timestamp {
         }
     }
 
-    pub fn add(self, d: Duration) -> Timestamp {
-        Timestamp(self.0.saturating_add(d.as_secs().min(i64::MAX as u64) as i64))
+    pub fn plus(self, d: Duration) -> Timestamp {
+        Timestamp(
+            self.0
+                .saturating_add(d.as_secs().min(i64::MAX as u64) as i64),
+        )
     }
 
     /// Parse RFC 3339 (`2026-11-30T12:00:00Z`, `2026-11-30T13:00:00.5+01:00`).
@@ -292,7 +295,10 @@ mod tests {
     fn durations() {
         assert_eq!(parse_duration("30m").unwrap(), Duration::from_secs(1800));
         assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
-        assert_eq!(parse_duration("30d").unwrap(), Duration::from_secs(30 * 86_400));
+        assert_eq!(
+            parse_duration("30d").unwrap(),
+            Duration::from_secs(30 * 86_400)
+        );
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         for bad in ["", "30", "m", "3x", "-1s", "1.5h", "99999999999999999999s"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");

@@ -92,10 +92,15 @@ impl PublicKey {
     /// Read a `.pub` file.
     pub fn load(path: &std::path::Path) -> Result<PublicKey> {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::new(Kind::Config, format!("reading public key {}: {e}", path.display()))
+            Error::new(
+                Kind::Config,
+                format!("reading public key {}: {e}", path.display()),
+            )
         })?;
-        PublicKey::from_pem(&text)
-            .map_err(|e| e.wrap(format!("public key {}", path.display())).with_kind(Kind::Config))
+        PublicKey::from_pem(&text).map_err(|e| {
+            e.wrap(format!("public key {}", path.display()))
+                .with_kind(Kind::Config)
+        })
     }
 
     /// Strict verification: rejects small-order keys and non-canonical
@@ -114,9 +119,12 @@ pub fn pem_body(text: &str, label: &str) -> Result<Vec<u8>> {
         .find(&begin)
         .ok_or_else(|| Error::new(Kind::Malformed, format!("no PEM {label} block found")))?;
     let body_start = start + begin.len();
-    let stop = text[body_start..]
-        .find(&end)
-        .ok_or_else(|| Error::new(Kind::Malformed, format!("PEM {label} block is not terminated")))?;
+    let stop = text[body_start..].find(&end).ok_or_else(|| {
+        Error::new(
+            Kind::Malformed,
+            format!("PEM {label} block is not terminated"),
+        )
+    })?;
     let body: String = text[body_start..body_start + stop]
         .chars()
         .filter(|c| !c.is_whitespace())
@@ -140,7 +148,10 @@ impl KeySet {
         if keys.len() > MAX_KEYS {
             return Err(Error::new(
                 Kind::Malformed,
-                format!("key set has {} keys, at most {MAX_KEYS} are allowed", keys.len()),
+                format!(
+                    "key set has {} keys, at most {MAX_KEYS} are allowed",
+                    keys.len()
+                ),
             ));
         }
         for (i, k) in keys.iter().enumerate() {
@@ -232,7 +243,11 @@ impl RoleEntry {
             if k.kind != "ed25519" {
                 return Err(Error::new(
                     Kind::Malformed,
-                    format!("{role} key {}: unsupported type {:?}", i + 1, truncate(&k.kind, 32)),
+                    format!(
+                        "{role} key {}: unsupported type {:?}",
+                        i + 1,
+                        truncate(&k.kind, 32)
+                    ),
                 ));
             }
             let raw = unhex(&k.public)
@@ -243,7 +258,9 @@ impl RoleEntry {
                         format!("{role} key {}: public key is not 64 hex digits", i + 1),
                     )
                 })?;
-            keys.push(PublicKey::from_bytes(&raw).map_err(|e| e.wrap(format!("{role} key {}", i + 1)))?);
+            keys.push(
+                PublicKey::from_bytes(&raw).map_err(|e| e.wrap(format!("{role} key {}", i + 1)))?,
+            );
         }
         KeySet::new(keys, self.threshold).map_err(|e| e.wrap(format!("{role} keys")))
     }
@@ -329,7 +346,10 @@ impl Trust {
     pub fn release_keys(&self) -> Result<(&KeySet, String)> {
         match (&self.anchor, &self.current) {
             (Anchor::Release(keys), _) => Ok((keys, "release keys of the configuration".into())),
-            (_, Some(doc)) => Ok((&doc.release, format!("release keys of key document v{}", doc.version))),
+            (_, Some(doc)) => Ok((
+                &doc.release,
+                format!("release keys of key document v{}", doc.version),
+            )),
             (Anchor::Root { version, .. }, None) => Err(Error::new(
                 Kind::Signature,
                 format!(
@@ -368,13 +388,18 @@ impl Trust {
         let Some(old_roots) = self.root_keys().cloned() else {
             return Err(Error::new(
                 Kind::Signature,
-                format!("{what}: key documents are not used in simple mode (release keys come from the configuration)"),
+                format!(
+                    "{what}: key documents are not used in simple mode (release keys come from the configuration)"
+                ),
             ));
         };
         if raw.len() > MAX_KEY_DOCUMENT_BYTES {
             return Err(Error::new(
                 Kind::Malformed,
-                format!("{what} is {} bytes, larger than the {MAX_KEY_DOCUMENT_BYTES}-byte limit", raw.len()),
+                format!(
+                    "{what} is {} bytes, larger than the {MAX_KEY_DOCUMENT_BYTES}-byte limit",
+                    raw.len()
+                ),
             ));
         }
         let current = self.version();
@@ -406,7 +431,12 @@ impl Trust {
                 ),
             ));
         }
-        env.verify(what, KEYS_PAYLOAD_TYPE, &doc.root, &format!("its own root keys (v{})", doc.version))?;
+        env.verify(
+            what,
+            KEYS_PAYLOAD_TYPE,
+            &doc.root,
+            &format!("its own root keys (v{})", doc.version),
+        )?;
         Ok(self.current.insert(doc))
     }
 }
@@ -427,12 +457,18 @@ fn parse_key_document(raw: &[u8], what: &str) -> Result<KeyDocument> {
     let body: KeyDocumentBody = serde_json::from_slice(&payload)
         .map_err(|e| Error::new(Kind::Malformed, format!("{what} payload: {e}")))?;
     if body.version == 0 {
-        return Err(Error::new(Kind::Malformed, format!("{what}: version 0 is reserved for provisioned keys")));
+        return Err(Error::new(
+            Kind::Malformed,
+            format!("{what}: version 0 is reserved for provisioned keys"),
+        ));
     }
     Ok(KeyDocument {
         version: body.version,
         root: body.root.to_keyset("root").map_err(|e| e.wrap(what))?,
-        release: body.release.to_keyset("release").map_err(|e| e.wrap(what))?,
+        release: body
+            .release
+            .to_keyset("release")
+            .map_err(|e| e.wrap(what))?,
         raw: raw.to_vec(),
     })
 }

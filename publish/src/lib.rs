@@ -1,1 +1,14 @@
+//! updraft-publish: the build-host side of updraft.
+//!
+//! Makes keys, key documents, content-addressed artifacts, deltas and signed
+//! manifests into a directory that any web server, object store or CDN can
+//! serve as it is. Everything the device also needs to understand (the
+//! manifest schema, envelopes, trust rules) comes from the `updraft` crate,
+//! so the two sides cannot drift apart. Nothing here is ever linked into the
+//! device binary.
 
+pub mod delta;
+pub mod keys;
+pub mod release;
+pub mod sign;
+pub mod verify;

@@ -11,7 +11,11 @@ use std::io::Write;
 pub fn record(test: &str, reason: &str) {
     eprintln!("SKIPPED {test}: {reason}");
     if let Some(path) = std::env::var_os("UPDRAFT_SKIP_LOG") {
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
             let _ = writeln!(f, "{test}\t{reason}");
         }
     }

@@ -1,3 +1,4 @@
+#![allow(dead_code)] // filled in as commands land
 //! Shared plumbing for xtask commands: locating the workspace, running
 //! commands with their output visible, and reporting what failed.
 
@@ -9,10 +10,7 @@ pub type Result<T = ()> = std::result::Result<T, String>;
 /// The workspace root (the parent of `xtask/`).
 pub fn root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or(manifest)
+    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
 }
 
 /// Run a command, inheriting stdio; fail if it fails.

@@ -49,15 +49,30 @@ impl FileBootloader {
                 continue;
             }
             let Some((k, v)) = line.split_once('=') else {
-                bail!(Bootloader, "boot state {} line {}: expected NAME=value", self.path.display(), n + 1);
+                bail!(
+                    Bootloader,
+                    "boot state {} line {}: expected NAME=value",
+                    self.path.display(),
+                    n + 1
+                );
             };
             let left = |v: &str| {
                 v.trim().parse::<u32>().map_err(|_| {
-                    err!(Bootloader, "boot state {} line {}: {k}={v:?} is not a count", self.path.display(), n + 1)
+                    err!(
+                        Bootloader,
+                        "boot state {} line {}: {k}={v:?} is not a count",
+                        self.path.display(),
+                        n + 1
+                    )
                 })
             };
             match k.trim() {
-                "BOOT_ORDER" => order = Some(model::parse_order(v).context(format!("boot state {}", self.path.display()))?),
+                "BOOT_ORDER" => {
+                    order = Some(
+                        model::parse_order(v)
+                            .context(format!("boot state {}", self.path.display()))?,
+                    )
+                }
                 "BOOT_A_LEFT" => a = Some(left(v)?),
                 "BOOT_B_LEFT" => b = Some(left(v)?),
                 _ => {}
@@ -78,8 +93,10 @@ impl FileBootloader {
             "# updraft boot selection (bootloader kind = \"file\")\nBOOT_ORDER={}\nBOOT_A_LEFT={a}\nBOOT_B_LEFT={b}\n",
             model::format_order(order)
         );
-        atomic_write(&self.path, text.as_bytes(), 0o644)
-            .kind_context(Kind::Bootloader, format!("writing boot state {}", self.path.display()))
+        atomic_write(&self.path, text.as_bytes(), 0o644).kind_context(
+            Kind::Bootloader,
+            format!("writing boot state {}", self.path.display()),
+        )
     }
 
     fn update(&mut self, f: impl FnOnce(&mut Vec<SlotName>, &mut u32, &mut u32)) -> Result<()> {
@@ -152,7 +169,8 @@ mod tests {
     use super::*;
 
     fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("updraft-bootfile-{}-{name}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("updraft-bootfile-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d.join("boot.state")
@@ -187,8 +205,16 @@ mod tests {
         let mut bl = FileBootloader::new(p.clone());
         assert!(bl.read().is_err());
         assert!(bl.trial(SlotName::B, 3).is_err());
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "BOOT_ORDER=A X\nBOOT_A_LEFT=3\nBOOT_B_LEFT=3\n");
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "BOOT_ORDER=A X\nBOOT_A_LEFT=3\nBOOT_B_LEFT=3\n"
+        );
         std::fs::write(&p, "BOOT_ORDER=A B\n").unwrap();
-        assert!(bl.read().unwrap_err().to_string().contains("refusing to guess"));
+        assert!(
+            bl.read()
+                .unwrap_err()
+                .to_string()
+                .contains("refusing to guess")
+        );
     }
 }

@@ -110,11 +110,16 @@ pub fn from_config(cfg: &Config) -> Result<Box<dyn Bootloader>> {
     let b = &cfg.bootloader;
     Ok(match b.kind {
         BootloaderKind::File => Box::new(file::FileBootloader::new(b.path.clone())),
-        BootloaderKind::Uboot => Box::new(uboot::UbootBootloader::from_config_file(&b.fw_env_config)?),
+        BootloaderKind::Uboot => {
+            Box::new(uboot::UbootBootloader::from_config_file(&b.fw_env_config)?)
+        }
         BootloaderKind::Grub => Box::new(grub::GrubBootloader::new(b.grubenv.clone())?),
         BootloaderKind::Script => {
             let Some(script) = &b.script else {
-                return Err(err!(Config, "bootloader.script is required when kind = \"script\""));
+                return Err(err!(
+                    Config,
+                    "bootloader.script is required when kind = \"script\""
+                ));
             };
             Box::new(script::ScriptBootloader::new(script.clone())?)
         }
@@ -143,8 +148,12 @@ pub mod model {
     pub fn parse_order(text: &str) -> Result<Vec<SlotName>> {
         let mut out = Vec::new();
         for word in text.split_whitespace() {
-            let s = SlotName::parse(word)
-                .ok_or_else(|| err!(Bootloader, "boot order {text:?} names unknown slot {word:?}"))?;
+            let s = SlotName::parse(word).ok_or_else(|| {
+                err!(
+                    Bootloader,
+                    "boot order {text:?} names unknown slot {word:?}"
+                )
+            })?;
             if !out.contains(&s) {
                 out.push(s);
             }
@@ -153,6 +162,10 @@ pub mod model {
     }
 
     pub fn format_order(order: &[SlotName]) -> String {
-        order.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" ")
+        order
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }

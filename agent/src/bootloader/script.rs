@@ -1,6 +1,5 @@
 //! The `script` backend (placeholder until the native environment lands).
 
-
 use super::{BootState, Bootloader};
 use crate::bail;
 use crate::error::Result;

@@ -13,7 +13,9 @@ pub struct UbootBootloader {
 
 impl UbootBootloader {
     pub fn from_config_file(path: &Path) -> Result<UbootBootloader> {
-        Ok(UbootBootloader { config: path.to_path_buf() })
+        Ok(UbootBootloader {
+            config: path.to_path_buf(),
+        })
     }
 }
 

@@ -17,6 +17,8 @@ pub fn run(args: &[String]) -> Result {
         "daemon" => daemon::run(rest),
         "delta" => delta::run(rest),
         "size" => size::run(rest),
-        other => Err(format!("unknown benchmark {other:?} (install, daemon, delta, size)")),
+        other => Err(format!(
+            "unknown benchmark {other:?} (install, daemon, delta, size)"
+        )),
     }
 }

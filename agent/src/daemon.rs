@@ -1,0 +1,536 @@
+//! The daemon loop: timers, the control socket, signals and the watchdog
+//! around the state machine.
+//!
+//! One thread does everything. It sleeps in `poll(2)` on the control socket
+//! with a timeout that is the nearest deadline (next poll, next heartbeat,
+//! next report delivery, next watchdog ping, a retry), so every wait is
+//! bounded. When the machine has work (a download, an install, health
+//! checks), the loop runs [`Machine::step`] and serves the socket from the
+//! machine's tick callbacks instead, between chunks; blocking network calls
+//! run on short-lived helper threads ([`crate::worker`]) so the tick keeps
+//! coming even when a server stalls.
+//!
+//! SIGTERM and SIGINT set a flag; the next tick fails with
+//! [`Kind::Stopped`], which leaves the machine in its persisted state (a
+//! download resumes at the next start) and the loop exits.
+//!
+//! This module schedules and dispatches. It never decides what an update
+//! does: that is [`crate::machine`].
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+
+use crate::backoff::{self, Backoff};
+use crate::config::Config;
+use crate::control::{self, Client, ControlServer, Reply, Request};
+use crate::err;
+use crate::error::{Error, Kind, Result};
+use crate::install::{Progress, Ticker};
+use crate::lock::StateLock;
+use crate::machine::{CheckOutcome, Machine, Mode, Next, Status};
+use crate::notify;
+use crate::source::Origin;
+use crate::timestamp::Timestamp;
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() -> Result<()> {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for sig in [Signal::SIGTERM, Signal::SIGINT] {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { sigaction(sig, &action) }
+            .map_err(|e| err!(Io, "installing the {sig} handler: {e}"))?;
+    }
+    // A client that goes away mid-reply must not kill the daemon.
+    let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
+    // SAFETY: ignoring SIGPIPE is always sound.
+    unsafe { sigaction(Signal::SIGPIPE, &ignore) }
+        .map_err(|e| err!(Io, "ignoring SIGPIPE: {e}"))?;
+    Ok(())
+}
+
+/// Watchdog pings at half the interval systemd asked for.
+struct Watchdog {
+    every: Option<Duration>,
+    last: Instant,
+}
+
+impl Watchdog {
+    fn new() -> Watchdog {
+        Watchdog {
+            every: notify::watchdog_interval().map(|d| d / 2),
+            last: Instant::now(),
+        }
+    }
+
+    fn ping_if_due(&mut self) {
+        if let Some(every) = self.every {
+            if self.last.elapsed() >= every {
+                notify::watchdog();
+                self.last = Instant::now();
+            }
+        }
+    }
+
+    fn next(&self) -> Option<Instant> {
+        self.every.map(|e| self.last + e)
+    }
+}
+
+/// A request waiting for the loop.
+enum Queued {
+    Check(Option<Client>),
+    Install(Client, String),
+    Mark(Client, bool),
+}
+
+/// Everything the tick callback needs while the machine is busy.
+struct Tick<'a> {
+    ctl: &'a ControlServer,
+    snapshot: &'a mut Status,
+    queue: &'a mut VecDeque<Queued>,
+    watchdog: &'a mut Watchdog,
+    /// Operator commands interrupt this step (health checks).
+    interruptible: bool,
+    last_status: Instant,
+}
+
+impl Ticker for Tick<'_> {
+    fn tick(&mut self, p: &Progress) -> Result<()> {
+        self.watchdog.ping_if_due();
+        if p.total > 0 || p.phase == "health" {
+            self.snapshot.progress = Some(p.clone());
+        }
+        if self.last_status.elapsed() >= Duration::from_secs(5) {
+            notify::status(&format!(
+                "{}: {}",
+                self.snapshot.state,
+                crate::cli::progress_line(p)
+            ));
+            self.last_status = Instant::now();
+        }
+        for client in self.ctl.accept_all() {
+            dispatch(client, self.snapshot, self.queue);
+        }
+        if STOP.load(Ordering::SeqCst) {
+            return Err(Error::new(Kind::Stopped, "stopping on request (SIGTERM)"));
+        }
+        if self.interruptible && self.queue.iter().any(|q| matches!(q, Queued::Mark(..))) {
+            return Err(Error::new(
+                Kind::Stopped,
+                "interrupted by an operator command",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Answer what can be answered now; queue the rest.
+fn dispatch(client: Client, snapshot: &Status, queue: &mut VecDeque<Queued>) {
+    if let Err(e) = control::authorize(&client) {
+        log::warn!("control: {e}");
+        client.reply(&Reply::error(&e));
+        return;
+    }
+    match client.request.clone() {
+        Request::Status => {
+            let reply = Reply {
+                ok: true,
+                status: Some(snapshot.clone()),
+                ..Reply::default()
+            };
+            client.reply(&reply);
+        }
+        Request::History => {
+            // The store is in use by the running step; `updraft history`
+            // reads the database directly.
+            client.reply(&Reply::error(&Error::new(
+                Kind::Busy,
+                "an install is running; `updraft history` reads the database directly",
+            )));
+        }
+        Request::Check => queue.push_back(Queued::Check(Some(client))),
+        Request::Install { manifest } => queue.push_back(Queued::Install(client, manifest)),
+        Request::MarkGood => queue.push_back(Queued::Mark(client, true)),
+        Request::MarkBad => queue.push_back(Queued::Mark(client, false)),
+    }
+}
+
+/// Run the daemon until SIGTERM.
+pub fn run(cfg: Config) -> Result<()> {
+    let _lock = StateLock::acquire(&cfg.lock_path())?;
+    install_signal_handlers()?;
+    let mut machine = Machine::open(cfg.clone(), Mode::Daemon)?;
+    let ctl = ControlServer::bind(&cfg.system.socket, cfg.system.socket_group.as_deref())?;
+    machine.on_boot()?;
+    let mut d = Daemon::new(machine, ctl, cfg);
+    log::info!(
+        "updraft {} started: booted slot {}, device {}, state {}",
+        env!("CARGO_PKG_VERSION"),
+        d.m.booted(),
+        d.m.device_id(),
+        d.m.state()?.name()
+    );
+    notify::ready();
+    let r = d.run();
+    notify::stopping();
+    log::info!("updraft stopped");
+    r
+}
+
+struct Daemon {
+    m: Machine,
+    ctl: ControlServer,
+    cfg: Config,
+    queue: VecDeque<Queued>,
+    watchdog: Watchdog,
+    next_poll: Option<Instant>,
+    next_heartbeat: Instant,
+    next_delivery: Instant,
+    next_step: Instant,
+    poll_backoff: Backoff,
+    delivery_backoff: Backoff,
+    machine_active: bool,
+}
+
+impl Daemon {
+    fn new(m: Machine, ctl: ControlServer, cfg: Config) -> Daemon {
+        let now = Instant::now();
+        let s = &cfg.server;
+        let next_poll =
+            (!s.manifest_url.is_empty()).then(|| now + backoff::first_poll_delay(s.jitter()));
+        let retry_base = Duration::from_secs(10).min(s.poll_interval.0);
+        Daemon {
+            next_poll,
+            next_heartbeat: now
+                + backoff::poll_delay(s.heartbeat_interval.0, s.heartbeat_interval.0 / 10),
+            next_delivery: now,
+            next_step: now,
+            poll_backoff: Backoff::new(retry_base, s.retry_max.0),
+            delivery_backoff: Backoff::new(retry_base, s.retry_max.0),
+            machine_active: true,
+            queue: VecDeque::new(),
+            watchdog: Watchdog::new(),
+            m,
+            ctl,
+            cfg,
+        }
+    }
+
+    fn run(&mut self) -> Result<()> {
+        loop {
+            if STOP.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            self.watchdog.ping_if_due();
+            let now = Instant::now();
+            if self.machine_active && now >= self.next_step {
+                match self.step() {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == Kind::Stopped && STOP.load(Ordering::SeqCst) => {
+                        return Ok(());
+                    }
+                    Err(e) if e.kind() == Kind::Stopped => {}
+                    Err(e) => {
+                        log::error!("{e}");
+                        self.next_step = Instant::now() + Duration::from_secs(30);
+                    }
+                }
+            }
+            self.run_queue();
+            let now = Instant::now();
+            if let Some(at) = self.next_poll {
+                if now >= at && !self.machine_active {
+                    self.poll_server(None, None);
+                }
+            }
+            if now >= self.next_heartbeat {
+                if let Err(e) = self.m.heartbeat() {
+                    log::warn!("queueing heartbeat: {e}");
+                }
+                let hb = self.cfg.server.heartbeat_interval.0;
+                self.next_heartbeat = Instant::now() + backoff::poll_delay(hb, hb / 10);
+            }
+            if Instant::now() >= self.next_delivery {
+                self.deliver();
+            }
+            self.wait();
+        }
+    }
+
+    /// Sleep in poll(2) until the nearest deadline or a client connects.
+    fn wait(&mut self) {
+        let mut deadline = self
+            .next_heartbeat
+            .min(Instant::now() + Duration::from_secs(60));
+        if let Some(p) = self.next_poll {
+            deadline = deadline.min(p);
+        }
+        if self.machine_active {
+            deadline = deadline.min(self.next_step);
+        }
+        if !self.cfg.server.report_url.is_empty() && self.m.store().outbox_len().unwrap_or(0) > 0 {
+            deadline = deadline.min(self.next_delivery);
+        }
+        if let Some(w) = self.watchdog.next() {
+            deadline = deadline.min(w);
+        }
+        if !self.queue.is_empty() {
+            return;
+        }
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let ms = timeout.as_millis().min(60_000) as u16;
+        let mut fds = [PollFd::new(self.ctl.fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(n) if n > 0 => self.serve_idle(),
+            _ => {}
+        }
+    }
+
+    /// Serve clients while the machine is idle: status is built fresh.
+    fn serve_idle(&mut self) {
+        for client in self.ctl.accept_all() {
+            if let Err(e) = control::authorize(&client) {
+                log::warn!("control: {e}");
+                client.reply(&Reply::error(&e));
+                continue;
+            }
+            match client.request.clone() {
+                Request::Status => match self.status() {
+                    Ok(st) => client.reply(&Reply {
+                        ok: true,
+                        status: Some(st),
+                        ..Reply::default()
+                    }),
+                    Err(e) => client.reply(&Reply::error(&e)),
+                },
+                Request::History => match self.m.store().history(200) {
+                    Ok(h) => client.reply(&Reply {
+                        ok: true,
+                        history: Some(h),
+                        ..Reply::default()
+                    }),
+                    Err(e) => client.reply(&Reply::error(&e)),
+                },
+                Request::Check => self.queue.push_back(Queued::Check(Some(client))),
+                Request::Install { manifest } => {
+                    self.queue.push_back(Queued::Install(client, manifest))
+                }
+                Request::MarkGood => self.queue.push_back(Queued::Mark(client, true)),
+                Request::MarkBad => self.queue.push_back(Queued::Mark(client, false)),
+            }
+        }
+    }
+
+    fn status(&mut self) -> Result<Status> {
+        self.m.next_check = self
+            .next_poll
+            .map(|at| Timestamp::now().plus(at.saturating_duration_since(Instant::now())));
+        self.m.status()
+    }
+
+    /// Run the machine's current action once, serving the socket meanwhile.
+    fn step(&mut self) -> Result<()> {
+        let mut snapshot = self.status()?;
+        let interruptible = snapshot.state == "testing";
+        let mut tick = Tick {
+            ctl: &self.ctl,
+            snapshot: &mut snapshot,
+            queue: &mut self.queue,
+            watchdog: &mut self.watchdog,
+            interruptible,
+            last_status: Instant::now(),
+        };
+        let next = self.m.step(&mut tick)?;
+        notify::status(&format!("state {}", self.m.state()?.name()));
+        match next {
+            Next::Continue => self.next_step = Instant::now(),
+            Next::Idle => self.machine_active = false,
+            Next::Done => self.machine_active = false,
+            Next::WaitReboot => self.next_step = Instant::now() + Duration::from_secs(300),
+            Next::Retry(d) => {
+                log::info!("retrying in {}", crate::timestamp::format_duration(d));
+                self.next_step = Instant::now() + d;
+            }
+        }
+        // Reports were queued by the transition: try to send them soon.
+        self.next_delivery = self.next_delivery.min(Instant::now());
+        Ok(())
+    }
+
+    fn run_queue(&mut self) {
+        while let Some(q) = self.queue.pop_front() {
+            match q {
+                Queued::Check(client) => {
+                    if self.machine_active {
+                        if let Some(c) = client {
+                            c.reply(&Reply::error(&Error::new(
+                                Kind::Busy,
+                                "an update is in progress",
+                            )));
+                        }
+                        continue;
+                    }
+                    self.poll_server(None, client);
+                }
+                Queued::Install(client, manifest) => {
+                    if self.machine_active && !self.m.state().map(|s| !s.busy()).unwrap_or(false) {
+                        client.reply(&Reply::error(&Error::new(
+                            Kind::Busy,
+                            "an update is in progress",
+                        )));
+                        continue;
+                    }
+                    let mirrors = if manifest == self.cfg.server.manifest_url {
+                        self.cfg.server.mirrors.clone()
+                    } else {
+                        Vec::new()
+                    };
+                    self.poll_server(Some(Origin::parse(&manifest, &mirrors)), Some(client));
+                }
+                Queued::Mark(client, good) => {
+                    let r = if good {
+                        self.m.mark_good()
+                    } else {
+                        self.m.mark_bad()
+                    };
+                    match r {
+                        Ok(msg) => {
+                            log::info!("{msg}");
+                            self.machine_active = true;
+                            self.next_step = Instant::now();
+                            client.reply(&Reply::ok(msg));
+                        }
+                        Err(e) => client.reply(&Reply::error(&e)),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Check for a release (the configured server, or an operator's
+    /// manifest), answer the client that asked, and schedule the next poll.
+    fn poll_server(&mut self, origin: Option<Origin>, client: Option<Client>) {
+        let operator = origin.is_some();
+        let mut snapshot = match self.status() {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(c) = client {
+                    c.reply(&Reply::error(&e));
+                }
+                return;
+            }
+        };
+        snapshot.state = "checking".into();
+        let result = {
+            let mut tick = Tick {
+                ctl: &self.ctl,
+                snapshot: &mut snapshot,
+                queue: &mut self.queue,
+                watchdog: &mut self.watchdog,
+                interruptible: false,
+                last_status: Instant::now(),
+            };
+            self.m.check(origin, operator, &mut tick)
+        };
+        let s = &self.cfg.server;
+        let mut next = backoff::poll_delay(s.poll_interval.0, s.jitter());
+        let reply = match result {
+            Ok(CheckOutcome::Started {
+                version,
+                target,
+                delta,
+            }) => {
+                self.poll_backoff.succeed();
+                self.machine_active = true;
+                self.next_step = Instant::now();
+                Reply {
+                    ok: true,
+                    started: Some(true),
+                    message: Some(format!(
+                        "installing release {version} into slot {target} ({})",
+                        if delta { "delta" } else { "full image" }
+                    )),
+                    ..Reply::default()
+                }
+            }
+            Ok(CheckOutcome::NoChange(why)) => {
+                self.poll_backoff.succeed();
+                Reply {
+                    ok: true,
+                    started: Some(false),
+                    message: Some(why),
+                    ..Reply::default()
+                }
+            }
+            Err(e) => {
+                log::warn!("check failed: {e}");
+                next = match e.kind() {
+                    Kind::Clock => Duration::from_secs(30),
+                    _ => self
+                        .poll_backoff
+                        .fail(e.retry_after())
+                        .min(s.poll_interval.0.max(e.retry_after().unwrap_or_default())),
+                };
+                Reply::error(&e)
+            }
+        };
+        if let Some(c) = client {
+            c.reply(&reply);
+        }
+        if !s.manifest_url.is_empty() {
+            self.next_poll = Some(Instant::now() + next);
+        }
+        self.next_delivery = self.next_delivery.min(Instant::now());
+    }
+
+    fn deliver(&mut self) {
+        if self.cfg.server.report_url.is_empty() || self.m.store().outbox_len().unwrap_or(0) == 0 {
+            self.next_delivery = Instant::now() + Duration::from_secs(3600);
+            return;
+        }
+        let mut snapshot = match self.status() {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        let mut tick = Tick {
+            ctl: &self.ctl,
+            snapshot: &mut snapshot,
+            queue: &mut self.queue,
+            watchdog: &mut self.watchdog,
+            interruptible: false,
+            last_status: Instant::now(),
+        };
+        match self.m.deliver_reports(&mut tick) {
+            Ok(n) => {
+                if n > 0 {
+                    log::info!("delivered {n} report(s)");
+                }
+                self.delivery_backoff.succeed();
+                self.next_delivery = Instant::now() + Duration::from_secs(3600);
+            }
+            Err(e) if e.kind() == Kind::Stopped => {}
+            Err(e) => {
+                let d = self.delivery_backoff.fail(e.retry_after());
+                log::warn!(
+                    "report delivery failed ({e}); {} report(s) kept, next attempt in {}",
+                    self.m.store().outbox_len().unwrap_or(0),
+                    crate::timestamp::format_duration(d)
+                );
+                self.next_delivery = Instant::now() + d;
+            }
+        }
+    }
+}

@@ -1,0 +1,608 @@
+//! HTTPS transfers: the only code that talks to the network.
+//!
+//! Built on ureq with rustls and the ring provider. This module owns the
+//! transport rules every download obeys:
+//!
+//! * https only; plain http only with the development switch
+//!   `server.insecure_allow_http`, and never on redirects from https;
+//! * trust: the system CA bundle plus the optional `ca_file`; an optional
+//!   client certificate (mTLS) and bearer token for servers that identify
+//!   devices;
+//! * bounded waits: connect (including name resolution) and per-read
+//!   timeouts, so a dead peer is noticed in `stall_timeout`;
+//! * caps: a body is never read past the size the caller expects (the signed
+//!   size), and a server that announces more is refused up front (endless
+//!   data);
+//! * a slow-retrieval floor: a transfer that delivers fewer than `min_rate`
+//!   bytes/s over `min_rate_window` is abandoned;
+//! * conditional GETs with `If-None-Match`, and one long-lived agent so TLS
+//!   sessions are resumed and idle connections reused across polls;
+//! * the standard proxy environment variables (`HTTPS_PROXY`, `NO_PROXY`, …).
+//!
+//! It never interprets what it downloads and never retries on its own:
+//! choosing mirrors and backing off belong to [`crate::source`] and
+//! [`crate::backoff`].
+
+use std::io::{self, Read};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ureq::Agent;
+use ureq::tls::{Certificate, ClientCert, PemItem, RootCerts, TlsConfig, TlsProvider, parse_pem};
+
+use crate::config::Server;
+use crate::error::{Error, Kind, Result};
+use crate::hash::truncate;
+use crate::{bail, err};
+
+/// Where the system CA bundle lives on common distributions.
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// Outcome of a conditional GET.
+#[derive(Debug)]
+pub enum Fetched {
+    /// 304: the resource has the ETag we sent.
+    NotModified,
+    /// 200 with the body and its ETag, if any.
+    Body {
+        bytes: Vec<u8>,
+        etag: Option<String>,
+    },
+}
+
+/// Byte counters shared with the metrics.
+#[derive(Default, Debug)]
+pub struct Counters {
+    pub body_bytes: AtomicU64,
+    pub requests: AtomicU64,
+}
+
+/// The HTTPS client. One per process, kept for its lifetime.
+#[derive(Clone)]
+pub struct Fetcher {
+    agent: Agent,
+    allow_http: bool,
+    token_file: Option<std::path::PathBuf>,
+    min_rate: u64,
+    min_rate_window: Duration,
+    pub counters: Arc<Counters>,
+}
+
+/// Install ring as rustls's process-wide provider (idempotent).
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Load every certificate in a PEM file.
+fn load_certs(path: &Path, what: &str) -> Result<Vec<Certificate<'static>>> {
+    let pem =
+        std::fs::read(path).map_err(|e| err!(Config, "reading {what} {}: {e}", path.display()))?;
+    let mut certs = Vec::new();
+    for item in parse_pem(&pem) {
+        match item {
+            Ok(PemItem::Certificate(c)) => certs.push(c),
+            Ok(_) => {}
+            Err(e) => bail!(Config, "{what} {}: {e}", path.display()),
+        }
+    }
+    if certs.is_empty() {
+        bail!(Config, "{what} {} holds no PEM certificate", path.display());
+    }
+    Ok(certs)
+}
+
+/// Check a client certificate and key the way rustls will use them, so a
+/// mismatch is a configuration error at start, not a failure later.
+fn load_client_cert(cert: &Path, key: &Path) -> Result<ClientCert> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = load_certs(cert, "server.client_cert")?;
+    let key_pem = std::fs::read(key)
+        .map_err(|e| err!(Config, "reading server.client_key {}: {e}", key.display()))?;
+    let key_der = PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|e| err!(Config, "server.client_key {}: {e}", key.display()))?;
+    let ders: Vec<CertificateDer<'static>> = chain
+        .iter()
+        .map(|c| CertificateDer::from(c.der().to_vec()))
+        .collect();
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err!(Config, "TLS setup: {e}"))?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_client_auth_cert(ders, key_der.clone_key())
+        .map_err(|e| {
+            err!(
+                Config,
+                "server.client_cert {} and server.client_key {} do not form a usable pair: {e}",
+                cert.display(),
+                key.display()
+            )
+        })?;
+    let key = ureq::tls::PrivateKey::from_pem(&key_pem)
+        .map_err(|e| err!(Config, "server.client_key {}: {e}", key.display()))?;
+    Ok(ClientCert::new_with_certs(&chain, key))
+}
+
+impl Fetcher {
+    pub fn new(cfg: &Server) -> Result<Fetcher> {
+        install_crypto_provider();
+        let mut roots: Vec<Certificate<'static>> = Vec::new();
+        if cfg.system_roots {
+            let env = std::env::var_os("SSL_CERT_FILE").map(std::path::PathBuf::from);
+            let bundle = env
+                .into_iter()
+                .chain(SYSTEM_BUNDLES.iter().map(std::path::PathBuf::from))
+                .find(|p| p.is_file());
+            if let Some(b) = bundle {
+                match load_certs(&b, "system CA bundle") {
+                    Ok(c) => roots.extend(c),
+                    Err(e) => log::warn!("ignoring system CA bundle: {e}"),
+                }
+            }
+        }
+        if let Some(ca) = &cfg.ca_file {
+            roots.extend(load_certs(ca, "server.ca_file")?);
+        }
+        if roots.is_empty() && (!cfg.manifest_url.is_empty() || !cfg.report_url.is_empty()) {
+            log::warn!("no TLS trust anchors: no system CA bundle found and no server.ca_file set");
+        }
+        let mut tls = TlsConfig::builder()
+            .provider(TlsProvider::Rustls)
+            .root_certs(RootCerts::new_with_certs(&roots));
+        if let (Some(c), Some(k)) = (&cfg.client_cert, &cfg.client_key) {
+            tls = tls.client_cert(Some(load_client_cert(c, k)?));
+        }
+        let agent: Agent = Agent::config_builder()
+            .tls_config(tls.build())
+            .https_only(!cfg.insecure_allow_http)
+            .http_status_as_error(false)
+            .timeout_resolve(Some(cfg.connect_timeout.0))
+            .timeout_connect(Some(cfg.connect_timeout.0))
+            .timeout_send_request(Some(cfg.stall_timeout.0))
+            .timeout_recv_response(Some(cfg.stall_timeout.0))
+            .timeout_per_read(Some(cfg.stall_timeout.0))
+            .timeout_per_write(Some(cfg.stall_timeout.0))
+            .user_agent(concat!("updraft/", env!("CARGO_PKG_VERSION")))
+            .accept("*/*")
+            .max_redirects(5)
+            .max_idle_connections(2)
+            .max_idle_connections_per_host(1)
+            .max_idle_age(Duration::from_secs(90))
+            .proxy(ureq::Proxy::try_from_env())
+            .build()
+            .into();
+        Ok(Fetcher {
+            agent,
+            allow_http: cfg.insecure_allow_http,
+            token_file: cfg.token_file.clone(),
+            min_rate: cfg.min_rate,
+            min_rate_window: cfg.min_rate_window.0,
+            counters: Arc::new(Counters::default()),
+        })
+    }
+
+    fn check_scheme(&self, url: &str) -> Result<()> {
+        if url.starts_with("https://") || (self.allow_http && url.starts_with("http://")) {
+            Ok(())
+        } else if url.starts_with("http://") {
+            bail!(
+                Policy,
+                "refusing plain http URL {} (set server.insecure_allow_http for development)",
+                truncate(url, 200)
+            )
+        } else {
+            bail!(Policy, "unsupported URL {}", truncate(url, 200))
+        }
+    }
+
+    fn token(&self) -> Result<Option<String>> {
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        let t = std::fs::read_to_string(path)
+            .map_err(|e| err!(Config, "reading server.token_file {}: {e}", path.display()))?;
+        let t = t.trim();
+        if t.is_empty() || t.chars().any(|c| c.is_control()) {
+            bail!(
+                Config,
+                "server.token_file {} does not hold a single-line token",
+                path.display()
+            );
+        }
+        Ok(Some(t.to_string()))
+    }
+
+    fn request(&self, url: &str) -> Result<ureq::RequestBuilder<ureq::typestate::WithoutBody>> {
+        self.check_scheme(url)?;
+        let mut r = self.agent.get(url);
+        if let Some(t) = self.token()? {
+            r = r.header("Authorization", format!("Bearer {t}"));
+        }
+        Ok(r)
+    }
+
+    /// GET a small resource (manifest, key document) of at most `cap` bytes,
+    /// conditionally when `etag` is given.
+    pub fn get_small(&self, url: &str, cap: u64, etag: Option<&str>) -> Result<Fetched> {
+        let mut r = self.request(url)?;
+        if let Some(tag) = etag {
+            r = r.header("If-None-Match", tag);
+        }
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let resp = r.call().map_err(|e| net_error(url, e))?;
+        let status = resp.status().as_u16();
+        if status == 304 {
+            return Ok(Fetched::NotModified);
+        }
+        check_status(url, status, resp.headers())?;
+        let etag = resp
+            .headers()
+            .get("etag")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        if let Some(len) = content_length(resp.headers()) {
+            if len > cap {
+                bail!(
+                    Malformed,
+                    "GET {}: server announces {len} bytes, more than the {cap}-byte limit",
+                    truncate(url, 200)
+                );
+            }
+        }
+        let mut body = resp.into_body();
+        let mut reader = body.as_reader();
+        let mut bytes = Vec::new();
+        let mut limited = (&mut reader).take(cap + 1);
+        let mut guard = RateGuard::new(self.min_rate, self.min_rate_window);
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let n = limited.read(&mut buf).map_err(|e| io_net_error(url, e))?;
+            if n == 0 {
+                break;
+            }
+            bytes.extend_from_slice(&buf[..n]);
+            guard
+                .add(n as u64)
+                .map_err(|e| e.wrap(format!("GET {}", truncate(url, 200))))?;
+        }
+        if bytes.len() as u64 > cap {
+            bail!(
+                Malformed,
+                "GET {}: body exceeds the {cap}-byte limit",
+                truncate(url, 200)
+            );
+        }
+        self.counters
+            .body_bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(Fetched::Body { bytes, etag })
+    }
+
+    /// Open a download of `len` bytes starting at `offset` of a resource
+    /// whose signed total size is `total`. Uses a Range request when
+    /// `offset > 0`. The returned reader yields exactly `len` bytes or fails.
+    pub fn open(&self, url: &str, offset: u64, total: u64) -> Result<Download> {
+        if offset > total {
+            bail!(
+                Integrity,
+                "resume offset {offset} is past the signed size {total}"
+            );
+        }
+        let mut r = self.request(url)?;
+        if offset > 0 {
+            r = r.header("Range", format!("bytes={offset}-"));
+        }
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let resp = r.call().map_err(|e| net_error(url, e))?;
+        let status = resp.status().as_u16();
+        check_status(url, status, resp.headers())?;
+        let want = total - offset;
+        let mut skip = 0;
+        match (offset, status) {
+            (0, 200) => {}
+            (_, 206) => {
+                let start = content_range_start(resp.headers()).ok_or_else(|| {
+                    err!(
+                        Network,
+                        "GET {}: 206 without a usable Content-Range",
+                        truncate(url, 200)
+                    )
+                })?;
+                if start != offset {
+                    bail!(
+                        Network,
+                        "GET {}: asked for bytes from {offset}, server sent from {start}",
+                        truncate(url, 200)
+                    );
+                }
+            }
+            (_, 200) => {
+                // The server ignored Range: read and discard up to the offset.
+                log::warn!(
+                    "{} ignores Range requests: re-reading {offset} bytes to resume",
+                    truncate(url, 200)
+                );
+                skip = offset;
+            }
+            (_, s) => bail!(Network, "GET {}: unexpected status {s}", truncate(url, 200)),
+        }
+        if let Some(len) = content_length(resp.headers()) {
+            let expect = want + skip;
+            if len > expect {
+                bail!(
+                    Integrity,
+                    "GET {}: server announces {len} bytes, but the signed size leaves {expect}: refusing (artifact longer than signed)",
+                    truncate(url, 200)
+                );
+            }
+            if len < expect {
+                bail!(
+                    Integrity,
+                    "GET {}: server announces {len} bytes, but the signed size needs {expect} (artifact shorter than signed)",
+                    truncate(url, 200)
+                );
+            }
+        }
+        let mut dl = Download {
+            url: truncate(url, 200).to_string(),
+            reader: resp.into_body().into_reader(),
+            remaining: want,
+            guard: RateGuard::new(self.min_rate, self.min_rate_window),
+            counters: self.counters.clone(),
+            received: 0,
+        };
+        if skip > 0 {
+            let mut sink = io::sink();
+            let copied = io::copy(&mut (&mut dl.reader).take(skip), &mut sink)
+                .map_err(|e| io_net_error(url, e))?;
+            if copied < skip {
+                bail!(
+                    Network,
+                    "GET {}: body ended while skipping to the resume offset",
+                    truncate(url, 200)
+                );
+            }
+        }
+        Ok(dl)
+    }
+
+    /// POST a JSON body with an idempotency key; returns the status.
+    pub fn post_json(&self, url: &str, idempotency_key: &str, body: &[u8]) -> Result<u16> {
+        self.check_scheme(url)?;
+        let mut r = self
+            .agent
+            .post(url)
+            .header("Content-Type", "application/json")
+            .header("Idempotency-Key", idempotency_key);
+        if let Some(t) = self.token()? {
+            r = r.header("Authorization", format!("Bearer {t}"));
+        }
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let resp = r.send(body).map_err(|e| net_error(url, e))?;
+        let status = resp.status().as_u16();
+        check_status(url, status, resp.headers())?;
+        // Drain a small body so the connection can be reused.
+        let mut body = resp.into_body();
+        let _ = io::copy(&mut body.as_reader().take(64 * 1024), &mut io::sink());
+        Ok(status)
+    }
+}
+
+fn content_length(h: &ureq::http::HeaderMap) -> Option<u64> {
+    h.get("content-length")?.to_str().ok()?.trim().parse().ok()
+}
+
+fn content_range_start(h: &ureq::http::HeaderMap) -> Option<u64> {
+    // "bytes START-END/TOTAL"
+    let v = h.get("content-range")?.to_str().ok()?;
+    let rest = v.trim().strip_prefix("bytes ")?;
+    rest.split('-').next()?.trim().parse().ok()
+}
+
+/// `Retry-After` as seconds (HTTP dates are treated as a minute).
+fn retry_after(h: &ureq::http::HeaderMap) -> Option<Duration> {
+    let v = h.get("retry-after")?.to_str().ok()?.trim().to_string();
+    match v.parse::<u64>() {
+        Ok(s) => Some(Duration::from_secs(s.min(24 * 3600))),
+        Err(_) => Some(Duration::from_secs(60)),
+    }
+}
+
+fn check_status(url: &str, status: u16, h: &ureq::http::HeaderMap) -> Result<()> {
+    match status {
+        200..=299 => Ok(()),
+        429 | 503 => {
+            let mut e = err!(
+                Network,
+                "GET {}: server busy ({status})",
+                truncate(url, 200)
+            );
+            if let Some(d) = retry_after(h) {
+                e = err!(
+                    Network,
+                    "GET {}: server busy ({status}), asked to retry after {}s",
+                    truncate(url, 200),
+                    d.as_secs()
+                )
+                .with_retry_after(d);
+            }
+            Err(e)
+        }
+        _ => Err(err!(
+            Network,
+            "GET {}: HTTP status {status}",
+            truncate(url, 200)
+        )),
+    }
+}
+
+fn net_error(url: &str, e: ureq::Error) -> Error {
+    let kind = match &e {
+        ureq::Error::RequireHttpsOnly(_) => Kind::Policy,
+        _ => Kind::Network,
+    };
+    Error::new(kind, format!("GET {}: {e}", truncate(url, 200)))
+}
+
+fn io_net_error(url: &str, e: io::Error) -> Error {
+    // Our own rate-floor errors travel through io::Error; keep their text.
+    Error::new(Kind::Network, format!("GET {}: {e}", truncate(url, 200)))
+}
+
+/// Slow-retrieval floor over a sliding window.
+struct RateGuard {
+    min_rate: u64,
+    window: Duration,
+    window_start: Instant,
+    window_bytes: u64,
+}
+
+impl RateGuard {
+    fn new(min_rate: u64, window: Duration) -> RateGuard {
+        RateGuard {
+            min_rate,
+            window,
+            window_start: Instant::now(),
+            window_bytes: 0,
+        }
+    }
+
+    fn add(&mut self, n: u64) -> Result<()> {
+        self.window_bytes += n;
+        let elapsed = self.window_start.elapsed();
+        if self.min_rate > 0 && elapsed >= self.window {
+            let floor = (self.min_rate as f64 * elapsed.as_secs_f64()) as u64;
+            if self.window_bytes < floor {
+                bail!(
+                    Network,
+                    "transfer too slow: {} bytes in {:.0} s, under the floor of {} bytes/s (slow retrieval)",
+                    self.window_bytes,
+                    elapsed.as_secs_f64(),
+                    self.min_rate
+                );
+            }
+            self.window_start = Instant::now();
+            self.window_bytes = 0;
+        }
+        Ok(())
+    }
+}
+
+/// A capped, rate-checked body reader.
+pub struct Download {
+    url: String,
+    reader: ureq::BodyReader<'static>,
+    remaining: u64,
+    guard: RateGuard,
+    counters: Arc<Counters>,
+    received: u64,
+}
+
+impl Download {
+    /// Bytes received so far.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+}
+
+impl Read for Download {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.remaining == 0 {
+            return Ok(0);
+        }
+        let want = (buf.len() as u64).min(self.remaining) as usize;
+        let n = self.reader.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: body ended {} bytes early (artifact shorter than signed, or the connection was cut)",
+                    self.url, self.remaining
+                ),
+            ));
+        }
+        self.remaining -= n as u64;
+        self.received += n as u64;
+        self.counters
+            .body_bytes
+            .fetch_add(n as u64, Ordering::Relaxed);
+        self.guard
+            .add(n as u64)
+            .map_err(|e| io::Error::new(io::ErrorKind::TimedOut, e.to_string()))?;
+        Ok(n)
+    }
+}
+
+/// Join a relative reference to a base URL ending in `/`. Absolute URLs
+/// are returned as they are.
+pub fn join(base: &str, rel: &str) -> String {
+    if rel.contains("://") {
+        return rel.to_string();
+    }
+    let mut s = base.to_string();
+    if !s.ends_with('/') {
+        s.push('/');
+    }
+    s.push_str(rel.trim_start_matches('/'));
+    s
+}
+
+/// The directory part of a URL (up to and including the last `/` of the
+/// path), and the file name after it.
+pub fn split_url(url: &str) -> (String, String) {
+    let path_start = url.find("://").map(|i| i + 3).unwrap_or(0);
+    let path_start = url[path_start..]
+        .find('/')
+        .map(|i| i + path_start)
+        .unwrap_or(url.len());
+    match url[path_start..].rfind('/') {
+        Some(i) => {
+            let cut = path_start + i + 1;
+            (url[..cut].to_string(), url[cut..].to_string())
+        }
+        None => (format!("{url}/"), String::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_joining() {
+        assert_eq!(
+            join("https://h/a/", "artifacts/x.zst"),
+            "https://h/a/artifacts/x.zst"
+        );
+        assert_eq!(join("https://h/a", "x"), "https://h/a/x");
+        assert_eq!(join("https://h/a/", "https://cdn/x"), "https://cdn/x");
+        assert_eq!(
+            split_url("https://h:8443/stable/manifest.json"),
+            (
+                "https://h:8443/stable/".to_string(),
+                "manifest.json".to_string()
+            )
+        );
+        assert_eq!(
+            split_url("https://h"),
+            ("https://h/".to_string(), String::new())
+        );
+    }
+
+    #[test]
+    fn rate_guard_trips_only_below_the_floor() {
+        let mut g = RateGuard::new(1000, Duration::from_millis(0));
+        assert!(g.add(10_000_000).is_ok());
+        let mut g = RateGuard::new(u64::MAX / 4, Duration::from_millis(0));
+        std::thread::sleep(Duration::from_millis(5));
+        let e = g.add(1).unwrap_err();
+        assert!(e.to_string().contains("slow retrieval"), "{e}");
+    }
+}

@@ -1,0 +1,403 @@
+//! The install pipeline: bytes from a [`Source`] into the target slot,
+//! verified at every stage, in bounded memory.
+//!
+//! ```text
+//! full:   artifact ─► frame (signed length) ─► zstd decode ─► sha256 vs frame table ─► slot writer
+//! delta:  delta ─► state_dir spool ─► sha256 ─► patcher(active slot, spool) ─► slot writer
+//! both:   fdatasync ─► drop page cache ─► read back ─► sha256 vs image
+//! ```
+//!
+//! Each stage is a small function over `Read`/`Write`-like parts, so the
+//! order of checks can be read top to bottom. A frame is written only after
+//! its output hash matched the signed frame table; a corrupt or hostile byte
+//! stream therefore never reaches the slot beyond the last good frame. Work
+//! is interleaved with [`Ticker::tick`] calls (at least every few hundred
+//! milliseconds, including while the network is stalled), which is how the
+//! daemon keeps answering its control socket and how a stop request
+//! interrupts an install at a safe point.
+//!
+//! This module never touches the bootloader or the state machine: it is
+//! told which slot to write and reports what it did. Deciding *whether* to
+//! install, and making the slot bootable, belong to [`crate::machine`].
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::artifact::FrameDecoder;
+use crate::bail;
+use crate::error::{Context, Error, Result};
+use crate::hash::{Hasher, Sha256};
+use crate::manifest::{Delta, Frame, Image, Manifest};
+use crate::slot::{SlotReader, SlotWriter};
+use crate::source::Source;
+use crate::worker::Feed;
+
+/// What is happening, for status and progress output.
+#[derive(Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct Progress {
+    /// `download`, `write`, `verify`, `hash-active`, `apply`.
+    pub phase: String,
+    pub done: u64,
+    pub total: u64,
+    /// Bytes per second over the phase so far.
+    pub rate: u64,
+    /// Seconds left at that rate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eta: Option<u64>,
+}
+
+/// Called between chunks of work. Returning an error (e.g. [`Kind::Stopped`])
+/// interrupts the pipeline at that point; everything done so far is safe to
+/// resume from.
+pub trait Ticker {
+    fn tick(&mut self, progress: &Progress) -> Result<()>;
+}
+
+/// A ticker that does nothing (tests, tools).
+pub struct NoTick;
+
+impl Ticker for NoTick {
+    fn tick(&mut self, _: &Progress) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Tracks one phase's progress and paces ticks.
+pub struct Meter {
+    progress: Progress,
+    started: Instant,
+    base: u64,
+}
+
+impl Meter {
+    pub fn new(phase: &str, done: u64, total: u64) -> Meter {
+        Meter {
+            progress: Progress {
+                phase: phase.into(),
+                done,
+                total,
+                rate: 0,
+                eta: None,
+            },
+            started: Instant::now(),
+            base: done,
+        }
+    }
+
+    pub fn advance(&mut self, n: u64) {
+        self.progress.done += n;
+    }
+
+    pub fn tick(&mut self, t: &mut dyn Ticker) -> Result<()> {
+        let secs = self.started.elapsed().as_secs_f64();
+        let moved = self.progress.done.saturating_sub(self.base);
+        if secs > 0.5 {
+            self.progress.rate = (moved as f64 / secs) as u64;
+            self.progress.eta = (self.progress.rate > 0).then(|| {
+                self.progress.total.saturating_sub(self.progress.done) / self.progress.rate
+            });
+        }
+        t.tick(&self.progress)
+    }
+}
+
+/// Chunk size for reading compressed data, so ticks stay frequent on slow
+/// links.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Fill `buf` from `feed`, ticking while it waits.
+fn fill(feed: &mut Feed, buf: &mut [u8], meter: &mut Meter, ticker: &mut dyn Ticker) -> Result<()> {
+    let mut n = 0;
+    while n < buf.len() {
+        let end = (n + READ_CHUNK).min(buf.len());
+        match feed.read_some(&mut buf[n..end])? {
+            Some(0) => {
+                bail!(Network, "stream ended {} bytes early", buf.len() - n)
+            }
+            Some(k) => {
+                n += k;
+                meter.advance(k as u64);
+                meter.tick(ticker)?;
+            }
+            None => meter.tick(ticker)?,
+        }
+    }
+    Ok(())
+}
+
+/// Result of streaming the full artifact.
+#[derive(Debug, Default)]
+pub struct FullOutcome {
+    /// Compressed bytes read from the source.
+    pub bytes_read: u64,
+    /// True when the whole artifact and image hashes were checked while
+    /// streaming (the transfer started at frame 0).
+    pub hashed_in_stream: bool,
+}
+
+/// Output offset of frame `index` in the image.
+pub fn frame_out_offset(frames: &[Frame], index: usize) -> u64 {
+    frames[..index].iter().map(|f| f.out_size).sum()
+}
+
+/// Verify frames already on the slot from `from` onwards and return the
+/// first one that does not match (resume point). Reads the slot only.
+pub fn probe_frames(
+    slot: &Path,
+    frames: &[Frame],
+    from: usize,
+    ticker: &mut dyn Ticker,
+) -> Result<usize> {
+    let reader = SlotReader::open(slot)?;
+    let max_out = frames.iter().map(|f| f.out_size).max().unwrap_or(0) as usize;
+    let mut buf = vec![0u8; max_out];
+    let mut pos = frame_out_offset(frames, from.min(frames.len()));
+    let total: u64 = frames.iter().map(|f| f.out_size).sum();
+    let mut meter = Meter::new("verify", pos, total);
+    for (i, f) in frames.iter().enumerate().skip(from) {
+        let n = f.out_size as usize;
+        if pos + f.out_size > reader.capacity() {
+            return Ok(i);
+        }
+        reader.read_exact_at(&mut buf[..n], pos)?;
+        if Sha256::of(&buf[..n]) != f.out_sha256 {
+            return Ok(i);
+        }
+        pos += f.out_size;
+        meter.advance(f.out_size);
+        meter.tick(ticker)?;
+    }
+    Ok(frames.len())
+}
+
+/// Stream the full artifact from frame `start` into `writer`, verifying each
+/// frame before writing it. `on_durable(frames)` is called after each
+/// durable sync point with the number of frames known to be on the medium.
+pub fn write_full(
+    src: &mut Source<'_>,
+    m: &Manifest,
+    writer: &mut SlotWriter,
+    start: usize,
+    ticker: &mut dyn Ticker,
+    on_durable: &mut dyn FnMut(u64) -> Result<()>,
+) -> Result<FullOutcome> {
+    let frames = &m.artifact.frames;
+    if start >= frames.len() {
+        return Ok(FullOutcome::default());
+    }
+    let max_out = frames.iter().map(|f| f.out_size).max().unwrap_or(0) as usize;
+    let max_in = frames.iter().map(|f| f.size).max().unwrap_or(0) as usize;
+    let mut decoder = FrameDecoder::new(max_out)?;
+    let mut compressed = vec![0u8; max_in];
+    let offset = frames[start].offset;
+    let reader = src.open(&m.artifact.url, offset, m.artifact.size)?;
+    let mut feed = Feed::spawn(reader, READ_CHUNK);
+    let from_zero = start == 0;
+    let mut artifact_hash = from_zero.then(Hasher::new);
+    let mut image_hash = from_zero.then(Hasher::new);
+    writer.seek(frame_out_offset(frames, start));
+    let mut meter = Meter::new("download", offset, m.artifact.size);
+    let mut since_sync = 0usize;
+    for (i, f) in frames.iter().enumerate().skip(start) {
+        let buf = &mut compressed[..f.size as usize];
+        fill(&mut feed, buf, &mut meter, ticker)
+            .map_err(|e| e.wrap(format!("reading artifact frame {i} at offset {}", f.offset)))?;
+        if let Some(h) = artifact_hash.as_mut() {
+            h.update(buf);
+        }
+        let out = decoder.decode(i, f, buf)?;
+        if let Some(h) = image_hash.as_mut() {
+            h.update(out);
+        }
+        let stepped = writer.write_all(out)?;
+        since_sync += 1;
+        if stepped && since_sync >= 8 {
+            writer.sync()?;
+            on_durable((i + 1) as u64)?;
+            since_sync = 0;
+        }
+        meter.tick(ticker)?;
+    }
+    feed.finish()?;
+    if let Some(h) = artifact_hash {
+        let got = h.finish();
+        if got != m.artifact.sha256 {
+            bail!(
+                Integrity,
+                "artifact sha256 is {got}, the manifest signs {}",
+                m.artifact.sha256
+            );
+        }
+    }
+    if let Some(h) = image_hash {
+        let got = h.finish();
+        if got != m.image.sha256 {
+            bail!(
+                Integrity,
+                "image decodes to sha256 {got}, the manifest signs {} (the artifact itself verified)",
+                m.image.sha256
+            );
+        }
+    }
+    Ok(FullOutcome {
+        bytes_read: m.artifact.size - offset,
+        hashed_in_stream: from_zero,
+    })
+}
+
+/// Read the slot back from the medium and compare with the image hash.
+pub fn verify_slot(slot: &Path, image: &Image, ticker: &mut dyn Ticker) -> Result<()> {
+    let reader = SlotReader::open(slot)?;
+    let mut meter = Meter::new("verify", 0, image.size);
+    let got = reader.hash_prefix(image.size, &mut |done| {
+        meter.advance(done - meter.progress.done);
+        meter.tick(ticker)
+    })?;
+    if got != image.sha256 {
+        bail!(
+            Integrity,
+            "slot {} reads back sha256 {got}, expected {}",
+            slot.display(),
+            image.sha256
+        );
+    }
+    Ok(())
+}
+
+/// Hash the first `len` bytes of a slot (delta source check).
+pub fn hash_slot_prefix(slot: &Path, len: u64, ticker: &mut dyn Ticker) -> Result<Option<Sha256>> {
+    let reader = SlotReader::open(slot)?;
+    if reader.capacity() < len {
+        return Ok(None);
+    }
+    let mut meter = Meter::new("hash-active", 0, len);
+    let h = reader.hash_prefix(len, &mut |done| {
+        meter.advance(done - meter.progress.done);
+        meter.tick(ticker)
+    })?;
+    Ok(Some(h))
+}
+
+/// Download a delta into `spool`, resuming a partial file with a Range
+/// request, and verify its hash before anything parses it.
+pub fn download_delta(
+    src: &mut Source<'_>,
+    d: &Delta,
+    spool: &Path,
+    ticker: &mut dyn Ticker,
+) -> Result<u64> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(spool)
+        .with_context(|| format!("opening delta spool {}", spool.display()))?;
+    let mut have = file
+        .metadata()
+        .with_context(|| format!("{}", spool.display()))?
+        .len();
+    if have > d.size {
+        file.set_len(0)?;
+        have = 0;
+    }
+    let mut fetched = 0;
+    if have < d.size {
+        file.seek(SeekFrom::Start(have))?;
+        let reader = src.open(&d.url, have, d.size)?;
+        let mut feed = Feed::spawn(reader, READ_CHUNK);
+        let mut meter = Meter::new("download", have, d.size);
+        let mut buf = vec![0u8; READ_CHUNK];
+        while have < d.size {
+            let want = ((d.size - have) as usize).min(READ_CHUNK);
+            match feed.read_some(&mut buf[..want])? {
+                Some(0) => bail!(Network, "delta stream ended {} bytes early", d.size - have),
+                Some(n) => {
+                    file.write_all(&buf[..n])
+                        .with_context(|| format!("writing delta spool {}", spool.display()))?;
+                    have += n as u64;
+                    fetched += n as u64;
+                    meter.advance(n as u64);
+                }
+                None => {}
+            }
+            meter.tick(ticker)?;
+        }
+        feed.finish()?;
+        file.sync_data()
+            .with_context(|| format!("fsync delta spool {}", spool.display()))?;
+    }
+    file.seek(SeekFrom::Start(0))?;
+    let mut h = Hasher::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    let got = h.finish();
+    if got != d.sha256 {
+        drop(file);
+        let _ = std::fs::remove_file(spool);
+        bail!(
+            Integrity,
+            "delta sha256 is {got}, the manifest signs {}",
+            d.sha256
+        );
+    }
+    Ok(fetched)
+}
+
+/// Apply a verified delta from the active slot into `writer`, hashing the
+/// output; fails unless it is exactly the signed image.
+pub fn apply_delta(
+    active: &Path,
+    from_size: u64,
+    spool: &Path,
+    image: &Image,
+    writer: &mut SlotWriter,
+    ticker: &mut dyn Ticker,
+) -> Result<()> {
+    let old = SlotReader::open(active)?;
+    if old.capacity() < from_size {
+        bail!(
+            Slot,
+            "active slot {} is smaller than the delta's source",
+            active.display()
+        );
+    }
+    let mut patch = io::BufReader::with_capacity(
+        256 * 1024,
+        File::open(spool).with_context(|| format!("opening delta {}", spool.display()))?,
+    );
+    let mut hash = Hasher::new();
+    let mut meter = Meter::new("apply", 0, image.size);
+    writer.seek(0);
+    let mut sink = |block: &[u8]| -> Result<()> {
+        hash.update(block);
+        writer.write_all(block)?;
+        meter.advance(block.len() as u64);
+        meter.tick(ticker)
+    };
+    crate::delta::apply(old.file(), from_size, &mut patch, image.size, &mut sink)?;
+    let got = hash.finish();
+    if got != image.sha256 {
+        bail!(
+            Integrity,
+            "delta output has sha256 {got}, the manifest signs {} (delta made for another source?)",
+            image.sha256
+        );
+    }
+    Ok(())
+}
+
+/// Keep an error's kind, but say which release and slot it concerns.
+pub fn context(e: Error, version: &str, slot: crate::slot::SlotName) -> Error {
+    e.wrap(format!("release {version} into slot {slot}"))
+}
