@@ -175,14 +175,17 @@ pub fn probe_frames(
 }
 
 /// Stream the full artifact from frame `start` into `writer`, verifying each
-/// frame before writing it. `on_durable(frames)` is called after each
-/// durable sync point with the number of frames known to be on the medium.
+/// frame before writing it. `before_write` runs once, right before the first
+/// byte goes to the slot (the caller takes the slot out of the boot order
+/// there). `on_durable(frames)` is called after each durable sync point with
+/// the number of frames known to be on the medium.
 pub fn write_full(
     src: &mut Source<'_>,
     m: &Manifest,
     writer: &mut SlotWriter,
     start: usize,
     ticker: &mut dyn Ticker,
+    before_write: &mut dyn FnMut() -> Result<()>,
     on_durable: &mut dyn FnMut(u64) -> Result<()>,
 ) -> Result<FullOutcome> {
     let frames = &m.artifact.frames;
@@ -202,6 +205,7 @@ pub fn write_full(
     writer.seek(frame_out_offset(frames, start));
     let mut meter = Meter::new("download", offset, m.artifact.size);
     let mut since_sync = 0usize;
+    let mut prepared = false;
     for (i, f) in frames.iter().enumerate().skip(start) {
         let buf = &mut compressed[..f.size as usize];
         fill(&mut feed, buf, &mut meter, ticker)
@@ -212,6 +216,10 @@ pub fn write_full(
         let out = decoder.decode(i, f, buf)?;
         if let Some(h) = image_hash.as_mut() {
             h.update(out);
+        }
+        if !prepared {
+            before_write()?;
+            prepared = true;
         }
         let stepped = writer.write_all(out)?;
         since_sync += 1;

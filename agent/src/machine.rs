@@ -830,10 +830,6 @@ impl Machine {
 
     fn download(&mut self, mut job: Job, t: &mut dyn Ticker) -> Result<Next> {
         let m = self.job_manifest()?;
-        // First act: the target leaves the boot order before a byte is
-        // written to it, so a half-written slot can never be booted.
-        self.boot.disable(job.target)?;
-        self.store.forget_slot(job.target)?;
         let target = self.slots.path(job.target).to_path_buf();
         let booted = self.slots.path(self.booted).to_path_buf();
         let origin = Origin::parse(&job.source, &self.cfg.server.mirrors);
@@ -862,7 +858,14 @@ impl Machine {
                 } else {
                     0
                 };
-                let store = &self.store;
+                // The target leaves the boot order right before the first
+                // byte is written to it, so a half-written slot can never
+                // be booted, and a download that never starts leaves it be.
+                let (boot, store, slot) = (&mut self.boot, &self.store, job.target);
+                let mut before_write = || -> Result<()> {
+                    boot.disable(slot)?;
+                    store.forget_slot(slot)
+                };
                 let mut durable_job = job.clone();
                 let mut on_durable = |n: u64| -> Result<()> {
                     durable_job.frames_durable = n;
@@ -875,6 +878,7 @@ impl Machine {
                     &mut writer,
                     start,
                     &mut tick,
+                    &mut before_write,
                     &mut on_durable,
                 )?;
                 let pref = src.preferred();
@@ -920,6 +924,9 @@ impl Machine {
                 };
                 let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
                 let mut writer = SlotWriter::open(&target, &booted, self.cfg.system.sync_bytes)?;
+                // Out of the boot order before the patch writes a byte.
+                self.boot.disable(job.target)?;
+                self.store.forget_slot(job.target)?;
                 install::apply_delta(
                     &booted,
                     d.from_size,

@@ -86,8 +86,9 @@ pub enum State {
     Idle,
     /// Fetching and verifying the manifest.
     Checking,
-    /// Bytes are arriving. The target slot was taken out of the boot order
-    /// before the first byte was written to it.
+    /// Bytes are arriving: a full image streams through verification into
+    /// the target slot, which leaves the boot order before the first byte
+    /// is written to it; a delta is spooled to `state_dir`.
     Downloading(Job),
     /// All bytes are in (or a delta is being applied); verifying the slot.
     Installing(Job),

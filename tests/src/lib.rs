@@ -9,7 +9,10 @@
 pub mod bin;
 pub mod bootenv;
 pub mod ca;
+pub mod device;
 pub mod nginx;
 pub mod powerfs;
 pub mod proxy;
+pub mod publisher;
 pub mod skip;
+pub mod tmp;

@@ -1,0 +1,522 @@
+//! A simulated device: two slot files, a kernel command line, a boot id, a
+//! state directory and a configuration, driven through the real `updraft`
+//! binary.
+//!
+//! A "reboot" is what DESIGN.md's contract says it is: the reboot command
+//! writes a marker; the test gives the device a new boot id, runs the boot
+//! script the bootloader would run (choosing a slot and counting the
+//! attempt), writes that slot into the command line, and starts the daemon
+//! again.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use updraft::hash::Sha256;
+use updraft::slot::SlotName;
+
+use crate::bin;
+use crate::publisher::{KeyPair, image_bytes};
+use crate::tmp::TempDir;
+
+/// How the device trusts releases.
+#[derive(Clone, Debug)]
+pub enum TrustSpec {
+    /// Simple mode: release keys in the configuration.
+    Keys(Vec<PathBuf>, usize),
+    /// Root mode: root keys, threshold, provisioned key document version.
+    Root(Vec<PathBuf>, usize, u64),
+}
+
+/// Which bootloader backend the device uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BootSpec {
+    /// The `file` backend.
+    File,
+    /// Extra `[bootloader]` lines (uboot, grub, script) written verbatim.
+    Custom(String),
+}
+
+/// How to build a device.
+#[derive(Clone, Debug)]
+pub struct DeviceSpec {
+    pub slot_size: u64,
+    pub trust: TrustSpec,
+    pub boot: BootSpec,
+    pub compatible: String,
+    /// `[server]` lines.
+    pub server: String,
+    /// `[health]` lines.
+    pub health: String,
+    /// Extra `[system]` lines.
+    pub system: String,
+    pub tries: u32,
+    /// Link slot B to slot A's file (a misconfiguration).
+    pub same_slot_twice: bool,
+}
+
+impl DeviceSpec {
+    pub fn simple(release: &KeyPair) -> DeviceSpec {
+        DeviceSpec {
+            slot_size: 16 * 1024 * 1024,
+            trust: TrustSpec::Keys(vec![release.public.clone()], 1),
+            boot: BootSpec::File,
+            compatible: "testboard".into(),
+            server: String::new(),
+            health: String::new(),
+            system: String::new(),
+            tries: 3,
+            same_slot_twice: false,
+        }
+    }
+}
+
+/// What must not change when updraft refuses something.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub slot_a: Sha256,
+    pub slot_b: Sha256,
+    pub state: Value,
+    pub serial: Value,
+    pub keys_version: Value,
+    pub slots: Value,
+    pub boot_state: String,
+}
+
+pub struct Device {
+    pub tmp: TempDir,
+    pub spec: DeviceSpec,
+    pub config: PathBuf,
+    pub slot_a: PathBuf,
+    pub slot_b: PathBuf,
+    pub cmdline: PathBuf,
+    pub boot_id: PathBuf,
+    pub state_dir: PathBuf,
+    pub socket: PathBuf,
+    pub boot_state: PathBuf,
+    pub reboot_marker: PathBuf,
+    pub daemon_log: PathBuf,
+    daemon: Option<Child>,
+    boots: u32,
+}
+
+/// The factory image in slot A of every new device.
+pub const FACTORY_SEED: u64 = 1;
+
+impl Device {
+    pub fn new(name: &str, spec: DeviceSpec) -> Device {
+        let tmp = TempDir::new(name);
+        let d = |p: &str| tmp.join(p);
+        let dev = Device {
+            config: d("updraft.toml"),
+            slot_a: d("slot-a.img"),
+            slot_b: d("slot-b.img"),
+            cmdline: d("cmdline"),
+            boot_id: d("boot_id"),
+            state_dir: d("data/updraft"),
+            socket: d("run/updraft.sock"),
+            boot_state: d("data/updraft/boot.state"),
+            reboot_marker: d("rebooted"),
+            daemon_log: d("daemon.log"),
+            daemon: None,
+            boots: 1,
+            spec,
+            tmp,
+        };
+        let mut a = image_bytes(dev.spec.slot_size as usize, FACTORY_SEED);
+        a.truncate(dev.spec.slot_size as usize);
+        std::fs::write(&dev.slot_a, &a).expect("writing slot A");
+        if dev.spec.same_slot_twice {
+            std::os::unix::fs::symlink(&dev.slot_a, &dev.slot_b).expect("linking slot B to A");
+        } else {
+            let b = image_bytes(dev.spec.slot_size as usize, 0xB);
+            std::fs::write(&dev.slot_b, &b).expect("writing slot B");
+        }
+        std::fs::write(
+            &dev.cmdline,
+            "console=ttyS0 root=/dev/root updraft.slot=A\n",
+        )
+        .expect("cmdline");
+        std::fs::write(&dev.boot_id, "boot-1\n").expect("boot id");
+        dev.write_config();
+        dev
+    }
+
+    fn write_config(&self) {
+        let s = &self.spec;
+        let trust = match &s.trust {
+            TrustSpec::Keys(keys, t) => format!("keys = {}\nthreshold = {t}\n", toml_list(keys)),
+            TrustSpec::Root(keys, t, v) => {
+                format!(
+                    "root_keys = {}\nthreshold = {t}\nkeys_version = {v}\n",
+                    toml_list(keys)
+                )
+            }
+        };
+        let boot = match &s.boot {
+            BootSpec::File => format!("kind = \"file\"\npath = {:?}\n", self.boot_state),
+            BootSpec::Custom(lines) => lines.clone(),
+        };
+        let text = format!(
+            "[server]\n{server}\n\
+             [device]\ncompatible = {compat:?}\nid_file = {id:?}\n\
+             [trust]\n{trust}\n\
+             [slots]\na = {a:?}\nb = {b:?}\ncmdline = {cmdline:?}\n\
+             [bootloader]\n{boot}tries = {tries}\n\
+             [health]\nchecks_dir = {checks:?}\n{health}\n\
+             [system]\nstate_dir = {state:?}\nsocket = {sock:?}\nboot_id_file = {bootid:?}\n\
+             reboot_command = [\"touch\", {marker:?}]\n{system}\n",
+            server = s.server,
+            compat = s.compatible,
+            id = self.state_dir.join("device-id"),
+            a = self.slot_a,
+            b = self.slot_b,
+            cmdline = self.cmdline,
+            tries = s.tries,
+            checks = self.tmp.join("health.d"),
+            health = s.health,
+            state = self.state_dir,
+            sock = self.socket,
+            bootid = self.boot_id,
+            marker = self.reboot_marker,
+            system = s.system,
+        );
+        std::fs::write(&self.config, text).expect("writing the config");
+    }
+
+    /// Rewrite the configuration after changing the spec.
+    pub fn reconfigure(&mut self, f: impl FnOnce(&mut DeviceSpec)) {
+        f(&mut self.spec);
+        self.write_config();
+    }
+
+    /// `updraft --config CONFIG ARGS…` (through the emulator when set).
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = bin::command("updraft");
+        c.arg("--config").arg(&self.config).args(args);
+        c
+    }
+
+    pub fn updraft(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("running updraft")
+    }
+
+    /// Run and insist on success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.updraft(args);
+        assert!(
+            out.status.success(),
+            "updraft {args:?} failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Run and insist on exit status 1; returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.updraft(args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "updraft {args:?} should fail with status 1, got {}:\n{}\n{err}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        );
+        err
+    }
+
+    /// `updraft install MANIFEST`.
+    pub fn install(&self, manifest: &str) -> Output {
+        self.updraft(&["install", manifest])
+    }
+
+    /// `updraft status --json` as JSON.
+    pub fn status(&self) -> Value {
+        let text = self.ok(&["status", "--json"]);
+        serde_json::from_str(&text).expect("status --json is JSON")
+    }
+
+    pub fn slot_bytes(&self, s: SlotName) -> Vec<u8> {
+        std::fs::read(match s {
+            SlotName::A => &self.slot_a,
+            SlotName::B => &self.slot_b,
+        })
+        .expect("reading a slot")
+    }
+
+    /// The slot named on the command line.
+    pub fn booted(&self) -> SlotName {
+        let text = std::fs::read_to_string(&self.cmdline).expect("cmdline");
+        updraft::slot::parse_cmdline(&text).expect("updraft.slot on the cmdline")
+    }
+
+    /// Everything a refused install must leave alone.
+    pub fn snapshot(&self) -> Snapshot {
+        let st = self.status();
+        Snapshot {
+            slot_a: Sha256::of(&self.slot_bytes(SlotName::A)),
+            slot_b: Sha256::of(&self.slot_bytes(SlotName::B)),
+            state: st["state"].clone(),
+            serial: st["serial"].clone(),
+            keys_version: st["keys_version"].clone(),
+            slots: st["slots"].clone(),
+            boot_state: std::fs::read_to_string(&self.boot_state).unwrap_or_default(),
+        }
+    }
+
+    /// Bring the device to a known first state: database created, booted
+    /// slot marked good.
+    pub fn init(&self) {
+        self.ok(&["mark-good"]);
+    }
+
+    // ---- the daemon -----------------------------------------------------------
+
+    pub fn start_daemon(&mut self) {
+        assert!(self.daemon.is_none(), "daemon already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.daemon_log)
+            .expect("daemon log");
+        let child = self
+            .cmd(&["daemon"])
+            .env("UPDRAFT_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("starting the daemon");
+        self.daemon = Some(child);
+        // Ready when the socket answers.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(30) {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            if let Some(c) = self.daemon.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    self.daemon = None;
+                    panic!("daemon exited at start ({status}):\n{}", self.log());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "daemon did not open its socket within 30 s:\n{}",
+            self.log()
+        );
+    }
+
+    pub fn daemon_running(&mut self) -> bool {
+        match self.daemon.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(|c| c.id())
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop_daemon(&mut self) {
+        if let Some(mut c) = self.daemon.take() {
+            // SAFETY: signalling a child we started, by its pid.
+            unsafe { libc_kill(c.id() as i32, 15) };
+            let t = Instant::now();
+            loop {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                if t.elapsed() > Duration::from_secs(30) {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    panic!(
+                        "daemon did not stop within 30 s of SIGTERM:\n{}",
+                        self.log()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill_daemon(&mut self) {
+        if let Some(mut c) = self.daemon.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The daemon's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.daemon_log).unwrap_or_default()
+    }
+
+    /// Poll `status --json` until `pred` holds; panics with the log after
+    /// `timeout`.
+    pub fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        let t = Instant::now();
+        let mut last = Value::Null;
+        while t.elapsed() < timeout {
+            let out = self.updraft(&["status", "--json"]);
+            if out.status.success() {
+                if let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) {
+                    if pred(&v) {
+                        return v;
+                    }
+                    last = v;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "timed out waiting for {what}; last status {last:#}\ndaemon log:\n{}",
+            self.log()
+        );
+    }
+
+    /// Wait until the reboot command ran (the marker exists).
+    pub fn wait_reboot_requested(&self, timeout: Duration) {
+        let t = Instant::now();
+        while t.elapsed() < timeout {
+            if self.reboot_marker.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "no reboot was requested within {timeout:?}; log:\n{}",
+            self.log()
+        );
+    }
+
+    // ---- reboots --------------------------------------------------------------
+
+    /// Simulate a reboot with the `file` backend's boot script: stop the
+    /// daemon, choose the slot as a U-Boot style script does (first in
+    /// BOOT_ORDER with attempts left, counting one down), give the device a
+    /// new boot id and write the command line. Returns the booted slot.
+    pub fn reboot(&mut self) -> SlotName {
+        self.stop_daemon();
+        let slot = match &self.spec.boot {
+            BootSpec::File => boot_file(&self.boot_state),
+            BootSpec::Custom(_) => panic!("reboot() simulates the file backend; use reboot_into"),
+        };
+        let slot =
+            slot.unwrap_or_else(|| panic!("no bootable slot in {}", self.boot_state.display()));
+        self.reboot_into(slot);
+        slot
+    }
+
+    /// The power-on part of a reboot: new boot id, command line naming
+    /// `slot`, reboot marker cleared.
+    pub fn reboot_into(&mut self, slot: SlotName) {
+        self.stop_daemon();
+        self.boots += 1;
+        std::fs::write(&self.boot_id, format!("boot-{}\n", self.boots)).expect("boot id");
+        std::fs::write(
+            &self.cmdline,
+            format!(
+                "console=ttyS0 root=/dev/root updraft.slot={}\n",
+                slot.as_str()
+            ),
+        )
+        .expect("cmdline");
+        let _ = std::fs::remove_file(&self.reboot_marker);
+    }
+
+    /// Add an executable health check.
+    pub fn health_check(&self, name: &str, script: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = self.tmp.join("health.d");
+        std::fs::create_dir_all(&dir).expect("health.d");
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{script}\n")).expect("health check");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+
+    pub fn path(&self, p: &str) -> PathBuf {
+        self.tmp.join(p)
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.tmp.path()
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.daemon.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- daemon log ---\n{}", self.log());
+        }
+    }
+}
+
+/// A U-Boot style boot script on the `file` backend's state file: the first
+/// slot in BOOT_ORDER with attempts left is chosen and its counter
+/// decremented; with none left the counters are reset (not the order), as
+/// common boot scripts do, and nothing boots.
+pub fn boot_file(path: &Path) -> Option<SlotName> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|_| "BOOT_ORDER=A B\nBOOT_A_LEFT=3\nBOOT_B_LEFT=3\n".into());
+    let mut order = String::from("A B");
+    let mut left = [3u32, 3u32];
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("BOOT_ORDER=") {
+            order = v.to_string();
+        } else if let Some(v) = line.strip_prefix("BOOT_A_LEFT=") {
+            left[0] = v.trim().parse().unwrap_or(0);
+        } else if let Some(v) = line.strip_prefix("BOOT_B_LEFT=") {
+            left[1] = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut chosen = None;
+    for w in order.split_whitespace() {
+        let i = match w {
+            "A" => 0,
+            "B" => 1,
+            _ => continue,
+        };
+        if left[i] > 0 {
+            left[i] -= 1;
+            chosen = Some(if i == 0 { SlotName::A } else { SlotName::B });
+            break;
+        }
+    }
+    if chosen.is_none() {
+        left = [3, 3];
+    }
+    std::fs::write(
+        path,
+        format!(
+            "BOOT_ORDER={order}\nBOOT_A_LEFT={}\nBOOT_B_LEFT={}\n",
+            left[0], left[1]
+        ),
+    )
+    .expect("writing boot state");
+    chosen
+}
+
+fn toml_list(paths: &[PathBuf]) -> String {
+    let items: Vec<String> = paths
+        .iter()
+        .map(|p| format!("{:?}", p.display().to_string()))
+        .collect();
+    format!("[{}]", items.join(", "))
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
