@@ -9,6 +9,7 @@
 pub mod bin;
 pub mod bootenv;
 pub mod ca;
+pub mod collector;
 pub mod nginx;
 pub mod powerfs;
 pub mod proxy;
