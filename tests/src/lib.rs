@@ -9,6 +9,7 @@
 pub mod bin;
 pub mod bootenv;
 pub mod ca;
+pub mod collector;
 pub mod device;
 pub mod nginx;
 pub mod powerfs;
