@@ -16,9 +16,9 @@ use serde_json::Value;
 use updraft::hash::Sha256;
 use updraft::slot::SlotName;
 
-use crate::bin;
 use crate::publisher::{KeyPair, image_bytes};
 use crate::tmp::TempDir;
+use crate::{bin, bootenv};
 
 /// How the device trusts releases.
 #[derive(Clone, Debug)]
@@ -34,7 +34,13 @@ pub enum TrustSpec {
 pub enum BootSpec {
     /// The `file` backend.
     File,
-    /// Extra `[bootloader]` lines (uboot, grub, script) written verbatim.
+    /// A redundant U-Boot environment in two files, made with `mkenvimage`,
+    /// read by the real `fw_printenv`.
+    Uboot,
+    /// A `grubenv` block made with `grub-editenv`.
+    Grub,
+    /// Extra `[bootloader]` lines written verbatim (the test simulates
+    /// reboots itself with `reboot_into`).
     Custom(String),
 }
 
@@ -97,6 +103,10 @@ pub struct Device {
     pub boot_state: PathBuf,
     pub reboot_marker: PathBuf,
     pub daemon_log: PathBuf,
+    /// `fw_env.config` of the U-Boot environment (BootSpec::Uboot).
+    pub fw_env_config: PathBuf,
+    /// The GRUB environment block (BootSpec::Grub).
+    pub grubenv: PathBuf,
     daemon: Option<Child>,
     boots: u32,
 }
@@ -119,6 +129,8 @@ impl Device {
             boot_state: d("data/updraft/boot.state"),
             reboot_marker: d("rebooted"),
             daemon_log: d("daemon.log"),
+            fw_env_config: d("boot/fw_env.config"),
+            grubenv: d("boot/grub/grubenv"),
             daemon: None,
             boots: 1,
             spec,
@@ -139,6 +151,40 @@ impl Device {
         )
         .expect("cmdline");
         std::fs::write(&dev.boot_id, "boot-1\n").expect("boot id");
+        match dev.spec.boot {
+            BootSpec::Uboot => {
+                let dir = dev.tmp.join("boot");
+                std::fs::create_dir_all(&dir).expect("boot dir");
+                let env = bootenv::UbootEnv::create(
+                    &dir,
+                    bootenv::Layout::redundant_two_files(0x4000),
+                    &[
+                        ("bootcmd", "run updraft_boot"),
+                        ("bootdelay", "0"),
+                        ("BOOT_ORDER", "A B"),
+                        ("BOOT_A_LEFT", "3"),
+                        ("BOOT_B_LEFT", "3"),
+                    ],
+                );
+                assert_eq!(env.config, dev.fw_env_config);
+            }
+            BootSpec::Grub => {
+                std::fs::create_dir_all(dev.tmp.join("boot/grub")).expect("grub dir");
+                bootenv::grub_editenv_create(&dev.grubenv);
+                bootenv::grub_editenv_set(
+                    &dev.grubenv,
+                    &[
+                        ("ORDER", "A B"),
+                        ("A_OK", "1"),
+                        ("A_TRY", "0"),
+                        ("B_OK", "1"),
+                        ("B_TRY", "0"),
+                    ],
+                )
+                .expect("grub-editenv set");
+            }
+            _ => {}
+        }
         dev.write_config();
         dev
     }
@@ -156,6 +202,11 @@ impl Device {
         };
         let boot = match &s.boot {
             BootSpec::File => format!("kind = \"file\"\npath = {:?}\n", self.boot_state),
+            BootSpec::Uboot => format!(
+                "kind = \"uboot\"\nfw_env_config = {:?}\n",
+                self.fw_env_config
+            ),
+            BootSpec::Grub => format!("kind = \"grub\"\ngrubenv = {:?}\n", self.grubenv),
             BootSpec::Custom(lines) => lines.clone(),
         };
         let text = format!(
@@ -264,7 +315,36 @@ impl Device {
             serial: st["serial"].clone(),
             keys_version: st["keys_version"].clone(),
             slots: st["slots"].clone(),
-            boot_state: std::fs::read_to_string(&self.boot_state).unwrap_or_default(),
+            boot_state: self.boot_state_text(),
+        }
+    }
+
+    /// The bootloader's variables as the real tools list them.
+    pub fn boot_state_text(&self) -> String {
+        match self.spec.boot {
+            BootSpec::File | BootSpec::Custom(_) => {
+                std::fs::read_to_string(&self.boot_state).unwrap_or_default()
+            }
+            BootSpec::Uboot => format!("{:?}", bootenv::fw_printenv(&self.fw_env_config)),
+            BootSpec::Grub => format!("{:?}", bootenv::grub_editenv_list(&self.grubenv)),
+        }
+    }
+
+    /// The boot selection variables as the real tools read them.
+    pub fn boot_vars(&self) -> std::collections::BTreeMap<String, String> {
+        match self.spec.boot {
+            BootSpec::Uboot => {
+                bootenv::fw_printenv(&self.fw_env_config).unwrap_or_else(|e| panic!("{e}"))
+            }
+            BootSpec::Grub => {
+                bootenv::grub_editenv_list(&self.grubenv).unwrap_or_else(|e| panic!("{e}"))
+            }
+            _ => std::fs::read_to_string(&self.boot_state)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         }
     }
 
@@ -399,18 +479,31 @@ impl Device {
 
     // ---- reboots --------------------------------------------------------------
 
-    /// Simulate a reboot with the `file` backend's boot script: stop the
-    /// daemon, choose the slot as a U-Boot style script does (first in
-    /// BOOT_ORDER with attempts left, counting one down), give the device a
-    /// new boot id and write the command line. Returns the booted slot.
+    /// Run the boot script once, as the bootloader would at power-on: it
+    /// picks a slot and counts the attempt (real `fw_setenv` /
+    /// `grub-editenv` for those backends). `None` when nothing is bootable.
+    pub fn boot_script(&self) -> Option<SlotName> {
+        match &self.spec.boot {
+            BootSpec::File => bootenv::boot_file(&self.boot_state),
+            BootSpec::Uboot => bootenv::boot_uboot(&self.fw_env_config),
+            BootSpec::Grub => bootenv::boot_grub(&self.grubenv),
+            BootSpec::Custom(_) => {
+                panic!("custom bootloaders: the test simulates boots with reboot_into")
+            }
+        }
+    }
+
+    /// Simulate a reboot: stop the daemon, run the boot script, give the
+    /// device a new boot id and write the chosen slot into the command line.
+    /// Returns the booted slot.
     pub fn reboot(&mut self) -> SlotName {
         self.stop_daemon();
-        let slot = match &self.spec.boot {
-            BootSpec::File => boot_file(&self.boot_state),
-            BootSpec::Custom(_) => panic!("reboot() simulates the file backend; use reboot_into"),
-        };
-        let slot =
-            slot.unwrap_or_else(|| panic!("no bootable slot in {}", self.boot_state.display()));
+        let slot = self.boot_script().unwrap_or_else(|| {
+            panic!(
+                "the boot script found no bootable slot: {}",
+                self.boot_state_text()
+            )
+        });
         self.reboot_into(slot);
         slot
     }
@@ -461,51 +554,6 @@ impl Drop for Device {
             eprintln!("--- daemon log ---\n{}", self.log());
         }
     }
-}
-
-/// A U-Boot style boot script on the `file` backend's state file: the first
-/// slot in BOOT_ORDER with attempts left is chosen and its counter
-/// decremented; with none left the counters are reset (not the order), as
-/// common boot scripts do, and nothing boots.
-pub fn boot_file(path: &Path) -> Option<SlotName> {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|_| "BOOT_ORDER=A B\nBOOT_A_LEFT=3\nBOOT_B_LEFT=3\n".into());
-    let mut order = String::from("A B");
-    let mut left = [3u32, 3u32];
-    for line in text.lines() {
-        if let Some(v) = line.strip_prefix("BOOT_ORDER=") {
-            order = v.to_string();
-        } else if let Some(v) = line.strip_prefix("BOOT_A_LEFT=") {
-            left[0] = v.trim().parse().unwrap_or(0);
-        } else if let Some(v) = line.strip_prefix("BOOT_B_LEFT=") {
-            left[1] = v.trim().parse().unwrap_or(0);
-        }
-    }
-    let mut chosen = None;
-    for w in order.split_whitespace() {
-        let i = match w {
-            "A" => 0,
-            "B" => 1,
-            _ => continue,
-        };
-        if left[i] > 0 {
-            left[i] -= 1;
-            chosen = Some(if i == 0 { SlotName::A } else { SlotName::B });
-            break;
-        }
-    }
-    if chosen.is_none() {
-        left = [3, 3];
-    }
-    std::fs::write(
-        path,
-        format!(
-            "BOOT_ORDER={order}\nBOOT_A_LEFT={}\nBOOT_B_LEFT={}\n",
-            left[0], left[1]
-        ),
-    )
-    .expect("writing boot state");
-    chosen
 }
 
 fn toml_list(paths: &[PathBuf]) -> String {

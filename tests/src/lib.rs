@@ -15,5 +15,6 @@ pub mod nginx;
 pub mod powerfs;
 pub mod proxy;
 pub mod publisher;
+pub mod server;
 pub mod skip;
 pub mod tmp;
