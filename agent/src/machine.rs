@@ -442,9 +442,14 @@ impl Machine {
         }
         let result = self.check_inner(&origin, default_origin, operator, &state, t);
         match &result {
-            Ok(CheckOutcome::Started { .. }) => {}
+            Ok(CheckOutcome::Started { .. }) => {
+                self.store.set("last_no_change", "")?;
+            }
             Ok(CheckOutcome::NoChange(why)) => {
                 log::info!("check: {why}");
+                if default_origin && !why.starts_with("manifest not modified") {
+                    self.store.set("last_no_change", why)?;
+                }
                 if transitions {
                     self.store.transition(&State::Idle, None, &[])?;
                 }
@@ -522,9 +527,11 @@ impl Machine {
             };
             match fetched {
                 Fetched::NotModified => {
-                    return Ok(CheckOutcome::NoChange(
-                        "manifest not modified since the last check".into(),
-                    ));
+                    let previous = self.store.get("last_no_change")?.filter(|p| !p.is_empty());
+                    return Ok(CheckOutcome::NoChange(match previous {
+                        Some(p) => format!("manifest not modified since the last check ({p})"),
+                        None => "manifest not modified since the last check".into(),
+                    }));
                 }
                 Fetched::Body { bytes, etag } => (bytes, etag),
             }
@@ -699,6 +706,7 @@ impl Machine {
             method: method.clone(),
             started: Timestamp::now(),
             frames_durable: 0,
+            writing: false,
             bytes_downloaded: 0,
             boot_id: None,
             purpose: None,
@@ -844,7 +852,7 @@ impl Machine {
             Method::Full => {
                 let mut writer = SlotWriter::open(&target, &booted, self.cfg.system.sync_bytes)?;
                 let frames = &m.artifact.frames;
-                let start = if job.frames_durable > 0 {
+                let start = if job.writing || job.frames_durable > 0 {
                     let hint = (job.frames_durable as usize).min(frames.len());
                     let start = install::probe_frames(&target, frames, hint, &mut tick)?;
                     log::info!(
@@ -862,11 +870,15 @@ impl Machine {
                 // byte is written to it, so a half-written slot can never
                 // be booted, and a download that never starts leaves it be.
                 let (boot, store, slot) = (&mut self.boot, &self.store, job.target);
+                let mut writing_job = job.clone();
+                writing_job.writing = true;
                 let mut before_write = || -> Result<()> {
                     boot.disable(slot)?;
-                    store.forget_slot(slot)
+                    store.forget_slot(slot)?;
+                    store.update_state(&State::Downloading(writing_job.clone()))
                 };
                 let mut durable_job = job.clone();
+                durable_job.writing = true;
                 let mut on_durable = |n: u64| -> Result<()> {
                     durable_job.frames_durable = n;
                     store.update_state(&State::Downloading(durable_job.clone()))

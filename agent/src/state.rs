@@ -58,6 +58,10 @@ pub struct Job {
     /// Frames known durable in the target slot (resume hint).
     #[serde(default)]
     pub frames_durable: u64,
+    /// Bytes have been written to the target slot: a restarted download
+    /// first checks what is already there.
+    #[serde(default)]
+    pub writing: bool,
     /// Bytes fetched over the network for this job.
     #[serde(default)]
     pub bytes_downloaded: u64,

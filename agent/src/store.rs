@@ -586,6 +586,7 @@ mod tests {
             method: Method::Full,
             started: Timestamp(1),
             frames_durable: 0,
+            writing: false,
             bytes_downloaded: 0,
             boot_id: None,
             purpose: None,
