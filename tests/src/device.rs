@@ -60,6 +60,9 @@ pub struct DeviceSpec {
     pub tries: u32,
     /// Link slot B to slot A's file (a misconfiguration).
     pub same_slot_twice: bool,
+    /// Configure these paths as the slots (e.g. loop devices over the slot
+    /// files) instead of the files themselves.
+    pub slot_paths: Option<(PathBuf, PathBuf)>,
 }
 
 impl DeviceSpec {
@@ -74,6 +77,7 @@ impl DeviceSpec {
             system: String::new(),
             tries: 3,
             same_slot_twice: false,
+            slot_paths: None,
         }
     }
 }
@@ -221,8 +225,8 @@ impl Device {
             server = s.server,
             compat = s.compatible,
             id = self.state_dir.join("device-id"),
-            a = self.slot_a,
-            b = self.slot_b,
+            a = s.slot_paths.as_ref().map(|p| &p.0).unwrap_or(&self.slot_a),
+            b = s.slot_paths.as_ref().map(|p| &p.1).unwrap_or(&self.slot_b),
             cmdline = self.cmdline,
             tries = s.tries,
             checks = self.tmp.join("health.d"),

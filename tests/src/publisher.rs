@@ -138,12 +138,14 @@ impl Repo {
             image.to_str().expect("utf-8 path"),
             "--out",
             self.dir.to_str().expect("utf-8 path"),
-            "--frame-size",
-            &frame,
-            "--level",
-            "3",
         ]);
-        if !extra.iter().any(|a| *a == "--compatible") {
+        if !extra.contains(&"--frame-size") {
+            args.extend(["--frame-size", &frame]);
+        }
+        if !extra.contains(&"--level") {
+            args.extend(["--level", "3"]);
+        }
+        if !extra.contains(&"--compatible") {
             args.extend(["--compatible", "testboard"]);
         }
         args.extend_from_slice(extra);
