@@ -346,7 +346,7 @@ fn status(cfg: &Config, json: bool) -> Result<()> {
 
 /// Status from the database and bootloader, without a daemon.
 fn offline_status(cfg: &Config) -> Result<Status> {
-    let store = Store::open_readonly(&cfg.db_path())?;
+    let store = Store::open_for_reading(&cfg.db_path())?;
     let (state, since) = store.state()?;
     let booted = slot::booted_slot(&cfg.slots.cmdline)?;
     let (boot, boot_err) = match crate::bootloader::from_config(cfg).and_then(|mut b| b.read()) {
@@ -482,7 +482,7 @@ pub fn render_status(st: &Status) -> String {
 }
 
 fn history(cfg: &Config, json: bool) -> Result<()> {
-    let store = Store::open_readonly(&cfg.db_path())?;
+    let store = Store::open_for_reading(&cfg.db_path())?;
     let entries = store.history(200)?;
     if json {
         let text = serde_json::to_string_pretty(&entries)

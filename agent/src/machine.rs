@@ -136,6 +136,10 @@ pub struct Status {
 /// Consecutive transient download failures before a job is failed.
 const MAX_DOWNLOAD_RETRIES: u32 = 8;
 
+/// Seconds an ETag is used for conditional polls before one unconditional
+/// fetch.
+const ETAG_MAX_AGE: i64 = 6 * 3600;
+
 /// How far the clock may be behind a manifest's signing time.
 const CLOCK_SKEW: i64 = 300;
 
@@ -442,14 +446,9 @@ impl Machine {
         }
         let result = self.check_inner(&origin, default_origin, operator, &state, t);
         match &result {
-            Ok(CheckOutcome::Started { .. }) => {
-                self.store.set("last_no_change", "")?;
-            }
+            Ok(CheckOutcome::Started { .. }) => {}
             Ok(CheckOutcome::NoChange(why)) => {
                 log::info!("check: {why}");
-                if default_origin && !why.starts_with("manifest not modified") {
-                    self.store.set("last_no_change", why)?;
-                }
                 if transitions {
                     self.store.transition(&State::Idle, None, &[])?;
                 }
@@ -503,38 +502,36 @@ impl Machine {
         } else {
             None
         };
-        let (raw, new_etag) = {
-            let fetcher = self.fetcher.clone();
-            let mut src = Source::new(origin.clone(), None, self.preferred);
-            let fetched = match fetcher {
-                Some(f) => {
-                    let o = origin.clone();
-                    let pref = self.preferred;
-                    let etag = etag.clone();
-                    let (res, pref) = crate::worker::offload(
-                        "check",
-                        move || {
-                            let mut s = Source::new(o, Some(&f), pref);
-                            let r = s.manifest(etag.as_deref());
-                            (r, s.preferred())
-                        },
-                        t,
-                    )?;
-                    self.set_preferred(pref)?;
-                    res?
-                }
-                None => src.manifest(None)?,
-            };
-            match fetched {
-                Fetched::NotModified => {
-                    let previous = self.store.get("last_no_change")?.filter(|p| !p.is_empty());
-                    return Ok(CheckOutcome::NoChange(match previous {
-                        Some(p) => format!("manifest not modified since the last check ({p})"),
-                        None => "manifest not modified since the last check".into(),
-                    }));
-                }
-                Fetched::Body { bytes, etag } => (bytes, etag),
-            }
+        // A 304 only saves the transfer: the cached manifest is evaluated
+        // again exactly as a fresh one would be, so an answer that was
+        // interrupted (power cut, crash) before it was acted on is acted on
+        // now.
+        let cached = if default_origin {
+            self.store.get("manifest_cache")?
+        } else {
+            None
+        };
+        // Not every server's ETag changes with the content (nginx's is the
+        // modification second and the size): fetch unconditionally now and
+        // then so a stale ETag cannot hide a new manifest for long.
+        let fresh = self
+            .store
+            .get("etag_time")?
+            .and_then(|t| t.parse::<i64>().ok())
+            .is_some_and(|t| now.0 - t < ETAG_MAX_AGE);
+        let etag = etag.filter(|_| cached.is_some() && fresh);
+        let (raw, new_etag, fetched_body) = match self.fetch_manifest(origin, etag.as_deref(), t)? {
+            Fetched::Body { bytes, etag } => (bytes, etag, true),
+            Fetched::NotModified => match cached {
+                Some(c) => (c.into_bytes(), etag, false),
+                None => match self.fetch_manifest(origin, None, t)? {
+                    Fetched::Body { bytes, etag } => (bytes, etag, true),
+                    Fetched::NotModified => bail!(
+                        Network,
+                        "the server answered 304 to an unconditional request"
+                    ),
+                },
+            },
         };
         self.update_keys(origin, &raw, t)?;
         let vm = manifest::verify(&raw, &self.trust)?;
@@ -550,7 +547,19 @@ impl Machine {
         let freshness = m.check_policy(now, self.store.serial()?, &self.cfg.device.compatible)?;
         self.store.accept_manifest(m.serial, m.issued)?;
         if default_origin {
-            self.store.set("etag", new_etag.as_deref().unwrap_or(""))?;
+            // Cache what was verified, for the next 304.
+            match std::str::from_utf8(&raw) {
+                Ok(text) => {
+                    if self.store.get("manifest_cache")?.as_deref() != Some(text) {
+                        self.store.set("manifest_cache", text)?;
+                    }
+                    if fetched_body {
+                        self.store.set("etag", new_etag.as_deref().unwrap_or(""))?;
+                        self.store.set("etag_time", &now.0.to_string())?;
+                    }
+                }
+                Err(_) => self.store.set("etag", "")?,
+            }
         }
         if let Some(job) = state.job().filter(|_| state.busy()) {
             if job.image == m.image {
@@ -608,6 +617,34 @@ impl Machine {
             }
         }
         self.plan(origin, &m, t)
+    }
+
+    /// Fetch the manifest (on a helper thread for remote origins).
+    fn fetch_manifest(
+        &mut self,
+        origin: &Origin,
+        etag: Option<&str>,
+        t: &mut dyn Ticker,
+    ) -> Result<Fetched> {
+        match self.fetcher.clone() {
+            Some(f) if origin.is_remote() => {
+                let o = origin.clone();
+                let pref = self.preferred;
+                let etag = etag.map(str::to_string);
+                let (res, pref) = crate::worker::offload(
+                    "check",
+                    move || {
+                        let mut s = Source::new(o, Some(&f), pref);
+                        let r = s.manifest(etag.as_deref());
+                        (r, s.preferred())
+                    },
+                    t,
+                )?;
+                self.set_preferred(pref)?;
+                res
+            }
+            _ => Source::new(origin.clone(), None, 0).manifest(None),
+        }
     }
 
     fn set_preferred(&mut self, pref: usize) -> Result<()> {

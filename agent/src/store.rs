@@ -159,7 +159,31 @@ impl Store {
         Ok(store)
     }
 
-    /// Open an existing database for reading only (status, history).
+    /// Open an existing database to read it (status and history without a
+    /// daemon). When this process may write the file, it is opened
+    /// read-write so that a transaction interrupted by a power cut (a hot
+    /// journal) is rolled back as SQLite requires before reading; otherwise
+    /// read-only.
+    pub fn open_for_reading(path: &Path) -> Result<Store> {
+        if !path.exists() {
+            bail!(
+                Store,
+                "no database at {} (nothing installed yet?)",
+                path.display()
+            );
+        }
+        let writable = nix::unistd::access(path, nix::unistd::AccessFlags::W_OK).is_ok()
+            && path
+                .parent()
+                .is_some_and(|d| nix::unistd::access(d, nix::unistd::AccessFlags::W_OK).is_ok());
+        if writable {
+            Store::open(path)
+        } else {
+            Store::open_readonly(path)
+        }
+    }
+
+    /// Open an existing database for reading only.
     pub fn open_readonly(path: &Path) -> Result<Store> {
         if !path.exists() {
             bail!(

@@ -204,6 +204,36 @@ fn previous_serial(dir: &Path) -> Option<u64> {
     v.get("serial")?.as_u64()
 }
 
+/// nginx and Apache derive a file's ETag from its modification time in
+/// whole seconds and its size. A manifest replaced within the same second by
+/// one of the same size would keep its ETag, and devices polling with
+/// `If-None-Match` would be told "not modified" until the next change. So a
+/// new manifest always gets a later modification second than the one it
+/// replaces.
+fn keep_etag_fresh(path: &Path, previous: Option<std::time::SystemTime>) -> Result<()> {
+    use std::time::{Duration, UNIX_EPOCH};
+    let Some(prev) = previous else {
+        return Ok(());
+    };
+    let secs = |t: std::time::SystemTime| {
+        t.duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    };
+    let now = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if secs(now) <= secs(prev) {
+        let later = UNIX_EPOCH + Duration::from_secs(secs(prev) + 1);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_modified(later))
+            .map_err(|e| format!("setting the modification time of {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Make a release.
 pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     if spec.compatible.is_empty() {
@@ -279,7 +309,9 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     let payload = serde_json::to_vec_pretty(&m).map_err(|e| e.to_string())?;
     let envelope = sign_envelope(PAYLOAD_TYPE, &payload, &spec.keys)?;
     let path = spec.out.join("manifest.json");
+    let previous_mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
     write_atomic(&path, &envelope)?;
+    keep_etag_fresh(&path, previous_mtime)?;
     Ok(Summary {
         manifest: path,
         serial,

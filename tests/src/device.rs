@@ -63,6 +63,9 @@ pub struct DeviceSpec {
     /// Configure these paths as the slots (e.g. loop devices over the slot
     /// files) instead of the files themselves.
     pub slot_paths: Option<(PathBuf, PathBuf)>,
+    /// Put the slots, the state directory and the bootloader environment
+    /// under this directory (e.g. a power-cut filesystem).
+    pub disk: Option<PathBuf>,
 }
 
 impl DeviceSpec {
@@ -78,6 +81,7 @@ impl DeviceSpec {
             tries: 3,
             same_slot_twice: false,
             slot_paths: None,
+            disk: None,
         }
     }
 }
@@ -122,24 +126,35 @@ impl Device {
     pub fn new(name: &str, spec: DeviceSpec) -> Device {
         let tmp = TempDir::new(name);
         let d = |p: &str| tmp.join(p);
+        // What lives on the device's storage (slots, state, bootloader
+        // environment) may be placed on another filesystem.
+        let disk = |p: &str| {
+            spec.disk
+                .as_ref()
+                .map(|r| r.join(p))
+                .unwrap_or_else(|| tmp.join(p))
+        };
         let dev = Device {
             config: d("updraft.toml"),
-            slot_a: d("slot-a.img"),
-            slot_b: d("slot-b.img"),
+            slot_a: disk("slot-a.img"),
+            slot_b: disk("slot-b.img"),
             cmdline: d("cmdline"),
             boot_id: d("boot_id"),
-            state_dir: d("data/updraft"),
+            state_dir: disk("data/updraft"),
             socket: d("run/updraft.sock"),
-            boot_state: d("data/updraft/boot.state"),
+            boot_state: disk("data/updraft/boot.state"),
             reboot_marker: d("rebooted"),
             daemon_log: d("daemon.log"),
-            fw_env_config: d("boot/fw_env.config"),
-            grubenv: d("boot/grub/grubenv"),
+            fw_env_config: disk("boot/fw_env.config"),
+            grubenv: disk("boot/grub/grubenv"),
             daemon: None,
             boots: 1,
             spec,
             tmp,
         };
+        if let Some(parent) = dev.slot_a.parent() {
+            std::fs::create_dir_all(parent).expect("slot directory");
+        }
         let mut a = image_bytes(dev.spec.slot_size as usize, FACTORY_SEED);
         a.truncate(dev.spec.slot_size as usize);
         std::fs::write(&dev.slot_a, &a).expect("writing slot A");
@@ -157,7 +172,7 @@ impl Device {
         std::fs::write(&dev.boot_id, "boot-1\n").expect("boot id");
         match dev.spec.boot {
             BootSpec::Uboot => {
-                let dir = dev.tmp.join("boot");
+                let dir = dev.fw_env_config.parent().expect("boot dir").to_path_buf();
                 std::fs::create_dir_all(&dir).expect("boot dir");
                 let env = bootenv::UbootEnv::create(
                     &dir,
@@ -173,7 +188,7 @@ impl Device {
                 assert_eq!(env.config, dev.fw_env_config);
             }
             BootSpec::Grub => {
-                std::fs::create_dir_all(dev.tmp.join("boot/grub")).expect("grub dir");
+                std::fs::create_dir_all(dev.grubenv.parent().expect("grub dir")).expect("grub dir");
                 bootenv::grub_editenv_create(&dev.grubenv);
                 bootenv::grub_editenv_set(
                     &dev.grubenv,

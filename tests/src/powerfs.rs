@@ -188,6 +188,18 @@ impl PowerFs {
         }
     }
 
+    /// Kill `pid` (SIGKILL) at the instant of the next cut, before the
+    /// request that triggered it is answered: the process can do nothing
+    /// after the power fails, as on real hardware.
+    pub fn kill_on_cut(&self, pid: u32) {
+        lock(&self.shared).victims.push(pid as i32);
+    }
+
+    /// Forget the processes registered with [`PowerFs::kill_on_cut`].
+    pub fn clear_kill_on_cut(&self) {
+        lock(&self.shared).victims.clear();
+    }
+
     /// Cancel an armed cut.
     pub fn disarm(&self) {
         lock(&self.shared).cut_at = None;

@@ -41,6 +41,10 @@ pub(crate) struct State {
     pub(crate) trace: bool,
     /// Directory listings of open directory handles.
     pub(crate) dirs: HashMap<u64, Vec<(u64, FileType, OsString)>>,
+    /// Processes killed (SIGKILL) at the instant of the cut, so nothing
+    /// they do after it (network traffic included) can happen: a real power
+    /// cut stops the CPU too.
+    pub(crate) victims: Vec<i32>,
     next_fh: u64,
 }
 
@@ -54,6 +58,7 @@ impl State {
             stats: PowerStats::default(),
             trace: std::env::var_os("UPDRAFT_POWERFS_TRACE").is_some_and(|v| v == "1"),
             dirs: HashMap::new(),
+            victims: Vec::new(),
             next_fh: 1,
         }
     }
@@ -65,6 +70,10 @@ impl State {
         }
         self.dead = true;
         self.cut_at = None;
+        for pid in self.victims.drain(..) {
+            // SAFETY: signalling a process the test registered, by pid.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
         let loss = self.model.loss();
         self.stats.cuts += 1;
         self.stats.last_cut = Some(CutReport {
