@@ -73,7 +73,8 @@ impl Backoff {
     pub fn fail(&mut self, retry_after: Option<Duration>) -> Duration {
         self.failures = self.failures.saturating_add(1);
         match retry_after {
-            Some(d) => d.min(self.cap.max(d)),
+            // The server's word wins, even beyond our own cap.
+            Some(d) => d,
             None => full_jitter(self.failures, self.base, self.cap),
         }
     }

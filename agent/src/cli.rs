@@ -215,6 +215,18 @@ pub fn progress_line(p: &Progress) -> String {
 }
 
 fn install(cfg: Config, manifest: &str) -> Result<()> {
+    // A local manifest is named by its absolute path: the daemon (or a
+    // resumed job) does not share this process's working directory.
+    let absolute;
+    let manifest = if manifest.contains("://") {
+        manifest
+    } else {
+        absolute = std::fs::canonicalize(manifest)
+            .map_err(|e| err!(Io, "manifest {manifest}: {e}"))?
+            .display()
+            .to_string();
+        absolute.as_str()
+    };
     if let Some(reply) = control::try_request(
         &cfg.system.socket,
         &control::Request::Install {

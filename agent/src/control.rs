@@ -50,6 +50,18 @@ pub enum Request {
 }
 
 impl Request {
+    /// The command name, as typed on the command line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Status => "status",
+            Request::History => "history",
+            Request::Check => "check",
+            Request::Install { .. } => "install",
+            Request::MarkGood => "mark-good",
+            Request::MarkBad => "mark-bad",
+        }
+    }
+
     /// Requests that change state: root only.
     pub fn changes_state(&self) -> bool {
         !matches!(self, Request::Status | Request::History)
@@ -149,7 +161,7 @@ fn kind_from_str(s: &str) -> Kind {
     use Kind::*;
     [
         Config, Usage, Signature, Policy, Integrity, Malformed, Clock, Network, Slot, Bootloader,
-        Store, Busy, Io, Health, Stopped,
+        Store, Busy, Io, Health, Stopped, Denied,
     ]
     .into_iter()
     .find(|k| k.as_str() == s)
@@ -361,9 +373,9 @@ fn peer_uid(stream: &UnixStream) -> Option<u32> {
 pub fn authorize(client: &Client) -> Result<()> {
     if client.request.changes_state() && client.uid != 0 {
         bail!(
-            Busy,
-            "permission denied: {:?} changes the device and is for root only (peer uid {})",
-            client.request,
+            Denied,
+            "permission denied: `updraft {}` changes the device and is for root only (you are uid {})",
+            client.request.name(),
             client.uid
         );
     }

@@ -365,8 +365,11 @@ impl Daemon {
                 self.next_step = Instant::now() + d;
             }
         }
-        // Reports were queued by the transition: try to send them soon.
-        self.next_delivery = self.next_delivery.min(Instant::now());
+        // Reports were queued by the transition: send them soon, unless
+        // delivery is backing off after failures.
+        if self.delivery_backoff.failures() == 0 {
+            self.next_delivery = self.next_delivery.min(Instant::now());
+        }
         Ok(())
     }
 
@@ -493,7 +496,9 @@ impl Daemon {
         if !s.manifest_url.is_empty() {
             self.next_poll = Some(Instant::now() + next);
         }
-        self.next_delivery = self.next_delivery.min(Instant::now());
+        if self.delivery_backoff.failures() == 0 {
+            self.next_delivery = self.next_delivery.min(Instant::now());
+        }
     }
 
     fn deliver(&mut self) {

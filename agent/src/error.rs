@@ -47,6 +47,8 @@ pub enum Kind {
     Health,
     /// The operation was interrupted on purpose (SIGTERM, operator).
     Stopped,
+    /// The caller may not do this (control socket permissions).
+    Denied,
 }
 
 impl Kind {
@@ -68,6 +70,7 @@ impl Kind {
             Kind::Io => "io",
             Kind::Health => "health",
             Kind::Stopped => "stopped",
+            Kind::Denied => "denied",
         }
     }
 }

@@ -236,12 +236,12 @@ impl Fetcher {
             r = r.header("If-None-Match", tag);
         }
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let resp = r.call().map_err(|e| net_error(url, e))?;
+        let resp = r.call().map_err(|e| net_error("GET", url, e))?;
         let status = resp.status().as_u16();
         if status == 304 {
             return Ok(Fetched::NotModified);
         }
-        check_status(url, status, resp.headers())?;
+        check_status("GET", url, status, resp.headers())?;
         let etag = resp
             .headers()
             .get("etag")
@@ -300,9 +300,9 @@ impl Fetcher {
             r = r.header("Range", format!("bytes={offset}-"));
         }
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let resp = r.call().map_err(|e| net_error(url, e))?;
+        let resp = r.call().map_err(|e| net_error("GET", url, e))?;
         let status = resp.status().as_u16();
-        check_status(url, status, resp.headers())?;
+        check_status("GET", url, status, resp.headers())?;
         let want = total - offset;
         let mut skip = 0;
         match (offset, status) {
@@ -385,9 +385,9 @@ impl Fetcher {
             r = r.header("Authorization", format!("Bearer {t}"));
         }
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let resp = r.send(body).map_err(|e| net_error(url, e))?;
+        let resp = r.send(body).map_err(|e| net_error("POST", url, e))?;
         let status = resp.status().as_u16();
-        check_status(url, status, resp.headers())?;
+        check_status("POST", url, status, resp.headers())?;
         // Drain a small body so the connection can be reused.
         let mut body = resp.into_body();
         let _ = io::copy(&mut body.as_reader().take(64 * 1024), &mut io::sink());
@@ -415,19 +415,19 @@ fn retry_after(h: &ureq::http::HeaderMap) -> Option<Duration> {
     }
 }
 
-fn check_status(url: &str, status: u16, h: &ureq::http::HeaderMap) -> Result<()> {
+fn check_status(method: &str, url: &str, status: u16, h: &ureq::http::HeaderMap) -> Result<()> {
     match status {
         200..=299 => Ok(()),
         429 | 503 => {
             let mut e = err!(
                 Network,
-                "GET {}: server busy ({status})",
+                "{method} {}: server busy ({status})",
                 truncate(url, 200)
             );
             if let Some(d) = retry_after(h) {
                 e = err!(
                     Network,
-                    "GET {}: server busy ({status}), asked to retry after {}s",
+                    "{method} {}: server busy ({status}), asked to retry after {}s",
                     truncate(url, 200),
                     d.as_secs()
                 )
@@ -437,18 +437,18 @@ fn check_status(url: &str, status: u16, h: &ureq::http::HeaderMap) -> Result<()>
         }
         _ => Err(err!(
             Network,
-            "GET {}: HTTP status {status}",
+            "{method} {}: HTTP status {status}",
             truncate(url, 200)
         )),
     }
 }
 
-fn net_error(url: &str, e: ureq::Error) -> Error {
+fn net_error(method: &str, url: &str, e: ureq::Error) -> Error {
     let kind = match &e {
         ureq::Error::RequireHttpsOnly(_) => Kind::Policy,
         _ => Kind::Network,
     };
-    Error::new(kind, format!("GET {}: {e}", truncate(url, 200)))
+    Error::new(kind, format!("{method} {}: {e}", truncate(url, 200)))
 }
 
 fn io_net_error(url: &str, e: io::Error) -> Error {

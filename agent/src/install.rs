@@ -39,7 +39,8 @@ use crate::worker::Feed;
 /// What is happening, for status and progress output.
 #[derive(Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Progress {
-    /// `download`, `write`, `verify`, `hash-active`, `apply`.
+    /// `download`, `verify`, `hash-active`, `apply`, `health`, `check`,
+    /// `keys`, `report`.
     pub phase: String,
     pub done: u64,
     pub total: u64,

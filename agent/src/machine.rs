@@ -234,6 +234,11 @@ impl Machine {
         Ok(self.store.state()?.0)
     }
 
+    /// Reports are queued only when there is somewhere to send them.
+    fn reports_enabled(&self) -> bool {
+        !self.cfg.server.report_url.is_empty()
+    }
+
     fn tries(&self) -> u32 {
         self.cfg.bootloader.tries
     }
@@ -246,8 +251,11 @@ impl Machine {
         detail: Option<&str>,
         extra: Vec<Pending>,
     ) -> Result<()> {
-        let mut reports = vec![report::state_change(&self.device_id, self.booted, &next)];
-        reports.extend(extra);
+        let mut reports = Vec::new();
+        if self.reports_enabled() {
+            reports.push(report::state_change(&self.device_id, self.booted, &next));
+            reports.extend(extra);
+        }
         let refs: Vec<_> = reports.iter().map(Pending::as_report).collect();
         let job = next.job();
         let ev = Event {
@@ -442,7 +450,11 @@ impl Machine {
         let state = self.state()?;
         let transitions = !state.busy();
         if transitions {
-            self.enter(State::Checking, "check", Some(&origin.to_arg()), vec![])?;
+            // Checking is transient: persisted (a restart in it goes back to
+            // Idle) but neither reported nor written to history; only what
+            // a check leads to is.
+            self.store.transition(&State::Checking, None, &[])?;
+            log::debug!("checking {}", origin.to_arg());
         }
         let result = self.check_inner(&origin, default_origin, operator, &state, t);
         match &result {
@@ -462,6 +474,11 @@ impl Machine {
                         e.kind().as_str(),
                         e.message(),
                     );
+                    let reports: Vec<_> = if self.reports_enabled() {
+                        vec![r.as_report()]
+                    } else {
+                        Vec::new()
+                    };
                     // A repeated failure (same reason) folds in the outbox
                     // and is not written to history again.
                     let repeated =
@@ -471,11 +488,8 @@ impl Machine {
                         detail: Some(e.message()),
                         ..Event::default()
                     };
-                    self.store.transition(
-                        &State::Idle,
-                        (!repeated).then_some(&ev),
-                        &[r.as_report()],
-                    )?;
+                    self.store
+                        .transition(&State::Idle, (!repeated).then_some(&ev), &reports)?;
                     self.store.set("last_check_error", e.message())?;
                 }
             }
@@ -533,7 +547,7 @@ impl Machine {
                 },
             },
         };
-        self.update_keys(origin, &raw, t)?;
+        self.update_keys(origin, &raw, fetched_body && default_origin, t)?;
         let vm = manifest::verify(&raw, &self.trust)?;
         let m = vm.manifest;
         if now.0 + CLOCK_SKEW < m.issued.0 {
@@ -655,32 +669,72 @@ impl Machine {
         Ok(())
     }
 
-    /// Fetch and accept newer key documents the manifest calls for.
-    fn update_keys(&mut self, origin: &Origin, raw: &[u8], t: &mut dyn Ticker) -> Result<()> {
+    /// Fetch and accept newer key documents the manifest calls for. With
+    /// `probe`, also look for the next version when none is named, so a
+    /// revocation reaches devices even if manifests do not name it (done
+    /// with the periodic unconditional fetch, not on every poll).
+    fn update_keys(
+        &mut self,
+        origin: &Origin,
+        raw: &[u8],
+        probe: bool,
+        t: &mut dyn Ticker,
+    ) -> Result<()> {
         let hint = manifest::keys_version_hint(raw);
         for _ in 0..64 {
             let Some(version) = self.trust.needs(hint) else {
+                if probe && !self.trust.is_simple() {
+                    self.probe_next_keys(origin, t);
+                }
                 return Ok(());
             };
-            let what = format!("key document keys/{version}.json");
-            let doc = match self.fetcher.clone() {
-                Some(f) if origin.is_remote() => {
-                    let o = origin.clone();
-                    let pref = self.preferred;
-                    crate::worker::offload(
-                        "keys",
-                        move || Source::new(o, Some(&f), pref).key_document(version),
-                        t,
-                    )??
-                }
-                _ => Source::new(origin.clone(), None, 0).key_document(version)?,
-            };
-            let accepted = self.trust.accept(&doc, &what)?;
-            let (v, release) = (accepted.version, accepted.release.len());
-            self.store.put_key_document(v, &doc)?;
-            log::info!("accepted {what}: version {v}, {release} release key(s)");
+            let doc = self.fetch_key_document(origin, version, t)?;
+            self.accept_key_document(version, &doc)?;
         }
         bail!(Signature, "more than 64 key documents in one check")
+    }
+
+    fn fetch_key_document(
+        &mut self,
+        origin: &Origin,
+        version: u64,
+        t: &mut dyn Ticker,
+    ) -> Result<Vec<u8>> {
+        match self.fetcher.clone() {
+            Some(f) if origin.is_remote() => {
+                let o = origin.clone();
+                let pref = self.preferred;
+                crate::worker::offload(
+                    "keys",
+                    move || Source::new(o, Some(&f), pref).key_document(version),
+                    t,
+                )?
+            }
+            _ => Source::new(origin.clone(), None, 0).key_document(version),
+        }
+    }
+
+    fn accept_key_document(&mut self, version: u64, doc: &[u8]) -> Result<()> {
+        let what = format!("key document keys/{version}.json");
+        let accepted = self.trust.accept(doc, &what)?;
+        let (v, release) = (accepted.version, accepted.release.len());
+        self.store.put_key_document(v, doc)?;
+        log::info!("accepted {what}: version {v}, {release} release key(s)");
+        Ok(())
+    }
+
+    /// Look for key document N+1 that no manifest named yet. Absent is the
+    /// normal case; anything wrong with it is logged, never fatal here.
+    fn probe_next_keys(&mut self, origin: &Origin, t: &mut dyn Ticker) {
+        let next = self.trust.version() + 1;
+        match self.fetch_key_document(origin, next, t) {
+            Ok(doc) => {
+                if let Err(e) = self.accept_key_document(next, &doc) {
+                    log::warn!("ignoring keys/{next}.json found beside the manifest: {e}");
+                }
+            }
+            Err(e) => log::debug!("no keys/{next}.json yet: {e}"),
+        }
     }
 
     /// Choose target slot and method, and start the job.
@@ -848,6 +902,31 @@ impl Machine {
                         )
                     });
                     return Ok(Next::Retry(delay));
+                }
+                if let Method::Delta { .. } = &job.method {
+                    if matches!(e.kind(), Kind::Integrity | Kind::Malformed) {
+                        // A delta that cannot produce the image (a corrupt
+                        // patch, a source that changed under it) is not the
+                        // end of the update: the full image still is.
+                        log::warn!(
+                            "release {} slot {}: the delta failed ({e}); falling back to the full image",
+                            job.version,
+                            job.target
+                        );
+                        let mut full = self.state()?.job().cloned().unwrap_or(job);
+                        full.method = Method::Full;
+                        full.writing = true;
+                        full.frames_durable = 0;
+                        let reason = format!("delta failed: {e}");
+                        self.enter(
+                            State::Downloading(full),
+                            "delta-fallback",
+                            Some(&reason),
+                            vec![],
+                        )?;
+                        self.progress = None;
+                        return Ok(Next::Continue);
+                    }
                 }
                 let reason = e.to_string();
                 let r = report::install_result(
@@ -1045,13 +1124,20 @@ impl Machine {
         };
         match self.cfg.system.reboot {
             RebootMode::Auto if !self.reboot_requested => {
-                self.reboot_requested = true;
                 log::info!(
                     "release {} slot {}: rebooting into slot {into}",
                     job.version,
                     job.target
                 );
-                run_reboot(&self.cfg.system.reboot_command)?;
+                match run_reboot(&self.cfg.system.reboot_command) {
+                    Ok(()) => self.reboot_requested = true,
+                    // Asked again at the next step (the daemon steps a
+                    // waiting reboot every few minutes).
+                    Err(e) => {
+                        log::error!("release {} slot {}: {e}", job.version, job.target);
+                        self.last_error = Some(e.to_string());
+                    }
+                }
             }
             RebootMode::Manual if !self.waiting_logged => {
                 self.waiting_logged = true;
@@ -1237,6 +1323,9 @@ impl Machine {
 
     /// Queue a heartbeat report.
     pub fn heartbeat(&mut self) -> Result<()> {
+        if !self.reports_enabled() {
+            return Ok(());
+        }
         let state = self.state()?;
         let running = self.store.slot_record(self.booted)?.map(|r| r.version);
         let r = report::heartbeat(&self.device_id, self.booted, &state, running.as_deref());

@@ -172,6 +172,7 @@ impl State {
                 | (Checking, Downloading(_))
                 | (Downloading(_), Downloading(_))
                 | (Downloading(_), Installing(_))
+                | (Installing(_), Downloading(_))
                 | (Installing(_), Installed(_))
                 | (Installed(_), Rebooting(_))
                 | (Installed(_), Testing(_))

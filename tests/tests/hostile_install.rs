@@ -252,7 +252,7 @@ fn malformed_envelope_json() {
     let f = fixture("bad-json");
     f.publish_v1();
     let text = std::fs::read_to_string(f.repo.manifest()).unwrap();
-    f.repo.write_raw(text[..text.len() / 2].as_bytes());
+    f.repo.write_raw(&text.as_bytes()[..text.len() / 2]);
     f.refused_untouched("manifest is not a valid DSSE envelope");
 }
 

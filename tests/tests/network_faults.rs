@@ -253,7 +253,7 @@ fn a_dead_mirror_is_skipped_and_the_good_one_preferred() {
     // dead server first.
     let refused = dead.totals().connections;
     assert!(
-        refused >= 1 && refused <= 2,
+        (1..=2).contains(&refused),
         "{refused} connections to the dead server"
     );
 }
@@ -340,6 +340,27 @@ fn a_daemon_killed_mid_download_resumes_after_restart() {
         "{again} bytes sent again after the restart"
     );
     assert!(dev.log().contains("resuming at frame"), "{}", dev.log());
+}
+
+#[test]
+fn an_artifact_longer_than_signed_is_refused_before_writing() {
+    let net = Net::new("http-long");
+    let artifact = net.server.repo.artifact();
+    let mut bytes = std::fs::read(&artifact).unwrap();
+    bytes.extend_from_slice(&[0u8; 4096]);
+    std::fs::write(&artifact, bytes).unwrap();
+    let dev = net.device("http-long", &net.url(), "");
+    let before = dev.snapshot();
+    let err = dev.fails(&["install", &net.url()]);
+    assert!(err.contains("(artifact longer than signed)"), "{err}");
+    let after = dev.snapshot();
+    assert_eq!(before.slot_a, after.slot_a);
+    assert_eq!(before.slot_b, after.slot_b, "bytes were written");
+    assert_eq!(
+        before.boot_state, after.boot_state,
+        "the boot selection changed"
+    );
+    assert_eq!(after.state, json!("idle"));
 }
 
 #[test]

@@ -369,3 +369,31 @@ fn grub_rollback_after_a_failed_health_check() {
         "{rep:#}"
     );
 }
+
+/// An operator rolls the fleet back by publishing a newer manifest (higher
+/// serial) that points at the older image: a legitimate downgrade.
+#[test]
+fn an_operator_downgrade_with_a_higher_serial_is_installed() {
+    let mut r = rig("downgrade", BootSpec::File);
+    let v1 = r.publish("1.0", 11);
+    r.dev.start_daemon();
+    r.wait_installed("1.0");
+    r.reboot_and_settle("1.0");
+    r.publish("2.0", 22);
+    r.dev.ok(&["check"]);
+    r.wait_installed("2.0");
+    r.reboot_and_settle("2.0");
+    // Re-publish 1.0: the publisher gives it the next serial.
+    r.publish("1.0", 11);
+    assert_eq!(r.server.repo.payload()["serial"], json!(3));
+    r.dev.ok(&["check"]);
+    r.wait_installed("1.0");
+    let st = r.reboot_and_settle("1.0");
+    assert_eq!(st["serial"], json!(3));
+    let slot = if st["booted_slot"] == json!("A") {
+        SlotName::A
+    } else {
+        SlotName::B
+    };
+    assert_eq!(&r.dev.slot_bytes(slot)[..IMAGE], &v1[..]);
+}
