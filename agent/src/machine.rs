@@ -264,7 +264,9 @@ impl Machine {
             slot: job.map(|j| j.target),
             detail,
         };
-        self.store.transition(&next, Some(&ev), &refs)?;
+        // Settling back to idle is reported but not worth a history line.
+        let ev = (!event.is_empty()).then_some(&ev);
+        self.store.transition(&next, ev, &refs)?;
         match (job, detail) {
             (Some(j), Some(d)) => log::info!(
                 "{}: release {} slot {}: {d}",
@@ -850,17 +852,17 @@ impl Machine {
             State::Testing(job) => self.testing(job, t),
             State::Committed(job) => {
                 self.boot.mark_good(job.target, self.tries())?;
-                self.enter(State::Idle, "idle", None, vec![])?;
+                self.enter(State::Idle, "", None, vec![])?;
                 Ok(Next::Continue)
             }
             State::RolledBack(job) => {
                 self.boot.mark_bad(job.target)?;
                 self.boot.mark_good(self.booted, self.tries())?;
-                self.enter(State::Idle, "idle", None, vec![])?;
+                self.enter(State::Idle, "", None, vec![])?;
                 Ok(Next::Continue)
             }
             State::Failed { .. } => {
-                self.enter(State::Idle, "idle", None, vec![])?;
+                self.enter(State::Idle, "", None, vec![])?;
                 Ok(Next::Continue)
             }
         }
@@ -1028,7 +1030,11 @@ impl Machine {
                 self.set_preferred(pref)?;
             }
         }
-        self.enter(State::Installing(job), "verify", None, vec![])?;
+        let what = match job.method {
+            Method::Full => "all frames written; reading the slot back",
+            Method::Delta { .. } => "delta downloaded and verified; applying it",
+        };
+        self.enter(State::Installing(job), "verify", Some(what), vec![])?;
         Ok(Next::Continue)
     }
 
