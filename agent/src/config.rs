@@ -344,6 +344,14 @@ impl Config {
                 format!("{} is not between 1 and 255", b.tries),
             );
         }
+        if b.kind == BootloaderKind::Uboot && b.tries > 9 {
+            // Boot scripts count with `setexpr` (hexadecimal) and compare
+            // with `test -gt` (decimal): counts above 9 go wrong.
+            return bad(
+                "bootloader.tries",
+                format!("{} is more than 9, which U-Boot boot scripts cannot count", b.tries),
+            );
+        }
         if b.kind == BootloaderKind::Script && b.script.is_none() {
             return bad(
                 "bootloader.script",
