@@ -12,13 +12,19 @@
 //!
 //! SIGTERM and SIGINT set a flag; the next tick fails with
 //! [`Kind::Stopped`], which leaves the machine in its persisted state (a
-//! download resumes at the next start) and the loop exits.
+//! download resumes at the next start) and the loop exits. The handler also
+//! writes a byte to a self-pipe that `poll(2)` watches, so a signal that
+//! lands after the loop last looked at the flag (say, while a report was
+//! being delivered) still ends the wait at once instead of up to a minute
+//! later.
 //!
 //! This module schedules and dispatches. It never decides what an update
 //! does: that is [`crate::machine`].
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -37,12 +43,57 @@ use crate::timestamp::Timestamp;
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
+/// The self-pipe: the signal handler writes to the second end, the loop
+/// polls the first. Made once and kept for the life of the process.
+static WAKE: OnceLock<(OwnedFd, OwnedFd)> = OnceLock::new();
+
+/// The write end of [`WAKE`] as the signal handler sees it (-1: none yet).
+static WAKE_WRITE: AtomicI32 = AtomicI32::new(-1);
+
 extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
+    let fd = WAKE_WRITE.load(Ordering::SeqCst);
+    if fd >= 0 {
+        // SAFETY: write(2) is async-signal-safe; `fd` is the non-blocking
+        // write end of a pipe that is never closed. A full pipe (EAGAIN)
+        // already wakes the loop, so the result does not matter.
+        unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) };
+    }
+}
+
+/// The read end of the self-pipe, made on first use.
+fn wake_pipe() -> Result<BorrowedFd<'static>> {
+    if let Some((r, _)) = WAKE.get() {
+        return Ok(r.as_fd());
+    }
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the array we pass.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
+        return Err(err!(
+            Io,
+            "creating the signal wake-up pipe: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody
+    // else.
+    let pair = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (r, w) = WAKE.get_or_init(|| pair);
+    WAKE_WRITE.store(w.as_raw_fd(), Ordering::SeqCst);
+    Ok(r.as_fd())
+}
+
+/// Empty the self-pipe after it woke `poll(2)`.
+fn drain_wake_pipe(fd: BorrowedFd<'_>) {
+    let mut buf = [0u8; 64];
+    // SAFETY: reads into a local buffer of the length given; the descriptor
+    // is non-blocking, so this ends with EAGAIN once the pipe is empty.
+    while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
 }
 
 fn install_signal_handlers() -> Result<()> {
     use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    wake_pipe()?;
     let action = SigAction::new(
         SigHandler::Handler(on_signal),
         SaFlags::empty(),
@@ -287,15 +338,30 @@ impl Daemon {
         if let Some(w) = self.watchdog.next() {
             deadline = deadline.min(w);
         }
-        if !self.queue.is_empty() {
+        if !self.queue.is_empty() || STOP.load(Ordering::SeqCst) {
             return;
         }
         let timeout = deadline.saturating_duration_since(Instant::now());
         let ms = timeout.as_millis().min(60_000) as u16;
-        let mut fds = [PollFd::new(self.ctl.fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, PollTimeout::from(ms)) {
-            Ok(n) if n > 0 => self.serve_idle(),
-            _ => {}
+        let wake = match wake_pipe() {
+            Ok(fd) => fd,
+            Err(e) => {
+                // Not reached: the pipe was made before the loop started.
+                log::warn!("{e}");
+                return;
+            }
+        };
+        let mut fds = [
+            PollFd::new(self.ctl.fd(), PollFlags::POLLIN),
+            PollFd::new(wake, PollFlags::POLLIN),
+        ];
+        let ready = poll(&mut fds, PollTimeout::from(ms));
+        let ctl_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
+        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+            drain_wake_pipe(wake);
+        }
+        if matches!(ready, Ok(n) if n > 0) && ctl_ready {
+            self.serve_idle();
         }
     }
 

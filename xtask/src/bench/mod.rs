@@ -1,6 +1,7 @@
 //! `cargo xtask bench …`: figures printed side by side with the reference
 //! tools, measured in the same run on the same data.
 
+mod common;
 mod daemon;
 mod delta;
 mod install;
