@@ -188,6 +188,7 @@ pub fn write_full(
     ticker: &mut dyn Ticker,
     before_write: &mut dyn FnMut() -> Result<()>,
     on_durable: &mut dyn FnMut(u64) -> Result<()>,
+    hash_image: bool,
 ) -> Result<FullOutcome> {
     let frames = &m.artifact.frames;
     if start >= frames.len() {
@@ -202,7 +203,10 @@ pub fn write_full(
     let mut feed = Feed::spawn(reader, READ_CHUNK);
     let from_zero = start == 0;
     let mut artifact_hash = from_zero.then(Hasher::new);
-    let mut image_hash = from_zero.then(Hasher::new);
+    // Every frame is checked against the signed frame table either way; the
+    // whole-image hash is computed here only when the slot will not be read
+    // back (the read-back checks it against the medium instead).
+    let mut image_hash = (from_zero && hash_image).then(Hasher::new);
     writer.seek(frame_out_offset(frames, start));
     let mut meter = Meter::new("download", offset, m.artifact.size);
     let mut since_sync = 0usize;
@@ -254,7 +258,7 @@ pub fn write_full(
     }
     Ok(FullOutcome {
         bytes_read: m.artifact.size - offset,
-        hashed_in_stream: from_zero,
+        hashed_in_stream: from_zero && hash_image,
     })
 }
 

@@ -450,54 +450,44 @@ impl Machine {
         }
         self.last_check = Some(Timestamp::now());
         let state = self.state()?;
-        let transitions = !state.busy();
-        if transitions {
-            // Checking is transient: persisted (a restart in it goes back to
-            // Idle) but neither reported nor written to history; only what
-            // a check leads to is.
-            self.store.transition(&State::Checking, None, &[])?;
-            log::debug!("checking {}", origin.to_arg());
-        }
+        // Checking is not persisted: a check that finds nothing to do
+        // writes nothing (an idle poll costs no flash writes); only what a
+        // check leads to is recorded.
+        log::debug!("checking {}", origin.to_arg());
         let result = self.check_inner(&origin, default_origin, operator, &state, t);
         match &result {
             Ok(CheckOutcome::Started { .. }) => {}
-            Ok(CheckOutcome::NoChange(why)) => {
-                log::info!("check: {why}");
-                if transitions {
-                    self.store.transition(&State::Idle, None, &[])?;
-                }
-            }
+            Ok(CheckOutcome::NoChange(why)) => log::info!("check: {why}"),
             Err(e) => {
                 self.last_error = Some(e.to_string());
-                if transitions && self.state()? == State::Checking {
-                    let r = report::check_failed(
-                        &self.device_id,
-                        self.booted,
-                        e.kind().as_str(),
-                        e.message(),
-                    );
-                    let reports: Vec<_> = if self.reports_enabled() {
-                        vec![r.as_report()]
-                    } else {
-                        Vec::new()
-                    };
-                    // A repeated failure (same reason) folds in the outbox
-                    // and is not written to history again.
-                    let repeated =
-                        self.store.get("last_check_error")?.as_deref() == Some(e.message());
+                // A repeated failure (same reason) folds in the outbox and
+                // is not written to history again.
+                let previous = self.store.get("last_check_error")?;
+                if previous.as_deref() != Some(e.message()) {
                     let ev = Event {
                         event: "check-failed",
                         detail: Some(e.message()),
                         ..Event::default()
                     };
-                    self.store
-                        .transition(&State::Idle, (!repeated).then_some(&ev), &reports)?;
-                    self.store.set("last_check_error", e.message())?;
+                    let r = report::check_failed(&self.device_id, self.booted, e.kind().as_str(), e.message());
+                    let enabled = self.reports_enabled();
+                    self.store.atomically(|s| {
+                        s.add_history(&ev)?;
+                        if enabled {
+                            s.push_report(&r.as_report())?;
+                        }
+                        s.set("last_check_error", e.message())
+                    })?;
+                } else if self.reports_enabled() {
+                    let r = report::check_failed(&self.device_id, self.booted, e.kind().as_str(), e.message());
+                    self.store.push_report(&r.as_report())?;
                 }
             }
         }
         if result.is_ok() {
-            self.store.set("last_check_error", "")?;
+            if self.store.get("last_check_error")?.is_some_and(|e| !e.is_empty()) {
+                self.store.set("last_check_error", "")?;
+            }
             self.last_error = None;
         }
         result
@@ -1010,6 +1000,7 @@ impl Machine {
                     &mut tick,
                     &mut before_write,
                     &mut on_durable,
+                    !self.cfg.system.readback,
                 )?;
                 let pref = src.preferred();
                 writer.finish()?;
