@@ -231,10 +231,12 @@ mod tests {
     use super::*;
 
     fn line(style: Style, level: Level, target: &str, msg: &str) -> String {
-        let args = format_args!("{msg}");
-        let record = Record::builder().level(level).target(target).args(args).build();
         // 2026-11-30T12:00:00.042Z
-        format_line(style, &record, 1_796_040_000_042)
+        format_line(
+            style,
+            &Record::builder().level(level).target(target).args(format_args!("{msg}")).build(),
+            1_796_040_000_042,
+        )
     }
 
     #[test]
