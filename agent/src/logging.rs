@@ -43,7 +43,11 @@ pub fn init() {
             Err(e) => (Filter::default(), Some(e)),
         },
     };
-    let style = if journal_stream_is_stderr() { Style::Journal } else { Style::Terminal };
+    let style = if journal_stream_is_stderr() {
+        Style::Journal
+    } else {
+        Style::Terminal
+    };
     let max = filter.max();
     let logger: &'static Logger = Box::leak(Box::new(Logger { filter, style }));
     if log::set_logger(logger).is_ok() {
@@ -88,7 +92,11 @@ impl Filter {
                 None => f.default = level(part)?,
                 Some((module, lvl)) => {
                     let module = module.trim();
-                    if module.is_empty() || !module.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                    if module.is_empty()
+                        || !module
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+                    {
                         return Err(format!("{module:?} is not a module path"));
                     }
                     f.modules.push((module.to_string(), level(lvl.trim())?));
@@ -102,14 +110,18 @@ impl Filter {
         self.modules
             .iter()
             .filter(|(m, _)| {
-                target == m || (target.starts_with(m.as_str()) && target[m.len()..].starts_with("::"))
+                target == m
+                    || (target.starts_with(m.as_str()) && target[m.len()..].starts_with("::"))
             })
             .max_by_key(|(m, _)| m.len())
             .map_or(self.default, |(_, l)| *l)
     }
 
     fn max(&self) -> LevelFilter {
-        self.modules.iter().map(|(_, l)| *l).fold(self.default, std::cmp::Ord::max)
+        self.modules
+            .iter()
+            .map(|(_, l)| *l)
+            .fold(self.default, std::cmp::Ord::max)
     }
 }
 
@@ -144,7 +156,10 @@ impl Log for Logger {
 }
 
 fn now_millis() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
 }
 
 /// sd-daemon(3) priorities.
@@ -234,16 +249,29 @@ mod tests {
         // 2026-11-30T12:00:00.042Z
         format_line(
             style,
-            &Record::builder().level(level).target(target).args(format_args!("{msg}")).build(),
+            &Record::builder()
+                .level(level)
+                .target(target)
+                .args(format_args!("{msg}"))
+                .build(),
             1_796_040_000_042,
         )
     }
 
     #[test]
     fn journal_lines_carry_the_priority_and_no_timestamp() {
-        assert_eq!(line(Style::Journal, Level::Error, "updraft::daemon", "boom"), "<3>boom\n");
-        assert_eq!(line(Style::Journal, Level::Warn, "updraft", "hm"), "<4>hm\n");
-        assert_eq!(line(Style::Journal, Level::Info, "updraft::slot", "ok"), "<6>ok\n");
+        assert_eq!(
+            line(Style::Journal, Level::Error, "updraft::daemon", "boom"),
+            "<3>boom\n"
+        );
+        assert_eq!(
+            line(Style::Journal, Level::Warn, "updraft", "hm"),
+            "<4>hm\n"
+        );
+        assert_eq!(
+            line(Style::Journal, Level::Info, "updraft::slot", "ok"),
+            "<6>ok\n"
+        );
         assert_eq!(line(Style::Journal, Level::Debug, "updraft", "d"), "<7>d\n");
         assert_eq!(line(Style::Journal, Level::Trace, "updraft", "t"), "<7>t\n");
     }
@@ -263,17 +291,33 @@ mod tests {
     #[test]
     fn dependency_records_name_their_module() {
         assert_eq!(
-            line(Style::Journal, Level::Warn, "rustls::client", "sent fatal alert"),
+            line(
+                Style::Journal,
+                Level::Warn,
+                "rustls::client",
+                "sent fatal alert"
+            ),
             "<4>[rustls::client] sent fatal alert\n"
         );
         // A crate whose name merely starts with "updraft" is not ours.
-        assert_eq!(line(Style::Journal, Level::Info, "updrafter", "x"), "<6>[updrafter] x\n");
+        assert_eq!(
+            line(Style::Journal, Level::Info, "updrafter", "x"),
+            "<6>[updrafter] x\n"
+        );
     }
 
     #[test]
     fn a_message_cannot_forge_another_line_or_priority() {
-        let forged = line(Style::Journal, Level::Info, "updraft", "server said: 404\n<3>root compromised\x1b[2J");
-        assert_eq!(forged, "<6>server said: 404\\n<3>root compromised\\x1b[2J\n");
+        let forged = line(
+            Style::Journal,
+            Level::Info,
+            "updraft",
+            "server said: 404\n<3>root compromised\x1b[2J",
+        );
+        assert_eq!(
+            forged,
+            "<6>server said: 404\\n<3>root compromised\\x1b[2J\n"
+        );
         assert_eq!(forged.matches('\n').count(), 1);
     }
 
@@ -300,7 +344,10 @@ mod tests {
 
     #[test]
     fn default_level_is_info() {
-        let logger = Logger { filter: Filter::default(), style: Style::Journal };
+        let logger = Logger {
+            filter: Filter::default(),
+            style: Style::Journal,
+        };
         let meta = |level| Metadata::builder().level(level).target("updraft").build();
         assert!(logger.enabled(&meta(Level::Info)));
         assert!(logger.enabled(&meta(Level::Warn)));

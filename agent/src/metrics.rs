@@ -207,8 +207,16 @@ impl Metrics {
         let mut out = String::with_capacity(4096);
         let mut f = Family::new(&mut out);
 
-        f.header("updraft_build_info", "gauge", "Version of the running updraft agent.");
-        f.sample("updraft_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1);
+        f.header(
+            "updraft_build_info",
+            "gauge",
+            "Version of the running updraft agent.",
+        );
+        f.sample(
+            "updraft_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))],
+            1,
+        );
 
         if let Some(t) = self.last_check {
             f.header(
@@ -227,7 +235,11 @@ impl Metrics {
             f.sample("updraft_last_successful_check_timestamp_seconds", &[], t.0);
         }
 
-        f.header("updraft_checks_total", "counter", "Manifest checks started.");
+        f.header(
+            "updraft_checks_total",
+            "counter",
+            "Manifest checks started.",
+        );
         f.sample("updraft_checks_total", &[], self.checks);
 
         f.header("updraft_errors_total", "counter", "Errors by kind.");
@@ -240,7 +252,11 @@ impl Metrics {
             "counter",
             "Manifests or key documents whose signatures did not verify.",
         );
-        f.sample("updraft_signature_failures_total", &[], self.signature_failures);
+        f.sample(
+            "updraft_signature_failures_total",
+            &[],
+            self.signature_failures,
+        );
 
         f.header(
             "updraft_downloaded_bytes_total",
@@ -255,27 +271,54 @@ impl Metrics {
                 "gauge",
                 "Wall time of the last completed install.",
             );
-            f.sample("updraft_last_install_duration_seconds", &[], d.as_secs_f64());
+            f.sample(
+                "updraft_last_install_duration_seconds",
+                &[],
+                d.as_secs_f64(),
+            );
         }
 
         if let Some(booted) = self.booted {
-            f.header("updraft_booted_slot", "gauge", "1 for the slot the system booted from.");
+            f.header(
+                "updraft_booted_slot",
+                "gauge",
+                "1 for the slot the system booted from.",
+            );
             for s in [SlotName::A, SlotName::B] {
-                f.sample("updraft_booted_slot", &[("slot", s.as_str())], u8::from(s == booted));
+                f.sample(
+                    "updraft_booted_slot",
+                    &[("slot", s.as_str())],
+                    u8::from(s == booted),
+                );
             }
         }
 
-        let releases = [(SlotName::A, &self.release_a), (SlotName::B, &self.release_b)];
+        let releases = [
+            (SlotName::A, &self.release_a),
+            (SlotName::B, &self.release_b),
+        ];
         if releases.iter().any(|(_, v)| v.is_some()) {
-            f.header("updraft_release_info", "gauge", "Release installed in each slot.");
+            f.header(
+                "updraft_release_info",
+                "gauge",
+                "Release installed in each slot.",
+            );
             for (s, v) in releases {
                 if let Some(v) = v {
-                    f.sample("updraft_release_info", &[("slot", s.as_str()), ("version", v)], 1);
+                    f.sample(
+                        "updraft_release_info",
+                        &[("slot", s.as_str()), ("version", v)],
+                        1,
+                    );
                 }
             }
         }
 
-        f.header("updraft_state", "gauge", "1 for the current state of the update cycle, 0 for the others.");
+        f.header(
+            "updraft_state",
+            "gauge",
+            "1 for the current state of the update cycle, 0 for the others.",
+        );
         for s in STATES {
             f.sample("updraft_state", &[("state", s)], u8::from(self.state == s));
         }
@@ -283,7 +326,11 @@ impl Metrics {
             f.sample("updraft_state", &[("state", &self.state)], 1);
         }
 
-        f.header("updraft_outbox_depth", "gauge", "Reports queued and not yet delivered.");
+        f.header(
+            "updraft_outbox_depth",
+            "gauge",
+            "Reports queued and not yet delivered.",
+        );
         f.sample("updraft_outbox_depth", &[], self.outbox_depth);
 
         out
@@ -361,11 +408,20 @@ mod tests {
     fn fresh_metrics_expose_zeroed_counters_and_idle() {
         let text = Metrics::new().render();
         assert!(text.contains("updraft_checks_total 0\n"), "{text}");
-        assert!(text.contains("updraft_errors_total{kind=\"network\"} 0\n"), "{text}");
+        assert!(
+            text.contains("updraft_errors_total{kind=\"network\"} 0\n"),
+            "{text}"
+        );
         assert!(text.contains("updraft_state{state=\"idle\"} 1\n"), "{text}");
-        assert!(text.contains("updraft_state{state=\"testing\"} 0\n"), "{text}");
+        assert!(
+            text.contains("updraft_state{state=\"testing\"} 0\n"),
+            "{text}"
+        );
         // Unknown facts are absent, not zero: a zero timestamp would read as 1970.
-        assert!(!text.contains("updraft_last_check_timestamp_seconds"), "{text}");
+        assert!(
+            !text.contains("updraft_last_check_timestamp_seconds"),
+            "{text}"
+        );
         assert!(!text.contains("updraft_booted_slot"), "{text}");
         assert!(!text.contains("updraft_release_info"), "{text}");
     }
@@ -401,7 +457,10 @@ mod tests {
             "updraft_state{state=\"idle\"} 0",
             "updraft_outbox_depth 3",
         ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
         }
     }
 
@@ -410,7 +469,10 @@ mod tests {
         let mut m = Metrics::new();
         m.set_state("migrating");
         let text = m.render();
-        assert!(text.contains("updraft_state{state=\"migrating\"} 1\n"), "{text}");
+        assert!(
+            text.contains("updraft_state{state=\"migrating\"} 1\n"),
+            "{text}"
+        );
         let others: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("updraft_state{") && !l.contains("migrating"))
@@ -426,8 +488,16 @@ mod tests {
         let mut m = Metrics::new();
         m.set_release(SlotName::A, Some("1.0 \"beta\"\nnext"));
         let text = m.render();
-        assert!(text.contains(r#"updraft_release_info{slot="A",version="1.0 \"beta\"\nnext"} 1"#), "{text}");
-        assert_eq!(text.lines().filter(|l| l.starts_with("updraft_release_info{")).count(), 1);
+        assert!(
+            text.contains(r#"updraft_release_info{slot="A",version="1.0 \"beta\"\nnext"} 1"#),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("updraft_release_info{"))
+                .count(),
+            1
+        );
     }
 
     #[test]
@@ -442,7 +512,10 @@ mod tests {
         m.write(&path).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("updraft_outbox_depth 7\n"));
-        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("updraft.prom")]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -451,6 +524,10 @@ mod tests {
     fn write_names_the_path_on_failure() {
         let path = Path::new("/nonexistent-updraft-dir/updraft.prom");
         let e = Metrics::new().write(path).unwrap_err();
-        assert!(e.to_string().starts_with("writing metrics to /nonexistent-updraft-dir/updraft.prom: "), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("writing metrics to /nonexistent-updraft-dir/updraft.prom: "),
+            "{e}"
+        );
     }
 }

@@ -93,7 +93,10 @@ fn send(socket: Option<&OsStr>, message: &str) -> io::Result<bool> {
     let sock = UnixDatagram::unbound()?;
     let sent = sock.send_to_addr(message.as_bytes(), &addr)?;
     if sent != message.len() {
-        return Err(io::Error::other(format!("short send: {sent} of {} bytes", message.len())));
+        return Err(io::Error::other(format!(
+            "short send: {sent} of {} bytes",
+            message.len()
+        )));
     }
     Ok(true)
 }
@@ -113,7 +116,10 @@ fn address(socket: &OsStr) -> io::Result<SocketAddr> {
 }
 
 fn status_message(text: &str) -> String {
-    let clean: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let clean: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
     format!("STATUS={clean}")
 }
 
@@ -136,7 +142,8 @@ mod tests {
     struct TempDir(PathBuf);
     impl TempDir {
         fn new(tag: &str) -> TempDir {
-            let d = std::env::temp_dir().join(format!("updraft-notify-{tag}-{}", std::process::id()));
+            let d =
+                std::env::temp_dir().join(format!("updraft-notify-{tag}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&d);
             std::fs::create_dir_all(&d).unwrap();
             TempDir(d)
@@ -149,7 +156,8 @@ mod tests {
     }
 
     fn receive(sock: &UnixDatagram) -> String {
-        sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let mut buf = [0u8; 512];
         let n = sock.recv(&mut buf).unwrap();
         String::from_utf8(buf[..n].to_vec()).unwrap()
@@ -199,13 +207,22 @@ mod tests {
     #[test]
     fn status_cannot_inject_other_assignments() {
         assert_eq!(status_message("v1\nREADY=1\r"), "STATUS=v1 READY=1 ");
-        assert_eq!(status_message("downloading 2.0 (45%)"), "STATUS=downloading 2.0 (45%)");
+        assert_eq!(
+            status_message("downloading 2.0 (45%)"),
+            "STATUS=downloading 2.0 (45%)"
+        );
     }
 
     #[test]
     fn watchdog_interval_follows_systemd_variables() {
-        assert_eq!(interval_from(Some("30000000"), None, 7), Some(Duration::from_secs(30)));
-        assert_eq!(interval_from(Some("30000000"), Some("7"), 7), Some(Duration::from_secs(30)));
+        assert_eq!(
+            interval_from(Some("30000000"), None, 7),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            interval_from(Some("30000000"), Some("7"), 7),
+            Some(Duration::from_secs(30))
+        );
         // Inherited from a parent: not ours to ping.
         assert_eq!(interval_from(Some("30000000"), Some("8"), 7), None);
         assert_eq!(interval_from(None, None, 7), None);
@@ -218,9 +235,16 @@ mod tests {
     fn scrub_removes_the_variables_from_children() {
         let mut cmd = Command::new("true");
         scrub(&mut cmd);
-        let removed: Vec<_> = cmd.get_envs().filter(|(_, v)| v.is_none()).map(|(k, _)| k.to_owned()).collect();
+        let removed: Vec<_> = cmd
+            .get_envs()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.to_owned())
+            .collect();
         for v in ENV_VARS {
-            assert!(removed.iter().any(|k| k == v), "{v} not removed: {removed:?}");
+            assert!(
+                removed.iter().any(|k| k == v),
+                "{v} not removed: {removed:?}"
+            );
         }
     }
 }

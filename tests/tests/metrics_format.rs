@@ -46,7 +46,12 @@ struct Family {
 }
 
 fn parse_with_prometheus_client(path: &PathBuf) -> BTreeMap<String, Family> {
-    let out = match Command::new("python3").arg("-c").arg(PARSER).arg(path).output() {
+    let out = match Command::new("python3")
+        .arg("-c")
+        .arg(PARSER)
+        .arg(path)
+        .output()
+    {
         Ok(o) => o,
         Err(e) => panic!(
             "python3 is needed to check the metrics format with prometheus_client \
@@ -74,7 +79,11 @@ fn parse_with_prometheus_client(path: &PathBuf) -> BTreeMap<String, Family> {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.as_str().expect("label value").to_string()))
                     .collect();
-                (s["name"].as_str().expect("name").to_string(), labels, s["value"].as_f64().expect("value"))
+                (
+                    s["name"].as_str().expect("name").to_string(),
+                    labels,
+                    s["value"].as_f64().expect("value"),
+                )
             })
             .collect();
         let name = fam["name"].as_str().expect("family name").to_string();
@@ -83,30 +92,46 @@ fn parse_with_prometheus_client(path: &PathBuf) -> BTreeMap<String, Family> {
             help: fam["help"].as_str().expect("help").to_string(),
             samples,
         };
-        assert!(families.insert(name.clone(), family).is_none(), "family {name} appears twice");
+        assert!(
+            families.insert(name.clone(), family).is_none(),
+            "family {name} appears twice"
+        );
     }
     families
 }
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// The value of the sample `name{labels}` in family `family`.
 fn value(fams: &BTreeMap<String, Family>, family: &str, name: &str, l: &[(&str, &str)]) -> f64 {
-    let fam = fams.get(family).unwrap_or_else(|| panic!("family {family} missing; have {:?}", fams.keys()));
+    let fam = fams
+        .get(family)
+        .unwrap_or_else(|| panic!("family {family} missing; have {:?}", fams.keys()));
     let want = labels(l);
     fam.samples
         .iter()
         .find(|(n, ls, _)| n == name && *ls == want)
         .map(|(_, _, v)| *v)
-        .unwrap_or_else(|| panic!("sample {name}{want:?} missing from {family}: {:?}", fam.samples))
+        .unwrap_or_else(|| {
+            panic!(
+                "sample {name}{want:?} missing from {family}: {:?}",
+                fam.samples
+            )
+        })
 }
 
 const AWKWARD_VERSION: &str = "2.1.0 \"field-test\" C:\\builds\\rc1\nsecond line";
 
 fn metrics_file(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("updraft-metrics-format-{tag}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "updraft-metrics-format-{tag}-{}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir.join("updraft.prom")
@@ -141,20 +166,65 @@ fn the_metrics_file_parses_with_prometheus_client_and_carries_every_value() {
 
     // Counters: the family name drops `_total`, the sample keeps it.
     assert_eq!(fams["updraft_checks"].kind, "counter");
-    assert_eq!(value(&fams, "updraft_checks", "updraft_checks_total", &[]), 46.0);
-    assert_eq!(fams["updraft_errors"].kind, "counter");
-    assert_eq!(value(&fams, "updraft_errors", "updraft_errors_total", &[("kind", "network")]), 9.0);
-    assert_eq!(value(&fams, "updraft_errors", "updraft_errors_total", &[("kind", "signature")]), 1.0);
-    assert_eq!(value(&fams, "updraft_errors", "updraft_errors_total", &[("kind", "integrity")]), 1.0);
-    assert_eq!(value(&fams, "updraft_errors", "updraft_errors_total", &[("kind", "bootloader")]), 0.0);
-    let kinds = fams["updraft_errors"].samples.len();
-    assert_eq!(kinds, 15, "every error kind is exposed from zero");
     assert_eq!(
-        value(&fams, "updraft_signature_failures", "updraft_signature_failures_total", &[]),
+        value(&fams, "updraft_checks", "updraft_checks_total", &[]),
+        46.0
+    );
+    assert_eq!(fams["updraft_errors"].kind, "counter");
+    assert_eq!(
+        value(
+            &fams,
+            "updraft_errors",
+            "updraft_errors_total",
+            &[("kind", "network")]
+        ),
+        9.0
+    );
+    assert_eq!(
+        value(
+            &fams,
+            "updraft_errors",
+            "updraft_errors_total",
+            &[("kind", "signature")]
+        ),
         1.0
     );
     assert_eq!(
-        value(&fams, "updraft_downloaded_bytes", "updraft_downloaded_bytes_total", &[]),
+        value(
+            &fams,
+            "updraft_errors",
+            "updraft_errors_total",
+            &[("kind", "integrity")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &fams,
+            "updraft_errors",
+            "updraft_errors_total",
+            &[("kind", "bootloader")]
+        ),
+        0.0
+    );
+    let kinds = fams["updraft_errors"].samples.len();
+    assert_eq!(kinds, 15, "every error kind is exposed from zero");
+    assert_eq!(
+        value(
+            &fams,
+            "updraft_signature_failures",
+            "updraft_signature_failures_total",
+            &[]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &fams,
+            "updraft_downloaded_bytes",
+            "updraft_downloaded_bytes_total",
+            &[]
+        ),
         1_234_571_986.0
     );
 
@@ -162,7 +232,12 @@ fn the_metrics_file_parses_with_prometheus_client_and_carries_every_value() {
     let last = 1_796_040_000.0 + 45.0 * 1800.0;
     assert_eq!(fams["updraft_last_check_timestamp_seconds"].kind, "gauge");
     assert_eq!(
-        value(&fams, "updraft_last_check_timestamp_seconds", "updraft_last_check_timestamp_seconds", &[]),
+        value(
+            &fams,
+            "updraft_last_check_timestamp_seconds",
+            "updraft_last_check_timestamp_seconds",
+            &[]
+        ),
         last
     );
     assert_eq!(
@@ -176,16 +251,45 @@ fn the_metrics_file_parses_with_prometheus_client_and_carries_every_value() {
         "the last check failed, the one before succeeded"
     );
     assert_eq!(
-        value(&fams, "updraft_last_install_duration_seconds", "updraft_last_install_duration_seconds", &[]),
+        value(
+            &fams,
+            "updraft_last_install_duration_seconds",
+            "updraft_last_install_duration_seconds",
+            &[]
+        ),
         187.5
     );
-    assert_eq!(value(&fams, "updraft_booted_slot", "updraft_booted_slot", &[("slot", "A")]), 0.0);
-    assert_eq!(value(&fams, "updraft_booted_slot", "updraft_booted_slot", &[("slot", "B")]), 1.0);
-    assert_eq!(value(&fams, "updraft_outbox_depth", "updraft_outbox_depth", &[]), 12.0);
+    assert_eq!(
+        value(
+            &fams,
+            "updraft_booted_slot",
+            "updraft_booted_slot",
+            &[("slot", "A")]
+        ),
+        0.0
+    );
+    assert_eq!(
+        value(
+            &fams,
+            "updraft_booted_slot",
+            "updraft_booted_slot",
+            &[("slot", "B")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&fams, "updraft_outbox_depth", "updraft_outbox_depth", &[]),
+        12.0
+    );
 
     // Info metric, with a label value full of quotes, backslashes and a newline.
     assert_eq!(
-        value(&fams, "updraft_release_info", "updraft_release_info", &[("slot", "A"), ("version", "2.0.3")]),
+        value(
+            &fams,
+            "updraft_release_info",
+            "updraft_release_info",
+            &[("slot", "A"), ("version", "2.0.3")]
+        ),
         1.0
     );
     assert_eq!(
@@ -200,9 +304,16 @@ fn the_metrics_file_parses_with_prometheus_client_and_carries_every_value() {
 
     // State set: exactly one state is 1.
     let states = &fams["updraft_state"].samples;
-    let current: Vec<&str> = states.iter().filter(|s| s.2 == 1.0).map(|s| s.1["state"].as_str()).collect();
+    let current: Vec<&str> = states
+        .iter()
+        .filter(|s| s.2 == 1.0)
+        .map(|s| s.1["state"].as_str())
+        .collect();
     assert_eq!(current, ["testing"]);
-    assert!(states.len() >= 10 && states.iter().all(|s| s.2 == 0.0 || s.2 == 1.0), "{states:?}");
+    assert!(
+        states.len() >= 10 && states.iter().all(|s| s.2 == 0.0 || s.2 == 1.0),
+        "{states:?}"
+    );
 
     // Build info and documentation.
     let build = &fams["updraft_build_info"].samples;
@@ -221,15 +332,29 @@ fn a_fresh_daemon_writes_a_parseable_file_without_unknown_values() {
     let path = metrics_file("fresh");
     Metrics::new().write(&path).expect("write metrics");
     let fams = parse_with_prometheus_client(&path);
-    assert_eq!(value(&fams, "updraft_checks", "updraft_checks_total", &[]), 0.0);
-    assert_eq!(value(&fams, "updraft_state", "updraft_state", &[("state", "idle")]), 1.0);
+    assert_eq!(
+        value(&fams, "updraft_checks", "updraft_checks_total", &[]),
+        0.0
+    );
+    assert_eq!(
+        value(
+            &fams,
+            "updraft_state",
+            "updraft_state",
+            &[("state", "idle")]
+        ),
+        1.0
+    );
     for absent in [
         "updraft_last_check_timestamp_seconds",
         "updraft_last_install_duration_seconds",
         "updraft_booted_slot",
         "updraft_release_info",
     ] {
-        assert!(!fams.contains_key(absent), "{absent} must be absent until known");
+        assert!(
+            !fams.contains_key(absent),
+            "{absent} must be absent until known"
+        );
     }
     let _ = std::fs::remove_dir_all(path.parent().expect("temp dir"));
 }

@@ -22,11 +22,17 @@ use updraft_tests::{bin, skip};
 const MAX_EXPOSURE: f64 = 3.0;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 fn have(tool: &str) -> bool {
-    Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn scratch(tag: &str) -> PathBuf {
@@ -39,12 +45,22 @@ fn scratch(tag: &str) -> PathBuf {
 /// The shipped unit with `ExecStart=` pointing at the built binary, in
 /// `dir/updraft.service`.
 fn stage_unit(dir: &Path) -> PathBuf {
-    let unit = std::fs::read_to_string(repo().join("systemd/updraft.service")).expect("read updraft.service");
+    let unit = std::fs::read_to_string(repo().join("systemd/updraft.service"))
+        .expect("read updraft.service");
     let exe = bin::path("updraft");
     let exe = exe.canonicalize().unwrap_or(exe);
-    let exec_lines = unit.lines().filter(|l| l.starts_with("ExecStart=/usr/bin/updraft ")).count();
-    assert_eq!(exec_lines, 1, "updraft.service must have exactly one ExecStart=/usr/bin/updraft line");
-    let staged = unit.replace("ExecStart=/usr/bin/updraft ", &format!("ExecStart={} ", exe.display()));
+    let exec_lines = unit
+        .lines()
+        .filter(|l| l.starts_with("ExecStart=/usr/bin/updraft "))
+        .count();
+    assert_eq!(
+        exec_lines, 1,
+        "updraft.service must have exactly one ExecStart=/usr/bin/updraft line"
+    );
+    let staged = unit.replace(
+        "ExecStart=/usr/bin/updraft ",
+        &format!("ExecStart={} ", exe.display()),
+    );
     let path = dir.join("updraft.service");
     std::fs::write(&path, staged).expect("write staged unit");
     path
@@ -52,7 +68,8 @@ fn stage_unit(dir: &Path) -> PathBuf {
 
 fn run(cmd: &mut Command) -> Output {
     let shown = format!("{cmd:?}");
-    cmd.output().unwrap_or_else(|e| panic!("running {shown}: {e}"))
+    cmd.output()
+        .unwrap_or_else(|e| panic!("running {shown}: {e}"))
 }
 
 /// verify must succeed and say nothing about our unit (unknown keys and
@@ -60,7 +77,11 @@ fn run(cmd: &mut Command) -> Output {
 fn assert_verifies(unit: &Path) {
     let out = run(Command::new("systemd-analyze").arg("verify").arg(unit));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let dir = unit.parent().expect("unit dir").to_string_lossy().into_owned();
+    let dir = unit
+        .parent()
+        .expect("unit dir")
+        .to_string_lossy()
+        .into_owned();
     let about_us: Vec<&str> = stderr
         .lines()
         .filter(|l| l.contains("updraft") || l.contains(dir.as_str()))
@@ -98,7 +119,11 @@ fn exposure(unit: &Path) -> f64 {
         .and_then(|n| n.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("cannot read the exposure figure in {line:?}"));
     let failed: Vec<&str> = stdout.lines().filter(|l| l.starts_with('✗')).collect();
-    eprintln!("{}: {line}\n  open items:\n    {}", unit.display(), failed.join("\n    "));
+    eprintln!(
+        "{}: {line}\n  open items:\n    {}",
+        unit.display(),
+        failed.join("\n    ")
+    );
     figure
 }
 
@@ -112,7 +137,10 @@ fn the_unit_verifies_and_its_exposure_is_at_most_3() {
     assert_verifies(&unit);
     let figure = exposure(&unit);
     println!("systemd-analyze security --offline=yes updraft.service: exposure {figure:.1}");
-    assert!(figure <= MAX_EXPOSURE, "exposure {figure} is above {MAX_EXPOSURE}");
+    assert!(
+        figure <= MAX_EXPOSURE,
+        "exposure {figure} is above {MAX_EXPOSURE}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -133,10 +161,15 @@ fn the_health_check_drop_in_example_applies_cleanly() {
     .expect("copy drop-in example");
     assert_verifies(&unit);
     let loosened = exposure(&unit);
-    println!("with the health-check drop-in example: exposure {loosened:.1} (unit alone {base:.1})");
+    println!(
+        "with the health-check drop-in example: exposure {loosened:.1} (unit alone {base:.1})"
+    );
     // The drop-in was applied: it loosens the sandbox a little, no more.
     assert!(loosened > base, "drop-in not applied: {loosened} vs {base}");
-    assert!(loosened <= MAX_EXPOSURE, "exposure with the drop-in {loosened} is above {MAX_EXPOSURE}");
+    assert!(
+        loosened <= MAX_EXPOSURE,
+        "exposure with the drop-in {loosened} is above {MAX_EXPOSURE}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -153,8 +186,14 @@ fn sysusers_and_tmpfiles_create_the_group_and_directories() {
     let sysusers = repo().join("systemd/updraft.sysusers");
     let tmpfiles = repo().join("systemd/updraft.tmpfiles");
 
-    let out = run(Command::new("systemd-sysusers").arg(format!("--root={}", root.display())).arg(&sysusers));
-    assert!(out.status.success(), "systemd-sysusers: {}", String::from_utf8_lossy(&out.stderr));
+    let out = run(Command::new("systemd-sysusers")
+        .arg(format!("--root={}", root.display()))
+        .arg(&sysusers));
+    assert!(
+        out.status.success(),
+        "systemd-sysusers: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let group = std::fs::read_to_string(root.join("etc/group")).expect("etc/group written");
     let gid: u32 = group
         .lines()
@@ -167,12 +206,24 @@ fn sysusers_and_tmpfiles_create_the_group_and_directories() {
         .arg("--create")
         .arg(format!("--root={}", root.display()))
         .arg(&tmpfiles));
-    assert!(out.status.success(), "systemd-tmpfiles: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "systemd-tmpfiles: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let run_dir = std::fs::metadata(root.join("run/updraft")).expect("/run/updraft created");
     assert!(run_dir.is_dir());
-    assert_eq!(run_dir.mode() & 0o7777, 0o2750, "/run/updraft: setgid, group may enter");
-    assert_eq!((run_dir.uid(), run_dir.gid()), (0, gid), "/run/updraft is root:updraft");
+    assert_eq!(
+        run_dir.mode() & 0o7777,
+        0o2750,
+        "/run/updraft: setgid, group may enter"
+    );
+    assert_eq!(
+        (run_dir.uid(), run_dir.gid()),
+        (0, gid),
+        "/run/updraft is root:updraft"
+    );
     let state = std::fs::metadata(root.join("data/updraft")).expect("/data/updraft created");
     assert_eq!(state.mode() & 0o7777, 0o700, "state_dir is root only");
     assert_eq!((state.uid(), state.gid()), (0, 0));

@@ -18,7 +18,10 @@ const CRATES_IO: &str = "registry+https://github.com/rust-lang/crates.io-index";
 const REGENERATE: &str = "run `cargo xtask yocto-crates` after changing Cargo.lock";
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 fn layer() -> PathBuf {
@@ -31,7 +34,8 @@ fn read(path: &Path) -> String {
 
 /// `name-version` → checksum for every package cargo fetches from crates.io.
 fn lock_packages() -> BTreeMap<String, String> {
-    let lock: toml::Table = toml::from_str(&read(&repo().join("Cargo.lock"))).expect("Cargo.lock is TOML");
+    let lock: toml::Table =
+        toml::from_str(&read(&repo().join("Cargo.lock"))).expect("Cargo.lock is TOML");
     let packages = lock["package"].as_array().expect("[[package]] entries");
     let mut out = BTreeMap::new();
     for p in packages {
@@ -42,10 +46,13 @@ fn lock_packages() -> BTreeMap<String, String> {
         match field("source") {
             None => {}
             Some(CRATES_IO) => {
-                let sum = field("checksum").unwrap_or_else(|| panic!("{name} {version} has no checksum"));
+                let sum =
+                    field("checksum").unwrap_or_else(|| panic!("{name} {version} has no checksum"));
                 out.insert(format!("{name}-{version}"), sum.to_string());
             }
-            Some(other) => panic!("{name} {version} comes from {other}, which the recipe cannot fetch as crate://"),
+            Some(other) => panic!(
+                "{name} {version} comes from {other}, which the recipe cannot fetch as crate://"
+            ),
         }
     }
     out
@@ -59,15 +66,24 @@ fn recipe_crates() -> (Vec<String>, BTreeMap<String, String>) {
     for line in text.lines() {
         for word in line.split(|c: char| c.is_whitespace() || c == '"') {
             if let Some(rest) = word.strip_prefix("crate://crates.io/") {
-                let (name, version) = rest.split_once('/').unwrap_or_else(|| panic!("bad crate URI {word}"));
+                let (name, version) = rest
+                    .split_once('/')
+                    .unwrap_or_else(|| panic!("bad crate URI {word}"));
                 uris.push(format!("{name}-{version}"));
             }
         }
         if let Some(rest) = line.trim().strip_prefix("SRC_URI[") {
-            let (key, value) = rest.split_once("] = ").unwrap_or_else(|| panic!("bad line {line:?}"));
-            let key = key.strip_suffix(".sha256sum").unwrap_or_else(|| panic!("not a sha256sum flag: {line:?}"));
+            let (key, value) = rest
+                .split_once("] = ")
+                .unwrap_or_else(|| panic!("bad line {line:?}"));
+            let key = key
+                .strip_suffix(".sha256sum")
+                .unwrap_or_else(|| panic!("not a sha256sum flag: {line:?}"));
             let value = value.trim().trim_matches('"').to_string();
-            assert!(sums.insert(key.to_string(), value).is_none(), "{key} has two checksums");
+            assert!(
+                sums.insert(key.to_string(), value).is_none(),
+                "{key} has two checksums"
+            );
         }
     }
     (uris, sums)
@@ -86,31 +102,54 @@ fn crate_list_matches_cargo_lock_exactly() {
 
     let missing: Vec<&String> = lock.keys().filter(|k| !unique.contains(k)).collect();
     let extra: Vec<&String> = unique.iter().filter(|k| !lock.contains_key(*k)).collect();
-    assert!(missing.is_empty() && extra.is_empty(), "crate:// entries differ from Cargo.lock ({REGENERATE}): missing {missing:?}, extra {extra:?}");
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "crate:// entries differ from Cargo.lock ({REGENERATE}): missing {missing:?}, extra {extra:?}"
+    );
 
     let wrong: Vec<String> = lock
         .iter()
         .filter(|(k, v)| sums.get(*k) != Some(*v))
         .map(|(k, v)| format!("{k}: lock {v}, recipe {:?}", sums.get(k)))
         .collect();
-    assert!(wrong.is_empty(), "checksums differ from Cargo.lock ({REGENERATE}): {wrong:#?}");
+    assert!(
+        wrong.is_empty(),
+        "checksums differ from Cargo.lock ({REGENERATE}): {wrong:#?}"
+    );
     let stray: Vec<&String> = sums.keys().filter(|k| !lock.contains_key(*k)).collect();
-    assert!(stray.is_empty(), "checksums for crates not in Cargo.lock ({REGENERATE}): {stray:?}");
+    assert!(
+        stray.is_empty(),
+        "checksums for crates not in Cargo.lock ({REGENERATE}): {stray:?}"
+    );
 }
 
 #[test]
 fn recipe_uses_the_crate_list_and_the_shipped_systemd_files() {
     let recipe = read(&layer().join("recipes-support/updraft/updraft_git.bb"));
-    assert!(recipe.lines().any(|l| l.trim() == "require updraft-crates.inc"));
-    assert!(recipe.lines().any(|l| l.trim() == "inherit cargo systemd useradd"));
+    assert!(
+        recipe
+            .lines()
+            .any(|l| l.trim() == "require updraft-crates.inc")
+    );
+    assert!(
+        recipe
+            .lines()
+            .any(|l| l.trim() == "inherit cargo systemd useradd")
+    );
     for shipped in [
         "systemd/updraft.service",
         "systemd/updraft.tmpfiles",
         "systemd/updraft.sysusers",
         "systemd/updraft.service.d/50-health-checks.conf.example",
     ] {
-        assert!(recipe.contains(&format!("${{S}}/{shipped}")), "recipe does not install {shipped}");
-        assert!(repo().join(shipped).is_file(), "{shipped} is missing from the repository");
+        assert!(
+            recipe.contains(&format!("${{S}}/{shipped}")),
+            "recipe does not install {shipped}"
+        );
+        assert!(
+            repo().join(shipped).is_file(),
+            "{shipped} is missing from the repository"
+        );
     }
 }
 
@@ -119,7 +158,10 @@ fn licence_checksum_covers_the_manifest_licence_line() {
     let recipe = read(&layer().join("recipes-support/updraft/updraft_git.bb"));
     let spec = recipe
         .lines()
-        .find_map(|l| l.trim().strip_prefix("LIC_FILES_CHKSUM = \"file://Cargo.toml;"))
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("LIC_FILES_CHKSUM = \"file://Cargo.toml;")
+        })
         .expect("LIC_FILES_CHKSUM on Cargo.toml");
     let param = |k: &str| {
         spec.trim_end_matches('"')
@@ -132,22 +174,47 @@ fn licence_checksum_covers_the_manifest_licence_line() {
     let end: usize = param("endline").parse().expect("endline");
     let manifest = read(&repo().join("Cargo.toml"));
     let lines: Vec<&str> = manifest.lines().collect();
-    let covered: String = lines[begin - 1..end].iter().map(|l| format!("{l}\n")).collect();
-    assert!(covered.contains("license = \"Apache-2.0 OR MIT\""), "lines {begin}-{end} of Cargo.toml are {covered:?}");
-    let out = Command::new("md5sum").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn();
+    let covered: String = lines[begin - 1..end]
+        .iter()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(
+        covered.contains("license = \"Apache-2.0 OR MIT\""),
+        "lines {begin}-{end} of Cargo.toml are {covered:?}"
+    );
+    let out = Command::new("md5sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn();
     let mut child = out.expect("md5sum (coreutils)");
     {
         use std::io::Write;
-        child.stdin.take().expect("stdin").write_all(covered.as_bytes()).expect("feed md5sum");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(covered.as_bytes())
+            .expect("feed md5sum");
     }
     let out = child.wait_with_output().expect("md5sum output");
-    let md5 = String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string();
-    assert_eq!(param("md5"), md5, "update LIC_FILES_CHKSUM in updraft_git.bb");
+    let md5 = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(
+        param("md5"),
+        md5,
+        "update LIC_FILES_CHKSUM in updraft_git.bb"
+    );
 }
 
 #[test]
 fn the_layer_passes_oelint_adv() {
-    let available = Command::new("oelint-adv").arg("--version").output().is_ok_and(|o| o.status.success());
+    let available = Command::new("oelint-adv")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !available {
         skip!("oelint-adv is not installed (pip install oelint-adv)");
     }
@@ -158,7 +225,10 @@ fn the_layer_passes_oelint_adv() {
             let p = e.path();
             if p.is_dir() {
                 dirs.push(p);
-            } else if p.extension().is_some_and(|x| x == "bb" || x == "bbappend" || x == "inc" || x == "conf") {
+            } else if p
+                .extension()
+                .is_some_and(|x| x == "bb" || x == "bbappend" || x == "inc" || x == "conf")
+            {
                 files.push(p);
             }
         }
@@ -167,14 +237,28 @@ fn the_layer_passes_oelint_adv() {
     assert!(files.len() >= 4, "layer files: {files:?}");
     // The HOMEPAGE reachability rule needs the network; everything else runs.
     let out = Command::new("oelint-adv")
-        .args(["--quiet", "--release", "whinlatter", "--suppress", "oelint.vars.homepageping"])
+        .args([
+            "--quiet",
+            "--release",
+            "whinlatter",
+            "--suppress",
+            "oelint.vars.homepageping",
+        ])
         .args(&files)
         .output()
         .expect("run oelint-adv");
-    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     eprintln!("oelint-adv findings:\n{report}");
     let errors: Vec<&str> = report.lines().filter(|l| l.contains(":error:")).collect();
-    assert!(errors.is_empty(), "oelint-adv errors:\n{}", errors.join("\n"));
+    assert!(
+        errors.is_empty(),
+        "oelint-adv errors:\n{}",
+        errors.join("\n")
+    );
     let crashed = report.contains("Traceback");
     assert!(!crashed, "oelint-adv failed:\n{report}");
 }

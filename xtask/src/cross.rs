@@ -27,11 +27,11 @@ use std::time::Instant;
 use crate::util::{self, Result};
 
 /// One cross target and the host tools that serve it.
-struct Target {
-    short: &'static str,
-    triple: &'static str,
+pub(crate) struct Target {
+    pub(crate) short: &'static str,
+    pub(crate) triple: &'static str,
     debian_arch: &'static str,
-    gcc: &'static str,
+    pub(crate) gcc: &'static str,
     gcc_package: &'static str,
     /// Headers and crt files the C dependencies (ring, zstd-sys, SQLite)
     /// compile and link against; only recommended by the gcc package.
@@ -40,7 +40,7 @@ struct Target {
     sysroot: &'static str,
 }
 
-const TARGETS: &[Target] = &[
+pub(crate) const TARGETS: &[Target] = &[
     Target {
         short: "aarch64",
         triple: "aarch64-unknown-linux-gnu",
@@ -185,21 +185,41 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
         error: None,
     };
     let target_dir = util::root().join("target").join("cross");
-    let profile_dir = target_dir.join(t.triple).join(if release { "release" } else { "debug" });
+    let profile_dir = target_dir
+        .join(t.triple)
+        .join(if release { "release" } else { "debug" });
     let skip_log = target_dir.join(format!("{}-skips.log", t.short));
     let _ = std::fs::remove_file(&skip_log);
 
-    println!("\n== {}: building updraft, updraft-publish and the tests", t.triple);
+    println!(
+        "\n== {}: building updraft, updraft-publish and the tests",
+        t.triple
+    );
     let start = Instant::now();
     let mut build = cross_cargo(t, tc, &target_dir);
-    build.args(["build", "--target", t.triple, "-p", "updraft", "-p", "updraft-publish"]);
+    build.args([
+        "build",
+        "--target",
+        t.triple,
+        "-p",
+        "updraft",
+        "-p",
+        "updraft-publish",
+    ]);
     if release {
         build.arg("--release");
     }
     let built = util::run(&mut build).and_then(|()| {
         let mut tests = cross_cargo(t, tc, &target_dir);
         tests.args(["test", "--no-run", "--target", t.triple]);
-        tests.args(["-p", "updraft", "-p", "updraft-publish", "-p", "updraft-tests"]);
+        tests.args([
+            "-p",
+            "updraft",
+            "-p",
+            "updraft-publish",
+            "-p",
+            "updraft-tests",
+        ]);
         if release {
             tests.arg("--release");
         }
@@ -215,7 +235,14 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
     let start = Instant::now();
     let mut test = cross_cargo(t, tc, &target_dir);
     test.args(["test", "--target", t.triple]);
-    test.args(["-p", "updraft", "-p", "updraft-publish", "-p", "updraft-tests"]);
+    test.args([
+        "-p",
+        "updraft",
+        "-p",
+        "updraft-publish",
+        "-p",
+        "updraft-tests",
+    ]);
     if release {
         test.arg("--release");
     }
@@ -235,7 +262,7 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
 }
 
 /// A cargo command set up to cross-compile for `t` with the cached rustc.
-fn cross_cargo(t: &Target, tc: &Toolchain, target_dir: &Path) -> Command {
+pub(crate) fn cross_cargo(t: &Target, tc: &Toolchain, target_dir: &Path) -> Command {
     let mut c = util::cargo();
     let up = t.env_triple();
     let low = t.triple.replace('-', "_");
@@ -268,7 +295,9 @@ fn run_counting(cmd: &mut Command, o: &mut Outcome) -> Result {
             }
         }
     }
-    let status = child.wait().map_err(|e| format!("waiting for {shown}: {e}"))?;
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for {shown}: {e}"))?;
     if status.success() {
         Ok(())
     } else {
@@ -284,7 +313,11 @@ fn parse_result_line(line: &str) -> Option<(u64, u64, u64)> {
     let mut ignored = None;
     for part in rest.split(';') {
         let words: Vec<&str> = part.split_whitespace().collect();
-        let n = words.iter().rev().nth(1).and_then(|w| w.parse::<u64>().ok());
+        let n = words
+            .iter()
+            .rev()
+            .nth(1)
+            .and_then(|w| w.parse::<u64>().ok());
         match words.last() {
             Some(&"passed") => passed = n,
             Some(&"failed") => failed = n,
@@ -297,7 +330,7 @@ fn parse_result_line(line: &str) -> Option<(u64, u64, u64)> {
 
 /// Cross gcc, qemu-user-static and the LLVM library: installed with apt-get
 /// when missing.
-fn ensure_host_tools(targets: &[&Target]) -> Result {
+pub(crate) fn ensure_host_tools(targets: &[&Target]) -> Result {
     let mut missing = Vec::new();
     for t in targets {
         for p in [t.gcc_package, t.libc_dev_package] {
@@ -325,7 +358,8 @@ fn ensure_host_tools(targets: &[&Target]) -> Result {
     println!("cross-test: installing {}", missing.join(" "));
     apt_update();
     let mut c = Command::new("apt-get");
-    c.args(["install", "-y", "--no-install-recommends"]).args(&missing);
+    c.args(["install", "-y", "--no-install-recommends"])
+        .args(&missing);
     c.env("DEBIAN_FRONTEND", "noninteractive");
     util::run(&mut c)
 }
@@ -335,7 +369,9 @@ fn installed(package: &str) -> bool {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", package])
         .output()
-        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout) == "install ok installed")
+        .is_ok_and(|o| {
+            o.status.success() && String::from_utf8_lossy(&o.stdout) == "install ok installed"
+        })
 }
 
 /// `apt-get update`, tolerating a failure: one architecture's index being
@@ -344,14 +380,16 @@ fn apt_update() {
     let status = Command::new("apt-get").args(["update", "-q"]).status();
     match status {
         Ok(s) if s.success() => {}
-        Ok(s) => eprintln!("cross-test: apt-get update exited with {s}; continuing with the indexes it got"),
+        Ok(s) => eprintln!(
+            "cross-test: apt-get update exited with {s}; continuing with the indexes it got"
+        ),
         Err(e) => eprintln!("cross-test: apt-get update could not start: {e}; continuing"),
     }
 }
 
 /// The extracted `rustc-web` with the arm64/armhf standard libraries.
-struct Toolchain {
-    version: String,
+pub(crate) struct Toolchain {
+    pub(crate) version: String,
     root: PathBuf,
     wrapper: PathBuf,
 }
@@ -361,7 +399,12 @@ impl Toolchain {
         util::root().join("target").join("cross-toolchain")
     }
 
-    fn ensure() -> Result<Toolchain> {
+    /// The rustc wrapper to put in `RUSTC`.
+    pub(crate) fn wrapper(&self) -> &Path {
+        &self.wrapper
+    }
+
+    pub(crate) fn ensure() -> Result<Toolchain> {
         let version = match common_version() {
             Ok(v) => v,
             Err(e) => match cached_versions().pop() {
@@ -374,7 +417,11 @@ impl Toolchain {
         };
         let root = Self::cache_dir().join(sanitize(&version));
         let wrapper = root.join("rustc");
-        let tc = Toolchain { version, root, wrapper };
+        let tc = Toolchain {
+            version,
+            root,
+            wrapper,
+        };
         if tc.root.join(".complete").is_file() {
             return Ok(tc);
         }
@@ -392,7 +439,8 @@ impl Toolchain {
         let mut dl = Command::new("apt-get");
         // The cache belongs to root; apt's unprivileged download user
         // cannot write there.
-        dl.current_dir(&debs).args(["-o", "APT::Sandbox::User=root", "download"]);
+        dl.current_dir(&debs)
+            .args(["-o", "APT::Sandbox::User=root", "download"]);
         dl.arg(format!("rustc-web={v}"));
         dl.arg(format!("{runtime}={v}"));
         dl.arg(format!("{STD_DEV}={v}"));
@@ -401,21 +449,31 @@ impl Toolchain {
         }
         util::run(&mut dl)?;
         let sysroot = self.root.join("sysroot");
-        let entries = std::fs::read_dir(&debs).map_err(|e| format!("listing {}: {e}", debs.display()))?;
+        let entries =
+            std::fs::read_dir(&debs).map_err(|e| format!("listing {}: {e}", debs.display()))?;
         for entry in entries {
-            let path = entry.map_err(|e| format!("listing {}: {e}", debs.display()))?.path();
+            let path = entry
+                .map_err(|e| format!("listing {}: {e}", debs.display()))?
+                .path();
             if path.extension().is_some_and(|x| x == "deb") {
                 util::run(Command::new("dpkg").arg("-x").arg(&path).arg(&sysroot))?;
             }
         }
         let rustc = sysroot.join("usr/bin/rustc");
         if !rustc.is_file() {
-            return Err(format!("{} is missing after extracting rustc-web {v}", rustc.display()));
+            return Err(format!(
+                "{} is missing after extracting rustc-web {v}",
+                rustc.display()
+            ));
         }
         for t in TARGETS {
             let lib = sysroot.join("usr/lib/rustlib").join(t.triple).join("lib");
             if !lib.is_dir() {
-                return Err(format!("{} is missing after extracting {STD_DEV}:{}", lib.display(), t.debian_arch));
+                return Err(format!(
+                    "{} is missing after extracting {STD_DEV}:{}",
+                    lib.display(),
+                    t.debian_arch
+                ));
             }
         }
         let script = format!(
@@ -425,7 +483,8 @@ impl Toolchain {
         );
         write_executable(&self.wrapper, &script)?;
         let _ = std::fs::remove_dir_all(&debs);
-        std::fs::write(self.root.join(".complete"), v).map_err(|e| format!("marking {} complete: {e}", self.root.display()))
+        std::fs::write(self.root.join(".complete"), v)
+            .map_err(|e| format!("marking {} complete: {e}", self.root.display()))
     }
 }
 
@@ -437,7 +496,15 @@ fn write_executable(path: &Path, text: &str) -> Result {
 }
 
 fn sanitize(v: &str) -> String {
-    v.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect()
+    v.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 fn cached_versions() -> Vec<String> {
@@ -472,15 +539,22 @@ fn common_version() -> Result<String> {
 
 fn madison_common() -> Result<String> {
     let mut per_arch: Vec<Vec<String>> = Vec::new();
-    for arch in ["amd64"].into_iter().chain(TARGETS.iter().map(|t| t.debian_arch)) {
-        let out = util::output(Command::new("apt-cache").args(["madison", &format!("{STD_DEV}:{arch}")]))?;
+    for arch in ["amd64"]
+        .into_iter()
+        .chain(TARGETS.iter().map(|t| t.debian_arch))
+    {
+        let out = util::output(
+            Command::new("apt-cache").args(["madison", &format!("{STD_DEV}:{arch}")]),
+        )?;
         let versions: Vec<String> = out
             .lines()
             .filter_map(|l| {
                 let cols: Vec<&str> = l.split('|').map(str::trim).collect();
                 // package | version | source  Packages
                 match cols.as_slice() {
-                    [_, v, src] if src.ends_with(&format!("{arch} Packages")) => Some((*v).to_string()),
+                    [_, v, src] if src.ends_with(&format!("{arch} Packages")) => {
+                        Some((*v).to_string())
+                    }
                     _ => None,
                 }
             })
@@ -496,9 +570,9 @@ fn madison_common() -> Result<String> {
         .cloned()
         .collect();
     common.sort_by(|a, b| compare_debian_versions(a, b));
-    common
-        .pop()
-        .ok_or_else(|| format!("no {STD_DEV} version is published for all of amd64, arm64 and armhf"))
+    common.pop().ok_or_else(|| {
+        format!("no {STD_DEV} version is published for all of amd64, arm64 and armhf")
+    })
 }
 
 /// The versioned runtime package (`libstd-rust-web-1.85`) that
@@ -508,9 +582,16 @@ fn runtime_package(v: &str) -> Result<String> {
     out.lines()
         .filter_map(|l| l.trim().strip_prefix("Depends:"))
         .map(str::trim)
-        .find(|p| p.starts_with("libstd-rust-web-") && p.as_bytes().get(16).is_some_and(u8::is_ascii_digit))
+        .find(|p| {
+            p.starts_with("libstd-rust-web-")
+                && p.as_bytes().get(16).is_some_and(u8::is_ascii_digit)
+        })
         .map(|p| p.split(':').next().unwrap_or(p).to_string())
-        .ok_or_else(|| format!("apt-cache depends {STD_DEV}={v} names no libstd-rust-web-<version> runtime package"))
+        .ok_or_else(|| {
+            format!(
+                "apt-cache depends {STD_DEV}={v} names no libstd-rust-web-<version> runtime package"
+            )
+        })
 }
 
 /// Order Debian version strings with `dpkg --compare-versions`.
@@ -535,11 +616,15 @@ mod tests {
     #[test]
     fn result_lines_are_counted() {
         assert_eq!(
-            parse_result_line("test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s"),
+            parse_result_line(
+                "test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s"
+            ),
             Some((12, 0, 1))
         );
         assert_eq!(
-            parse_result_line("test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out"),
+            parse_result_line(
+                "test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out"
+            ),
             Some((3, 2, 0))
         );
         assert_eq!(parse_result_line("running 3 tests"), None);

@@ -29,7 +29,8 @@ pub fn run(args: &[String]) -> Result {
         _ => return Err("usage: cargo xtask yocto-crates [--check]".into()),
     };
     let lock_path = util::root().join("Cargo.lock");
-    let lock = std::fs::read_to_string(&lock_path).map_err(|e| format!("reading {}: {e}", lock_path.display()))?;
+    let lock = std::fs::read_to_string(&lock_path)
+        .map_err(|e| format!("reading {}: {e}", lock_path.display()))?;
     let text = render(&registry_packages(&lock)?);
     let path = inc_path();
     let current = std::fs::read_to_string(&path).unwrap_or_default();
@@ -38,7 +39,10 @@ pub fn run(args: &[String]) -> Result {
             println!("{} matches Cargo.lock", path.display());
             Ok(())
         } else {
-            Err(format!("{} is stale: run `cargo xtask yocto-crates`", path.display()))
+            Err(format!(
+                "{} is stale: run `cargo xtask yocto-crates`",
+                path.display()
+            ))
         };
     }
     if current == text {
@@ -83,7 +87,10 @@ fn registry_packages(lock: &str) -> Result<Vec<Package>> {
         let Some((key, value)) = line.split_once(" = ") else {
             continue;
         };
-        let value = value.trim().strip_prefix('"').and_then(|v| v.strip_suffix('"'));
+        let value = value
+            .trim()
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'));
         let slot = match key.trim() {
             "name" => &mut entry.name,
             "version" => &mut entry.version,
@@ -102,11 +109,19 @@ fn registry_packages(lock: &str) -> Result<Vec<Package>> {
         match e.source.as_deref() {
             None => {} // a workspace member
             Some(CRATES_IO) => {
-                let checksum = e.checksum.ok_or_else(|| format!("Cargo.lock: {name} {version} has no checksum"))?;
+                let checksum = e
+                    .checksum
+                    .ok_or_else(|| format!("Cargo.lock: {name} {version} has no checksum"))?;
                 if checksum.len() != 64 || !checksum.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!("Cargo.lock: {name} {version}: {checksum:?} is not a sha256"));
+                    return Err(format!(
+                        "Cargo.lock: {name} {version}: {checksum:?} is not a sha256"
+                    ));
                 }
-                packages.push(Package { name, version, checksum });
+                packages.push(Package {
+                    name,
+                    version,
+                    checksum,
+                });
             }
             Some(other) => foreign.push(format!("{name} {version} from {other}")),
         }
@@ -130,13 +145,23 @@ fn render(packages: &[Package]) -> String {
     // aligned under it, the closing quote on its own line.
     const HEAD: &str = "SRC_URI += \"";
     for (i, p) in packages.iter().enumerate() {
-        let lead = if i == 0 { HEAD.to_string() } else { " ".repeat(HEAD.len()) };
-        s.push_str(&format!("{lead}crate://crates.io/{}/{} \\\n", p.name, p.version));
+        let lead = if i == 0 {
+            HEAD.to_string()
+        } else {
+            " ".repeat(HEAD.len())
+        };
+        s.push_str(&format!(
+            "{lead}crate://crates.io/{}/{} \\\n",
+            p.name, p.version
+        ));
     }
     s.push_str(&" ".repeat(HEAD.len()));
     s.push_str("\"\n\n");
     for p in packages {
-        s.push_str(&format!("SRC_URI[{}-{}.sha256sum] = \"{}\"\n", p.name, p.version, p.checksum));
+        s.push_str(&format!(
+            "SRC_URI[{}-{}.sha256sum] = \"{}\"\n",
+            p.name, p.version, p.checksum
+        ));
     }
     s
 }
@@ -171,14 +196,20 @@ checksum = "72b3254f16251a8381aa12e40e3c4d2f0199f8c6508fbecb9d91f575e0fbb8c6"
     #[test]
     fn registry_packages_are_listed_sorted_with_their_checksums() {
         let text = render(&registry_packages(LOCK).unwrap());
-        assert!(text.contains("SRC_URI += \"crate://crates.io/base64/0.22.1 \\\n"), "{text}");
+        assert!(
+            text.contains("SRC_URI += \"crate://crates.io/base64/0.22.1 \\\n"),
+            "{text}"
+        );
         let b = text.find("crate://crates.io/base64/0.22.1 \\").unwrap();
         let l = text.find("crate://crates.io/log/0.4.35 \\").unwrap();
         assert!(b < l);
         assert!(text.contains(
             "SRC_URI[log-0.4.35.sha256sum] = \"5d15f86d12da44cd8d4ec3c73984537eb7f4cadcb9776a575a0a8a05ca11005c\"\n"
         ));
-        assert!(!text.contains("updraft/0.1.0"), "workspace members are not fetched");
+        assert!(
+            !text.contains("updraft/0.1.0"),
+            "workspace members are not fetched"
+        );
     }
 
     #[test]
@@ -186,7 +217,11 @@ checksum = "72b3254f16251a8381aa12e40e3c4d2f0199f8c6508fbecb9d91f575e0fbb8c6"
         let lock = format!(
             "{LOCK}\n[[package]]\nname = \"x\"\nversion = \"1.0.0\"\nsource = \"git+https://example.org/x#abc\"\n"
         );
-        assert!(registry_packages(&lock).unwrap_err().contains("x 1.0.0 from git+"));
+        assert!(
+            registry_packages(&lock)
+                .unwrap_err()
+                .contains("x 1.0.0 from git+")
+        );
     }
 
     #[test]
@@ -195,6 +230,10 @@ checksum = "72b3254f16251a8381aa12e40e3c4d2f0199f8c6508fbecb9d91f575e0fbb8c6"
             "checksum = \"72b3254f16251a8381aa12e40e3c4d2f0199f8c6508fbecb9d91f575e0fbb8c6\"\n",
             "",
         );
-        assert!(registry_packages(&lock).unwrap_err().contains("base64 0.22.1 has no checksum"));
+        assert!(
+            registry_packages(&lock)
+                .unwrap_err()
+                .contains("base64 0.22.1 has no checksum")
+        );
     }
 }
