@@ -228,6 +228,8 @@ fn journal_stream_is_stderr() -> bool {
         return false;
     };
     match nix::sys::stat::fstat(std::io::stderr()) {
+        // dev_t and ino_t are narrower than u64 on some 32-bit targets.
+        #[allow(clippy::unnecessary_cast)]
         Ok(st) => journal_stream_matches(var, st.st_dev as u64, st.st_ino as u64),
         Err(_) => false,
     }

@@ -262,3 +262,102 @@ fn the_layer_passes_oelint_adv() {
     let crashed = report.contains("Traceback");
     assert!(!crashed, "oelint-adv failed:\n{report}");
 }
+
+/// `NAME ??= "value"` defaults of a recipe.
+fn recipe_defaults(recipe: &str) -> BTreeMap<String, String> {
+    recipe
+        .lines()
+        .filter_map(|l| l.split_once(" ??= "))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().trim_matches('"').to_string()))
+        .collect()
+}
+
+/// `@@NAME@@` placeholders in a template.
+fn placeholders(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = text
+        .split("@@")
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The boot templates as the recipe renders them with its defaults.
+fn render_boot_files() -> Vec<(String, String)> {
+    let dir = layer().join("recipes-bsp/updraft-bootfiles");
+    let recipe = read(&dir.join("updraft-bootfiles_1.0.bb"));
+    let defaults = recipe_defaults(&recipe);
+    let mut rendered = Vec::new();
+    for name in ["boot.cmd", "grub.cfg"] {
+        let template = read(&dir.join("files").join(format!("{name}.in")));
+        let mut text = template.clone();
+        for p in placeholders(&template) {
+            assert!(
+                recipe.contains(&format!("-e 's#@@{p}@@#${{{p}}}#g'")),
+                "updraft-bootfiles does not substitute @@{p}@@ in {name}.in"
+            );
+            let value = defaults
+                .get(&p)
+                .unwrap_or_else(|| panic!("no default ({p} ??= …) for @@{p}@@"));
+            // What bitbake would expand inside the default.
+            let value = value.replace("${KERNEL_IMAGETYPE}", "Image");
+            text = text.replace(&format!("@@{p}@@"), &value);
+        }
+        assert!(!text.contains("@@"), "{name}: placeholders left");
+        rendered.push((name.to_string(), text));
+    }
+    rendered
+}
+
+#[test]
+fn boot_templates_render_completely_and_grub_accepts_its_script() {
+    let rendered = render_boot_files();
+    let boot_cmd = &rendered[0].1;
+    // The slot is chosen from BOOT_ORDER and passed to Linux.
+    assert!(boot_cmd.contains("for s in ${BOOT_ORDER}"));
+    assert!(boot_cmd.contains("updraft.slot=${updraft_slot}"));
+    assert!(boot_cmd.contains("panic=10"));
+    assert!(
+        !boot_cmd.contains("setenv BOOT_ORDER \"A B\""),
+        "the script must never put a slot back into BOOT_ORDER"
+    );
+    let grub = &rendered[1].1;
+    assert!(grub.contains("updraft.slot=A") && grub.contains("updraft.slot=B"));
+    assert!(grub.contains("save_env A_TRY B_TRY"));
+
+    let dir = std::env::temp_dir().join(format!("updraft-bootfiles-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let cfg = dir.join("grub.cfg");
+    std::fs::write(&cfg, grub).expect("write grub.cfg");
+    let out = Command::new("grub-script-check")
+        .arg(&cfg)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("grub-script-check (Debian package grub-common) is needed: {e}")
+        });
+    assert!(
+        out.status.success(),
+        "grub-script-check rejects the GRUB configuration: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cmd = dir.join("boot.cmd");
+    std::fs::write(&cmd, boot_cmd).expect("write boot.cmd");
+    let out = Command::new("mkimage")
+        .args([
+            "-A", "arm64", "-T", "script", "-C", "none", "-n", "updraft", "-d",
+        ])
+        .arg(&cmd)
+        .arg(dir.join("boot.scr"))
+        .output()
+        .unwrap_or_else(|e| panic!("mkimage (Debian package u-boot-tools) is needed: {e}"));
+    assert!(
+        out.status.success(),
+        "mkimage: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

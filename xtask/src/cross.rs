@@ -211,7 +211,7 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
     }
     let built = util::run(&mut build).and_then(|()| {
         let mut tests = cross_cargo(t, tc, &target_dir);
-        tests.args(["test", "--no-run", "--target", t.triple]);
+        tests.args(["test", "--no-run", "--tests", "--target", t.triple]);
         tests.args([
             "-p",
             "updraft",
@@ -234,7 +234,9 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
     println!("\n== {}: running the tests under {}", t.triple, t.qemu);
     let start = Instant::now();
     let mut test = cross_cargo(t, tc, &target_dir);
-    test.args(["test", "--target", t.triple]);
+    // --tests: unit and integration tests; doc tests are about the
+    // documentation, and this cargo's rustdoc has no std for the target.
+    test.args(["test", "--tests", "--target", t.triple]);
     test.args([
         "-p",
         "updraft",
