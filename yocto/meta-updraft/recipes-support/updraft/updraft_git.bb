@@ -32,6 +32,10 @@ inherit cargo systemd useradd
 CARGO_BUILD_FLAGS:append = " --package updraft --bin updraft"
 # Recorded as the build time the agent refuses to trust a clock before.
 export SOURCE_DATE_EPOCH
+# SQLite features updraft does not use, left out for size; the same value as
+# in the workspace's .cargo/config.toml, which cargo does not read here
+# because it runs outside the source tree.
+export LIBSQLITE3_FLAGS = "-USQLITE_ENABLE_FTS3 -USQLITE_ENABLE_FTS3_PARENTHESIS -USQLITE_ENABLE_FTS5 -USQLITE_ENABLE_RTREE -USQLITE_ENABLE_DBSTAT_VTAB -USQLITE_ENABLE_STAT4 -USQLITE_SOUNDEX -USQLITE_ENABLE_COLUMN_METADATA -USQLITE_ENABLE_LOAD_EXTENSION -DSQLITE_OMIT_LOAD_EXTENSION -DSQLITE_OMIT_DEPRECATED -DSQLITE_DEFAULT_MEMSTATUS=0 -DSQLITE_OMIT_SHARED_CACHE -DSQLITE_LIKE_DOESNT_MATCH_BLOBS"
 
 # Board settings written into /etc/updraft/updraft.toml.
 UPDRAFT_COMPATIBLE ??= "${MACHINE}"
