@@ -370,8 +370,13 @@ fn recipe_builds_sqlite_with_the_workspace_flags() {
             .map(|v| v.trim().trim_matches('"').to_string())
     };
     let config = read(&repo().join(".cargo/config.toml"));
-    let workspace = value_of(&config, "LIBSQLITE3_FLAGS = ").expect("LIBSQLITE3_FLAGS in .cargo/config.toml");
+    let workspace =
+        value_of(&config, "LIBSQLITE3_FLAGS = ").expect("LIBSQLITE3_FLAGS in .cargo/config.toml");
     let recipe = read(&layer().join("recipes-support/updraft/updraft_git.bb"));
-    let yocto = value_of(&recipe, "export LIBSQLITE3_FLAGS = ").expect("export LIBSQLITE3_FLAGS in the recipe");
-    assert_eq!(yocto, workspace, "keep the recipe's LIBSQLITE3_FLAGS equal to .cargo/config.toml's");
+    let yocto = value_of(&recipe, "export LIBSQLITE3_FLAGS = ")
+        .expect("export LIBSQLITE3_FLAGS in the recipe");
+    assert_eq!(
+        yocto, workspace,
+        "keep the recipe's LIBSQLITE3_FLAGS equal to .cargo/config.toml's"
+    );
 }
