@@ -206,9 +206,10 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
         "-p",
         "updraft-publish",
     ]);
-    if release {
-        build.arg("--release");
-    }
+    // The binaries are built with the profile the tests use, so the
+    // workspace crates compile once for both (the test profile writes to
+    // target/<triple>/debug, where the tests look for the binaries).
+    build.args(["--profile", if release { "release" } else { "test" }]);
     let built = util::run(&mut build).and_then(|()| {
         let mut tests = cross_cargo(t, tc, &target_dir);
         tests.args(["test", "--no-run", "--tests", "--target", t.triple]);
