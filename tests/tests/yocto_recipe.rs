@@ -380,3 +380,52 @@ fn recipe_builds_sqlite_with_the_workspace_flags() {
         "keep the recipe's LIBSQLITE3_FLAGS equal to .cargo/config.toml's"
     );
 }
+
+#[test]
+fn the_default_configuration_parses_for_both_bootloaders() {
+    let recipe = read(&layer().join("recipes-support/updraft/updraft_git.bb"));
+    let template = read(&layer().join("recipes-support/updraft/files/updraft.toml"));
+    for (bootloader, slot_a, slot_b) in [
+        ("uboot", "/dev/mmcblk0p2", "/dev/mmcblk0p3"),
+        (
+            "grub",
+            "/dev/disk/by-partlabel/rootA",
+            "/dev/disk/by-partlabel/rootB",
+        ),
+    ] {
+        let mut text = template.clone();
+        for (placeholder, value) in [
+            ("@COMPATIBLE@", "rpi4"),
+            ("@SLOT_A@", slot_a),
+            ("@SLOT_B@", slot_b),
+            ("@BOOTLOADER@", bootloader),
+            (
+                "@MANIFEST_URL@",
+                "https://updates.example.com/rpi4/manifest.json",
+            ),
+        ] {
+            assert!(
+                recipe.contains(&format!("-e 's#{placeholder}#")),
+                "the recipe does not substitute {placeholder}"
+            );
+            text = text.replace(placeholder, value);
+        }
+        assert!(
+            !text.contains('@'),
+            "unsubstituted placeholder in updraft.toml"
+        );
+        let cfg = updraft::config::Config::parse(&text)
+            .unwrap_or_else(|e| panic!("default updraft.toml with {bootloader}: {e}"));
+        assert_eq!(cfg.system.state_dir, PathBuf::from("/data/updraft"));
+        assert_eq!(cfg.system.socket_group.as_deref(), Some("updraft"));
+    }
+    // An empty manifest URL (local installs only) is valid too.
+    let local = template
+        .replace("@COMPATIBLE@", "rpi4")
+        .replace("@SLOT_A@", "/dev/mmcblk0p2")
+        .replace("@SLOT_B@", "/dev/mmcblk0p3")
+        .replace("@BOOTLOADER@", "uboot")
+        .replace("@MANIFEST_URL@", "");
+    updraft::config::Config::parse(&local)
+        .unwrap_or_else(|e| panic!("default updraft.toml without a server: {e}"));
+}
