@@ -27,6 +27,7 @@ pub mod lock;
 pub mod logging;
 pub mod machine;
 pub mod manifest;
+pub mod metrics;
 pub mod notify;
 pub mod report;
 pub mod rollout;

@@ -1,22 +1,367 @@
-//! Logging to stderr (minimal).
+//! The process's logger: `log` records to stderr, one line per event.
+//!
+//! Under systemd, stderr is a stream into journald and systemd says so with
+//! `JOURNAL_STREAM=<dev>:<inode>`. When that names the stderr we actually
+//! have, each line starts with the sd-daemon(3) priority prefix (`<3>`
+//! error, `<4>` warning, `<6>` info, `<7>` debug and trace) so `journalctl -p`
+//! filters by level, and carries no timestamp because journald stamps every
+//! entry itself. Anywhere else (a terminal, a test, a redirected file) a line
+//! is `2026-11-30T12:00:00.123Z INFO  message`.
+//!
+//! The level comes from `UPDRAFT_LOG`: a level (`error`, `warn`, `info`,
+//! `debug`, `trace`, `off`), optionally followed by per-module overrides,
+//! e.g. `debug,rustls=info,ureq=warn`. Default `info`. A value that does not
+//! parse falls back to the default and says so in the log.
+//!
+//! One event is one line: newlines and other control characters inside a
+//! message (a server's error text, a release name) are escaped, so nothing a
+//! remote party sends can forge a log line or a journal priority. This
+//! module only formats and writes; it never decides what is worth logging.
 
-struct Stderr;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
 
-impl log::Log for Stderr {
-    fn enabled(&self, m: &log::Metadata) -> bool {
-        m.level() <= log::Level::Info
-    }
-    fn log(&self, r: &log::Record) {
-        if self.enabled(r.metadata()) {
-            eprintln!("updraft[{}]: {}", r.level(), r.args());
+use log::{Level, LevelFilter, Log, Metadata, Record};
+
+use crate::timestamp::Timestamp;
+
+/// The environment variable holding the level specification.
+pub const ENV: &str = "UPDRAFT_LOG";
+
+/// Level used when `UPDRAFT_LOG` is unset or does not parse.
+pub const DEFAULT_LEVEL: LevelFilter = LevelFilter::Info;
+
+/// Install the logger. Call once, first thing in `main`; later calls (and
+/// calls after another logger was installed, as in tests) change nothing.
+pub fn init() {
+    let spec = std::env::var(ENV).ok();
+    let (filter, problem) = match spec.as_deref() {
+        None => (Filter::default(), None),
+        Some(s) => match Filter::parse(s) {
+            Ok(f) => (f, None),
+            Err(e) => (Filter::default(), Some(e)),
+        },
+    };
+    let style = if journal_stream_is_stderr() {
+        Style::Journal
+    } else {
+        Style::Terminal
+    };
+    let max = filter.max();
+    let logger: &'static Logger = Box::leak(Box::new(Logger { filter, style }));
+    if log::set_logger(logger).is_ok() {
+        log::set_max_level(max);
+        if let Some(e) = problem {
+            log::warn!("{ENV}: {e}; logging at {DEFAULT_LEVEL}");
         }
     }
-    fn flush(&self) {}
 }
 
-pub fn init() {
-    static L: Stderr = Stderr;
-    if log::set_logger(&L).is_ok() {
-        log::set_max_level(log::LevelFilter::Info);
+/// How lines are decorated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Style {
+    /// `<N>message`: journald adds the time and keeps the priority.
+    Journal,
+    /// `TIME LEVEL message`.
+    Terminal,
+}
+
+/// Which records pass: a default level and per-module overrides (the
+/// longest matching module prefix wins).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Filter {
+    default: LevelFilter,
+    modules: Vec<(String, LevelFilter)>,
+}
+
+impl Default for Filter {
+    fn default() -> Self {
+        Filter {
+            default: DEFAULT_LEVEL,
+            modules: Vec::new(),
+        }
+    }
+}
+
+impl Filter {
+    fn parse(spec: &str) -> Result<Filter, String> {
+        let mut f = Filter::default();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part.split_once('=') {
+                None => f.default = level(part)?,
+                Some((module, lvl)) => {
+                    let module = module.trim();
+                    if module.is_empty()
+                        || !module
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+                    {
+                        return Err(format!("{module:?} is not a module path"));
+                    }
+                    f.modules.push((module.to_string(), level(lvl.trim())?));
+                }
+            }
+        }
+        Ok(f)
+    }
+
+    fn level_for(&self, target: &str) -> LevelFilter {
+        self.modules
+            .iter()
+            .filter(|(m, _)| {
+                target == m
+                    || (target.starts_with(m.as_str()) && target[m.len()..].starts_with("::"))
+            })
+            .max_by_key(|(m, _)| m.len())
+            .map_or(self.default, |(_, l)| *l)
+    }
+
+    fn max(&self) -> LevelFilter {
+        self.modules
+            .iter()
+            .map(|(_, l)| *l)
+            .fold(self.default, std::cmp::Ord::max)
+    }
+}
+
+fn level(s: &str) -> Result<LevelFilter, String> {
+    s.parse::<LevelFilter>()
+        .map_err(|_| format!("{s:?} is not a level (off, error, warn, info, debug, trace)"))
+}
+
+struct Logger {
+    filter: Filter,
+    style: Style,
+}
+
+impl Log for Logger {
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        metadata.level() <= self.filter.level_for(metadata.target())
+    }
+
+    fn log(&self, record: &Record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let line = format_line(self.style, record, now_millis());
+        // One write per line: stderr is unbuffered, so concurrent lines do
+        // not interleave mid-line. A failing stderr has nowhere to report to.
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }
+
+    fn flush(&self) {
+        let _ = std::io::stderr().flush();
+    }
+}
+
+fn now_millis() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+/// sd-daemon(3) priorities.
+fn priority(level: Level) -> u8 {
+    match level {
+        Level::Error => 3,
+        Level::Warn => 4,
+        Level::Info => 6,
+        Level::Debug | Level::Trace => 7,
+    }
+}
+
+/// One complete line, newline included. `now_ms`: Unix time in milliseconds.
+fn format_line(style: Style, record: &Record, now_ms: u128) -> String {
+    let mut line = String::with_capacity(128);
+    match style {
+        Style::Journal => {
+            let _ = write!(line, "<{}>", priority(record.level()));
+        }
+        Style::Terminal => {
+            let secs = i64::try_from(now_ms / 1000).unwrap_or(i64::MAX);
+            let stamp = Timestamp(secs).to_rfc3339();
+            let stamp = stamp.strip_suffix('Z').unwrap_or(&stamp);
+            let _ = write!(line, "{stamp}.{:03}Z {:<5} ", now_ms % 1000, record.level());
+        }
+    }
+    // Records from dependencies name their module; updraft's own read as
+    // plain sentences.
+    let target = record.target();
+    if target != "updraft" && !target.starts_with("updraft::") {
+        line.push('[');
+        push_escaped(&mut line, target);
+        line.push_str("] ");
+    }
+    let message = record.args().to_string();
+    push_escaped(&mut line, &message);
+    line.push('\n');
+    line
+}
+
+/// Append `s` with control characters made visible: `\n`, `\r`, `\t` as
+/// backslash escapes and the rest as `\x1b`, so a message stays one line and
+/// cannot carry terminal escape sequences.
+fn push_escaped(out: &mut String, s: &str) {
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+/// True when `JOURNAL_STREAM` names the file stderr is connected to (a
+/// stderr redirected by a parent, e.g. `updraft status 2>file` run from a
+/// unit, must get plain lines).
+fn journal_stream_is_stderr() -> bool {
+    let Some(var) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Some(var) = var.to_str() else {
+        return false;
+    };
+    match nix::sys::stat::fstat(std::io::stderr()) {
+        // dev_t and ino_t are narrower than u64 on some 32-bit targets.
+        #[allow(clippy::unnecessary_cast)]
+        Ok(st) => journal_stream_matches(var, st.st_dev as u64, st.st_ino as u64),
+        Err(_) => false,
+    }
+}
+
+/// `JOURNAL_STREAM` is `<device>:<inode>` in decimal.
+fn journal_stream_matches(var: &str, dev: u64, ino: u64) -> bool {
+    let Some((d, i)) = var.trim().split_once(':') else {
+        return false;
+    };
+    d.parse::<u64>() == Ok(dev) && i.parse::<u64>() == Ok(ino)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(style: Style, level: Level, target: &str, msg: &str) -> String {
+        // 2026-11-30T12:00:00.042Z
+        format_line(
+            style,
+            &Record::builder()
+                .level(level)
+                .target(target)
+                .args(format_args!("{msg}"))
+                .build(),
+            1_796_040_000_042,
+        )
+    }
+
+    #[test]
+    fn journal_lines_carry_the_priority_and_no_timestamp() {
+        assert_eq!(
+            line(Style::Journal, Level::Error, "updraft::daemon", "boom"),
+            "<3>boom\n"
+        );
+        assert_eq!(
+            line(Style::Journal, Level::Warn, "updraft", "hm"),
+            "<4>hm\n"
+        );
+        assert_eq!(
+            line(Style::Journal, Level::Info, "updraft::slot", "ok"),
+            "<6>ok\n"
+        );
+        assert_eq!(line(Style::Journal, Level::Debug, "updraft", "d"), "<7>d\n");
+        assert_eq!(line(Style::Journal, Level::Trace, "updraft", "t"), "<7>t\n");
+    }
+
+    #[test]
+    fn terminal_lines_carry_time_and_level() {
+        assert_eq!(
+            line(Style::Terminal, Level::Info, "updraft::daemon", "idle"),
+            "2026-11-30T12:00:00.042Z INFO  idle\n"
+        );
+        assert_eq!(
+            line(Style::Terminal, Level::Error, "updraft", "bad"),
+            "2026-11-30T12:00:00.042Z ERROR bad\n"
+        );
+    }
+
+    #[test]
+    fn dependency_records_name_their_module() {
+        assert_eq!(
+            line(
+                Style::Journal,
+                Level::Warn,
+                "rustls::client",
+                "sent fatal alert"
+            ),
+            "<4>[rustls::client] sent fatal alert\n"
+        );
+        // A crate whose name merely starts with "updraft" is not ours.
+        assert_eq!(
+            line(Style::Journal, Level::Info, "updrafter", "x"),
+            "<6>[updrafter] x\n"
+        );
+    }
+
+    #[test]
+    fn a_message_cannot_forge_another_line_or_priority() {
+        let forged = line(
+            Style::Journal,
+            Level::Info,
+            "updraft",
+            "server said: 404\n<3>root compromised\x1b[2J",
+        );
+        assert_eq!(
+            forged,
+            "<6>server said: 404\\n<3>root compromised\\x1b[2J\n"
+        );
+        assert_eq!(forged.matches('\n').count(), 1);
+    }
+
+    #[test]
+    fn level_spec_parses_default_and_module_overrides() {
+        let f = Filter::parse("debug,rustls=warn,updraft::fetch=trace").unwrap();
+        assert_eq!(f.level_for("updraft::daemon"), LevelFilter::Debug);
+        assert_eq!(f.level_for("rustls::conn"), LevelFilter::Warn);
+        assert_eq!(f.level_for("rustls"), LevelFilter::Warn);
+        assert_eq!(f.level_for("rustlsx"), LevelFilter::Debug);
+        assert_eq!(f.level_for("updraft::fetch::range"), LevelFilter::Trace);
+        assert_eq!(f.max(), LevelFilter::Trace);
+        assert_eq!(Filter::parse("").unwrap(), Filter::default());
+        assert_eq!(Filter::parse("WARN").unwrap().default, LevelFilter::Warn);
+        assert_eq!(Filter::parse("off").unwrap().max(), LevelFilter::Off);
+    }
+
+    #[test]
+    fn a_bad_level_spec_is_reported() {
+        assert!(Filter::parse("loud").unwrap_err().contains("\"loud\""));
+        assert!(Filter::parse("info,=debug").is_err());
+        assert!(Filter::parse("info,a b=debug").is_err());
+    }
+
+    #[test]
+    fn default_level_is_info() {
+        let logger = Logger {
+            filter: Filter::default(),
+            style: Style::Journal,
+        };
+        let meta = |level| Metadata::builder().level(level).target("updraft").build();
+        assert!(logger.enabled(&meta(Level::Info)));
+        assert!(logger.enabled(&meta(Level::Warn)));
+        assert!(!logger.enabled(&meta(Level::Debug)));
+    }
+
+    #[test]
+    fn journal_stream_must_name_this_stderr() {
+        assert!(journal_stream_matches("8:12345", 8, 12345));
+        assert!(!journal_stream_matches("8:12345", 8, 12346));
+        assert!(!journal_stream_matches("8", 8, 12345));
+        assert!(!journal_stream_matches("x:y", 8, 12345));
+        assert!(!journal_stream_matches("", 0, 0));
     }
 }

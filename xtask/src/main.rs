@@ -6,6 +6,7 @@
 //! * `bench install|daemon|delta|size` — figures side by side with reference tools.
 //! * `fuzz [TARGET] [--seconds N]` — run the cargo-fuzz targets for a bounded time.
 //! * `cross-test` — build for aarch64 and armv7 and run the tests under qemu-user.
+//! * `yocto-crates [--check]` — regenerate the Yocto recipe's crate list from Cargo.lock.
 
 mod bench;
 mod cross;
@@ -13,6 +14,7 @@ mod demo;
 mod fuzz;
 mod test;
 mod util;
+mod yocto;
 
 use std::process::ExitCode;
 
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
         "bench" => bench::run(rest),
         "fuzz" => fuzz::run(rest),
         "cross-test" => cross::run(rest),
+        "yocto-crates" => yocto::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -54,4 +57,5 @@ const USAGE: &str = "usage: cargo xtask <command>
   test                      the whole test suite
   bench install|daemon|delta|size
   fuzz [TARGET] [--seconds N]
-  cross-test                build for aarch64 and armv7, run the tests under qemu-user";
+  cross-test                build for aarch64 and armv7, run the tests under qemu-user
+  yocto-crates [--check]    regenerate the Yocto recipe's crate list from Cargo.lock";

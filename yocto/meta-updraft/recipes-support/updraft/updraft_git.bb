@@ -1,0 +1,84 @@
+SUMMARY = "Over-the-air A/B update agent for Linux edge devices"
+DESCRIPTION = "updraft polls a signed manifest over HTTPS, writes the inactive \
+               slot of an A/B pair, switches the bootloader for a counted trial \
+               boot, runs health checks and commits or rolls back."
+HOMEPAGE = "https://github.com/updraft-ota/updraft"
+BUGTRACKER = "https://github.com/updraft-ota/updraft/issues"
+SECTION = "admin"
+LICENSE = "Apache-2.0 | MIT"
+CVE_PRODUCT = "updraft"
+# The workspace manifest states the licence ("Apache-2.0 OR MIT").
+LIC_FILES_CHKSUM = "file://Cargo.toml;beginline=10;endline=10;md5=b62ec12929096a5479d83e0aae7a4fe2"
+
+# The commit to build. Releases set UPDRAFT_SRCREV (in a bbappend, the
+# distro configuration or local.conf) to the commit whose Cargo.lock
+# produced updraft-crates.inc; see README.md.
+UPDRAFT_SRCREV ??= "0000000000000000000000000000000000000000"
+UPDRAFT_BRANCH ??= "main"
+PV = "0.1.0+git"
+
+SRC_URI = "git://github.com/updraft-ota/updraft.git;protocol=https;branch=${UPDRAFT_BRANCH};destsuffix=${BP} \
+           file://updraft.toml \
+           "
+SRCREV = "${UPDRAFT_SRCREV}"
+
+require updraft-crates.inc
+
+S = "${UNPACKDIR}/${BP}"
+
+inherit cargo systemd useradd
+
+# Build the device binary only; the workspace also holds build-host tools.
+CARGO_BUILD_FLAGS:append = " --package updraft --bin updraft"
+# Recorded as the build time the agent refuses to trust a clock before.
+export SOURCE_DATE_EPOCH
+# SQLite features updraft does not use, left out for size; the same value as
+# in the workspace's .cargo/config.toml, which cargo does not read here
+# because it runs outside the source tree.
+export LIBSQLITE3_FLAGS = "-USQLITE_ENABLE_FTS3 -USQLITE_ENABLE_FTS3_PARENTHESIS -USQLITE_ENABLE_FTS5 -USQLITE_ENABLE_RTREE -USQLITE_ENABLE_DBSTAT_VTAB -USQLITE_ENABLE_STAT4 -USQLITE_SOUNDEX -USQLITE_ENABLE_COLUMN_METADATA -USQLITE_ENABLE_LOAD_EXTENSION -DSQLITE_OMIT_LOAD_EXTENSION -DSQLITE_OMIT_DEPRECATED -DSQLITE_DEFAULT_MEMSTATUS=0 -DSQLITE_OMIT_SHARED_CACHE -DSQLITE_LIKE_DOESNT_MATCH_BLOBS"
+
+# Board settings written into /etc/updraft/updraft.toml.
+UPDRAFT_COMPATIBLE ??= "${MACHINE}"
+UPDRAFT_SLOT_A ??= "/dev/mmcblk0p2"
+UPDRAFT_SLOT_B ??= "/dev/mmcblk0p3"
+UPDRAFT_BOOTLOADER ??= "uboot"
+UPDRAFT_MANIFEST_URL ??= ""
+
+USERADD_PACKAGES = "${PN}"
+GROUPADD_PARAM:${PN} = "--system updraft"
+
+SYSTEMD_SERVICE:${PN} = "updraft.service"
+SYSTEMD_AUTO_ENABLE:${PN} = "enable"
+
+do_install:append() {
+    install -d ${D}${systemd_system_unitdir}
+    install -m 0644 ${S}/systemd/updraft.service ${D}${systemd_system_unitdir}/updraft.service
+    sed -i -e 's#^ExecStart=[^ ]*/updraft #ExecStart=${bindir}/updraft #' \
+        ${D}${systemd_system_unitdir}/updraft.service
+
+    install -d ${D}${nonarch_libdir}/tmpfiles.d ${D}${nonarch_libdir}/sysusers.d
+    install -m 0644 ${S}/systemd/updraft.tmpfiles ${D}${nonarch_libdir}/tmpfiles.d/updraft.conf
+    install -m 0644 ${S}/systemd/updraft.sysusers ${D}${nonarch_libdir}/sysusers.d/updraft.conf
+
+    install -d ${D}${docdir}/${PN}
+    install -m 0644 ${S}/systemd/updraft.service.d/50-health-checks.conf.example ${D}${docdir}/${PN}/
+
+    install -d ${D}${sysconfdir}/updraft/health.d ${D}${sysconfdir}/updraft/keys
+    install -m 0644 ${UNPACKDIR}/updraft.toml ${D}${sysconfdir}/updraft/updraft.toml
+    sed -i -e 's#@COMPATIBLE@#${UPDRAFT_COMPATIBLE}#' \
+        -e 's#@SLOT_A@#${UPDRAFT_SLOT_A}#' \
+        -e 's#@SLOT_B@#${UPDRAFT_SLOT_B}#' \
+        -e 's#@BOOTLOADER@#${UPDRAFT_BOOTLOADER}#' \
+        -e 's#@MANIFEST_URL@#${UPDRAFT_MANIFEST_URL}#' \
+        ${D}${sysconfdir}/updraft/updraft.toml
+}
+
+FILES:${PN} += "${systemd_system_unitdir}/updraft.service \
+                ${nonarch_libdir}/tmpfiles.d/updraft.conf \
+                ${nonarch_libdir}/sysusers.d/updraft.conf \
+                "
+CONFFILES:${PN} = "${sysconfdir}/updraft/updraft.toml"
+
+# The U-Boot backend locks and reads the environment the way libubootenv
+# does; fw_printenv/fw_setenv are handy for inspecting it on the device.
+RRECOMMENDS:${PN} = "${@'libubootenv-bin' if d.getVar('UPDRAFT_BOOTLOADER') == 'uboot' else ''}"
