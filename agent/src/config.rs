@@ -349,7 +349,10 @@ impl Config {
             // with `test -gt` (decimal): counts above 9 go wrong.
             return bad(
                 "bootloader.tries",
-                format!("{} is more than 9, which U-Boot boot scripts cannot count", b.tries),
+                format!(
+                    "{} is more than 9, which U-Boot boot scripts cannot count",
+                    b.tries
+                ),
             );
         }
         if b.kind == BootloaderKind::Script && b.script.is_none() {

@@ -37,6 +37,7 @@ use crate::error::{Error, Kind, Result};
 use crate::install::{Progress, Ticker};
 use crate::lock::StateLock;
 use crate::machine::{CheckOutcome, Machine, Mode, Next, Status};
+use crate::metrics::Metrics;
 use crate::notify;
 use crate::source::Origin;
 use crate::timestamp::Timestamp;
@@ -254,6 +255,9 @@ struct Daemon {
     poll_backoff: Backoff,
     delivery_backoff: Backoff,
     machine_active: bool,
+    metrics: Metrics,
+    /// Body bytes the fetcher had counted at the last metrics update.
+    downloaded_seen: u64,
 }
 
 impl Daemon {
@@ -272,6 +276,8 @@ impl Daemon {
             poll_backoff: Backoff::new(retry_base, s.retry_max.0),
             delivery_backoff: Backoff::new(retry_base, s.retry_max.0),
             machine_active: true,
+            metrics: Metrics::new(),
+            downloaded_seen: 0,
             queue: VecDeque::new(),
             watchdog: Watchdog::new(),
             m,
@@ -296,6 +302,7 @@ impl Daemon {
                     Err(e) if e.kind() == Kind::Stopped => {}
                     Err(e) => {
                         log::error!("{e}");
+                        self.metrics.record_error(e.kind());
                         self.next_step = Instant::now() + Duration::from_secs(30);
                     }
                 }
@@ -400,6 +407,37 @@ impl Daemon {
         }
     }
 
+    /// Refresh the metrics from the machine and write the metrics file,
+    /// when one is configured. Failures are logged, never fatal.
+    fn update_metrics(&mut self) {
+        let Some(path) = self.cfg.system.metrics_file.clone() else {
+            return;
+        };
+        if let Some(f) = self.m.fetcher() {
+            let total = f.counters.body_bytes.load(Ordering::Relaxed);
+            self.metrics
+                .add_downloaded(total.saturating_sub(self.downloaded_seen));
+            self.downloaded_seen = total;
+        }
+        if let Some(d) = self.m.last_install_duration.take() {
+            self.metrics.set_last_install_duration(d);
+        }
+        match self.status() {
+            Ok(st) => {
+                self.metrics.set_state(&st.state);
+                self.metrics.set_booted_slot(st.booted_slot);
+                for s in &st.slots {
+                    self.metrics.set_release(s.slot, s.version.as_deref());
+                }
+                self.metrics.set_outbox_depth(st.outbox);
+            }
+            Err(e) => log::warn!("metrics: reading the status: {e}"),
+        }
+        if let Err(e) = self.metrics.write(&path) {
+            log::warn!("writing metrics {}: {e}", path.display());
+        }
+    }
+
     fn status(&mut self) -> Result<Status> {
         self.m.next_check = self
             .next_poll
@@ -419,7 +457,9 @@ impl Daemon {
             interruptible,
             last_status: Instant::now(),
         };
-        let next = self.m.step(&mut tick)?;
+        let next = self.m.step(&mut tick);
+        self.update_metrics();
+        let next = next?;
         notify::status(&format!("state {}", self.m.state()?.name()));
         match next {
             Next::Continue => self.next_step = Instant::now(),
@@ -514,7 +554,7 @@ impl Daemon {
             };
             self.m.check(origin, operator, &mut tick)
         };
-        let s = &self.cfg.server;
+        let s = self.cfg.server.clone();
         let mut next = backoff::poll_delay(s.poll_interval.0, s.jitter());
         let reply = match result {
             Ok(CheckOutcome::Started {
@@ -546,6 +586,10 @@ impl Daemon {
             }
             Err(e) => {
                 log::warn!("check failed: {e}");
+                self.metrics.record_error(e.kind());
+                if e.kind() == Kind::Signature {
+                    self.metrics.record_signature_failure();
+                }
                 next = match e.kind() {
                     Kind::Clock => Duration::from_secs(30),
                     _ => self
@@ -559,6 +603,8 @@ impl Daemon {
         if let Some(c) = client {
             c.reply(&reply);
         }
+        self.metrics.record_check(Timestamp::now(), reply.ok);
+        self.update_metrics();
         if !s.manifest_url.is_empty() {
             self.next_poll = Some(Instant::now() + next);
         }

@@ -192,6 +192,7 @@ impl HealthRun {
                 c
             }
         };
+        crate::notify::scrub(&mut cmd);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))

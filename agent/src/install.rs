@@ -175,21 +175,41 @@ pub fn probe_frames(
     Ok(frames.len())
 }
 
-/// Stream the full artifact from frame `start` into `writer`, verifying each
-/// frame before writing it. `before_write` runs once, right before the first
-/// byte goes to the slot (the caller takes the slot out of the boot order
-/// there). `on_durable(frames)` is called after each durable sync point with
-/// the number of frames known to be on the medium.
+/// Where a full-image write starts and what it checks on the way.
+#[derive(Debug, Clone, Copy)]
+pub struct FullOptions {
+    /// First frame to fetch (resume point).
+    pub start: usize,
+    /// Hash the whole image while streaming (when the slot will not be read
+    /// back).
+    pub hash_image: bool,
+}
+
+/// What the caller does at the two moments that matter to the state machine.
+pub struct WriteHooks<'a> {
+    /// Runs once, right before the first byte goes to the slot (the caller
+    /// takes the slot out of the boot order there).
+    pub before_write: &'a mut dyn FnMut() -> Result<()>,
+    /// Runs after each durable sync point with the number of frames known
+    /// to be on the medium.
+    pub on_durable: &'a mut dyn FnMut(u64) -> Result<()>,
+}
+
+/// Stream the full artifact from frame `opts.start` into `writer`,
+/// verifying each frame before writing it.
 pub fn write_full(
     src: &mut Source<'_>,
     m: &Manifest,
     writer: &mut SlotWriter,
-    start: usize,
+    opts: FullOptions,
     ticker: &mut dyn Ticker,
-    before_write: &mut dyn FnMut() -> Result<()>,
-    on_durable: &mut dyn FnMut(u64) -> Result<()>,
-    hash_image: bool,
+    hooks: WriteHooks<'_>,
 ) -> Result<FullOutcome> {
+    let FullOptions { start, hash_image } = opts;
+    let WriteHooks {
+        before_write,
+        on_durable,
+    } = hooks;
     let frames = &m.artifact.frames;
     if start >= frames.len() {
         return Ok(FullOutcome::default());

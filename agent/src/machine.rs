@@ -165,6 +165,8 @@ pub struct Machine {
     pub last_check: Option<Timestamp>,
     pub next_check: Option<Timestamp>,
     pub progress: Option<Progress>,
+    /// Set when a release commits: from the start of its job to the commit.
+    pub last_install_duration: Option<Duration>,
 }
 
 impl Machine {
@@ -211,6 +213,7 @@ impl Machine {
             last_check: None,
             next_check: None,
             progress: None,
+            last_install_duration: None,
         })
     }
 
@@ -469,7 +472,12 @@ impl Machine {
                         detail: Some(e.message()),
                         ..Event::default()
                     };
-                    let r = report::check_failed(&self.device_id, self.booted, e.kind().as_str(), e.message());
+                    let r = report::check_failed(
+                        &self.device_id,
+                        self.booted,
+                        e.kind().as_str(),
+                        e.message(),
+                    );
                     let enabled = self.reports_enabled();
                     self.store.atomically(|s| {
                         s.add_history(&ev)?;
@@ -479,13 +487,22 @@ impl Machine {
                         s.set("last_check_error", e.message())
                     })?;
                 } else if self.reports_enabled() {
-                    let r = report::check_failed(&self.device_id, self.booted, e.kind().as_str(), e.message());
+                    let r = report::check_failed(
+                        &self.device_id,
+                        self.booted,
+                        e.kind().as_str(),
+                        e.message(),
+                    );
                     self.store.push_report(&r.as_report())?;
                 }
             }
         }
         if result.is_ok() {
-            if self.store.get("last_check_error")?.is_some_and(|e| !e.is_empty()) {
+            if self
+                .store
+                .get("last_check_error")?
+                .is_some_and(|e| !e.is_empty())
+            {
                 self.store.set("last_check_error", "")?;
             }
             self.last_error = None;
@@ -996,11 +1013,15 @@ impl Machine {
                     &mut src,
                     &m,
                     &mut writer,
-                    start,
+                    install::FullOptions {
+                        start,
+                        hash_image: !self.cfg.system.readback,
+                    },
                     &mut tick,
-                    &mut before_write,
-                    &mut on_durable,
-                    !self.cfg.system.readback,
+                    install::WriteHooks {
+                        before_write: &mut before_write,
+                        on_durable: &mut on_durable,
+                    },
                 )?;
                 let pref = src.preferred();
                 writer.finish()?;
@@ -1234,6 +1255,8 @@ impl Machine {
     }
 
     fn commit(&mut self, job: Job, why: &str) -> Result<Next> {
+        let took = Timestamp::now().0 - job.started.0;
+        self.last_install_duration = Some(Duration::from_secs(took.max(0) as u64));
         let r = report::install_result(&self.device_id, self.booted, "committed", &job, None);
         self.enter(State::Committed(job), "committed", Some(why), vec![r])?;
         Ok(Next::Continue)
@@ -1417,7 +1440,9 @@ fn run_reboot(cmd: &[String]) -> Result<()> {
     let Some((prog, args)) = cmd.split_first() else {
         bail!(Config, "system.reboot_command is empty");
     };
-    let mut child = std::process::Command::new(prog)
+    let mut cmd = std::process::Command::new(prog);
+    crate::notify::scrub(&mut cmd);
+    let mut child = cmd
         .args(args)
         .stdin(std::process::Stdio::null())
         .spawn()

@@ -170,7 +170,10 @@ impl State {
                 )
                 | (Checking, Idle)
                 | (Checking, Downloading(_))
-                | (Idle | Committed(_) | RolledBack(_) | Failed { .. }, Downloading(_))
+                | (
+                    Idle | Committed(_) | RolledBack(_) | Failed { .. },
+                    Downloading(_)
+                )
                 | (Downloading(_), Downloading(_))
                 | (Downloading(_), Installing(_))
                 | (Installing(_), Downloading(_))

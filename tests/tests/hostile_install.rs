@@ -505,7 +505,9 @@ fn image_hash_mismatch_with_a_valid_artifact() {
 
 #[test]
 fn image_hash_mismatch_without_read_back_is_caught_while_streaming() {
-    let f = fixture_with("image-sha-stream", |s, _| s.system = "readback = false\n".into());
+    let f = fixture_with("image-sha-stream", |s, _| {
+        s.system = "readback = false\n".into()
+    });
     f.publish_v1();
     f.repo.resign(&[&f.release], |p| {
         p["image"]["sha256"] = json!(Sha256::of(b"other image").to_hex())

@@ -109,6 +109,11 @@ impl Rig {
 #[test]
 fn the_daemon_discovers_installs_and_commits_a_release() {
     let mut r = rig("discover", BootSpec::File);
+    let metrics = r.dev.path("metrics/updraft.prom");
+    std::fs::create_dir_all(metrics.parent().unwrap()).unwrap();
+    let m = metrics.clone();
+    r.dev
+        .reconfigure(|s| s.system = format!("metrics_file = {m:?}\n"));
     let v1 = r.publish("1.0", 11);
     r.dev.start_daemon();
     let st = r.wait_installed("1.0");
@@ -125,6 +130,16 @@ fn the_daemon_discovers_installs_and_commits_a_release() {
     assert_eq!(st["next_boot"], json!("B"));
     let rep = r.wait_install_report("committed");
     assert_eq!(rep["job"]["release"], json!("1.0"));
+    // The metrics file node_exporter reads says the same.
+    let text = std::fs::read_to_string(&metrics).expect("the metrics file");
+    for line in [
+        "updraft_release_info{slot=\"B\",version=\"1.0\"} 1",
+        "updraft_booted_slot{slot=\"B\"} 1",
+        "updraft_state{state=\"idle\"} 1",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from:\n{text}");
+    }
+
     assert!(rep["duration_s"].as_i64().is_some());
     assert!(rep["bytes_downloaded"].as_u64().unwrap() > 0);
     // Every report carries the idempotency key it was sent with.

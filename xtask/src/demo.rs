@@ -28,7 +28,12 @@ fn step(n: u32, text: &str) {
 
 fn show(v: &Value, keys: &[&str]) -> String {
     keys.iter()
-        .map(|k| format!("{k}={}", v.get(*k).map(|x| x.to_string()).unwrap_or_default()))
+        .map(|k| {
+            format!(
+                "{k}={}",
+                v.get(*k).map(|x| x.to_string()).unwrap_or_default()
+            )
+        })
         .collect::<Vec<_>>()
         .join("  ")
 }
@@ -44,7 +49,11 @@ fn status_line(dev: &Device) -> String {
                         "{}:{}{}",
                         s["slot"].as_str().unwrap_or("?"),
                         s["version"].as_str().unwrap_or("-"),
-                        if s["bootable"] == json!(true) { "" } else { "(off)" }
+                        if s["bootable"] == json!(true) {
+                            ""
+                        } else {
+                            "(off)"
+                        }
                     )
                 })
                 .collect()
@@ -63,7 +72,9 @@ fn status_line(dev: &Device) -> String {
 /// Wait for the daemon's reboot request, then reboot the device.
 fn reboot(dev: &mut Device) {
     dev.wait_reboot_requested(WAIT);
-    println!("   the daemon asked for a reboot; the boot script runs and the device comes up again");
+    println!(
+        "   the daemon asked for a reboot; the boot script runs and the device comes up again"
+    );
     let slot = dev.reboot();
     println!("   booted slot {slot}");
     dev.start_daemon();
@@ -75,7 +86,13 @@ fn wait_running(dev: &Device, version: &str) -> Value {
     })
 }
 
-fn publish_release(server: &UpdateServer, key: &KeyPair, version: &str, img: &Path, from: Option<&Path>) {
+fn publish_release(
+    server: &UpdateServer,
+    key: &KeyPair,
+    version: &str,
+    img: &Path,
+    from: Option<&Path>,
+) {
     let mut args: Vec<String> = vec![
         "release".into(),
         "--key".into(),
@@ -96,7 +113,11 @@ fn publish_release(server: &UpdateServer, key: &KeyPair, version: &str, img: &Pa
         args.push(f.display().to_string());
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    print!("   $ updraft-publish {}\n   {}", refs.join(" "), publish_ok(&refs).replace('\n', "\n   "));
+    print!(
+        "   $ updraft-publish {}\n   {}",
+        refs.join(" "),
+        publish_ok(&refs).replace('\n', "\n   ")
+    );
     println!();
 }
 
@@ -114,7 +135,10 @@ pub fn run(_args: &[String]) -> Result {
 fn demo() -> Result {
     let work = TempDir::new("demo");
 
-    step(1, "Keys: a root key (kept offline) and a release key; key document v1 says who may sign releases");
+    step(
+        1,
+        "Keys: a root key (kept offline) and a release key; key document v1 says who may sign releases",
+    );
     let root_key = keygen(work.path(), "root");
     let key = keygen(work.path(), "release");
     let server = UpdateServer::start(&work.join("site"), true);
@@ -131,7 +155,10 @@ fn demo() -> Result {
     ]);
     print!("   {out}");
 
-    step(2, "A device: slots A and B are files; A runs the factory image; it trusts the root key only");
+    step(
+        2,
+        "A device: slots A and B are files; A runs the factory image; it trusts the root key only",
+    );
     let mut spec = DeviceSpec::simple(&key);
     spec.trust = updraft_tests::device::TrustSpec::Root(vec![root_key.public.clone()], 1, 0);
     spec.slot_size = 24 * MIB as u64;
@@ -144,10 +171,16 @@ fn demo() -> Result {
     );
     dev.init();
     println!("   config {}", dev.config.display());
-    println!("   server {} (nginx, TLS with a demo CA)", server.manifest_url());
+    println!(
+        "   server {} (nginx, TLS with a demo CA)",
+        server.manifest_url()
+    );
     println!("{}", status_line(&dev));
 
-    step(3, "Publish release 1.0; the daemon polls (jittered), verifies, installs into B and asks for a reboot");
+    step(
+        3,
+        "Publish release 1.0; the daemon polls (jittered), verifies, installs into B and asks for a reboot",
+    );
     let v1 = work.join("rootfs-1.0.img");
     image(&v1, 16 * MIB, 1000);
     publish_release(&server, &key, "1.0", &v1, None);
@@ -160,7 +193,10 @@ fn demo() -> Result {
     println!("   {}", show(&st, &["serial", "keys_version"]));
     println!("{}", status_line(&dev));
 
-    step(4, "Publish release 2.0 with a delta from 1.0; `updraft check` polls now");
+    step(
+        4,
+        "Publish release 2.0 with a delta from 1.0; `updraft check` polls now",
+    );
     let v2 = work.join("rootfs-2.0.img");
     let mut bytes = std::fs::read(&v1).map_err(|e| e.to_string())?;
     for (i, b) in bytes.iter_mut().enumerate().skip(3 * MIB).take(MIB) {
@@ -172,22 +208,37 @@ fn demo() -> Result {
     reboot(&mut dev);
     wait_running(&dev, "2.0");
     let history = dev.ok(&["history"]);
-    let how = if history.contains("(delta)") { "delta" } else { "full image" };
+    let how = if history.contains("(delta)") {
+        "delta"
+    } else {
+        "full image"
+    };
     println!("   release 2.0 committed (installed from the {how})");
     println!("{}", status_line(&dev));
 
-    step(5, "Publish release 3.0, whose application fails its health check");
+    step(
+        5,
+        "Publish release 3.0, whose application fails its health check",
+    );
     let v3 = work.join("rootfs-3.0.img");
     image(&v3, 16 * MIB, 3000);
     publish_release(&server, &key, "3.0", &v3, None);
     print!("   $ updraft check\n   {}", dev.ok(&["check"]));
     reboot(&mut dev);
-    println!("   the health check fails on 3.0: the daemon marks it bad, puts 2.0 first and reboots");
+    println!(
+        "   the health check fails on 3.0: the daemon marks it bad, puts 2.0 first and reboots"
+    );
     reboot(&mut dev);
     let st = wait_running(&dev, "2.0");
-    println!("   back on release 2.0 in slot {}", st["booted_slot"].as_str().unwrap_or("?"));
+    println!(
+        "   back on release 2.0 in slot {}",
+        st["booted_slot"].as_str().unwrap_or("?")
+    );
     println!("{}", status_line(&dev));
-    print!("   $ updraft check   (3.0 is not installed again)\n   {}", dev.ok(&["check"]));
+    print!(
+        "   $ updraft check   (3.0 is not installed again)\n   {}",
+        dev.ok(&["check"])
+    );
 
     step(6, "What the device recorded, and what reached the server");
     println!("   $ updraft history");
@@ -197,7 +248,10 @@ fn demo() -> Result {
     std::thread::sleep(Duration::from_secs(2));
     if let Some(c) = &server.collector {
         let reports = c.unique_reports();
-        println!("   the server received {} reports, e.g. the install results:", reports.len());
+        println!(
+            "   the server received {} reports, e.g. the install results:",
+            reports.len()
+        );
         for r in reports {
             if let Ok(body) = r.json() {
                 if body["kind"] == json!("install") {
