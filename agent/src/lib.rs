@@ -11,6 +11,7 @@ pub mod artifact;
 pub mod bootloader;
 pub mod clock;
 pub mod config;
+pub mod delta;
 pub mod envelope;
 pub mod fsutil;
 pub mod hash;
