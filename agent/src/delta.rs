@@ -49,6 +49,10 @@ pub const BLOCK: usize = 1 << 20;
 /// Source bytes are read with `pread` into one buffer of this size.
 pub const SOURCE_WINDOW: usize = 1 << 20;
 
+/// A source read for a short record still fetches this much, for the
+/// records that follow it.
+const MIN_SOURCE_READ: u64 = 16 << 10;
+
 /// Compressed bytes are read from the delta into one buffer of this size.
 const INPUT_BUFFER: usize = 128 << 10;
 
@@ -133,7 +137,7 @@ pub fn apply(
         let mut left = mix_len;
         while left > 0 {
             let space = out.space();
-            let from = source.window(old_pos)?;
+            let from = source.window(old_pos, left)?;
             let n = (left.min(space.len() as u64) as usize).min(from.len());
             let dst = &mut space[..n];
             stream.read_exact(dst, || format!("in the diff bytes of record {record}"))?;
@@ -402,15 +406,21 @@ impl<'a> Source<'a> {
         }
     }
 
-    /// Source bytes from `pos` on (at least one, when `pos < len`). The
-    /// caller has checked that `pos` is inside the source.
-    fn window(&mut self, pos: u64) -> Result<&[u8]> {
+    /// Source bytes from `pos` on: at least one, when `pos < len`, and up
+    /// to `want` when they fit the window. The caller has checked that `pos`
+    /// is inside the source.
+    fn window(&mut self, pos: u64, want: u64) -> Result<&[u8]> {
         let inside = pos >= self.at && pos - self.at < self.filled as u64;
         if !inside {
             if self.buf.is_empty() {
                 self.buf = vec![0; SOURCE_WINDOW];
             }
-            let n = (self.len.saturating_sub(pos)).min(SOURCE_WINDOW as u64) as usize;
+            // Read what the record needs (records are often short and
+            // scattered), but never less than a few pages.
+            let n = want
+                .max(MIN_SOURCE_READ)
+                .min(SOURCE_WINDOW as u64)
+                .min(self.len.saturating_sub(pos)) as usize;
             self.file
                 .read_exact_at(&mut self.buf[..n], pos)
                 .with_context(|| {

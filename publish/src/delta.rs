@@ -18,7 +18,7 @@
 //! * the suffix array is built by libsais (linear time, 4 bytes per byte of
 //!   the old image, in pieces of at most [`DeltaOptions::index_part`] bytes
 //!   so 32-bit indices suffice whatever the image size);
-//! * a table of the first two bytes narrows every search, and the binary
+//! * a table of the first two or three bytes narrows every search, and the binary
 //!   search skips the prefix both of its bounds share with the query;
 //! * the new image is cut into fixed windows that are matched against the
 //!   whole old image in parallel; the cut points, not the thread count,
@@ -29,10 +29,9 @@
 //! images) but never panics on their sizes.
 
 use std::io::{self, Write};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
 
-use libsais::SuffixArrayConstruction;
 use updraft::manifest::MAX_WINDOW_LOG;
 use zstd::zstd_safe::CParameter;
 
@@ -72,7 +71,6 @@ impl Default for DeltaOptions {
 /// Write the zstd-wrapped bsdiff delta from `old` to `new` into `out`.
 /// Returns the number of bytes written.
 pub fn make(old: &[u8], new: &[u8], opts: &DeltaOptions, out: &mut dyn Write) -> io::Result<u64> {
-    let records = diff(old, new, opts)?;
     let mut counted = Counted {
         inner: out,
         written: 0,
@@ -80,7 +78,7 @@ pub fn make(old: &[u8], new: &[u8], opts: &DeltaOptions, out: &mut dyn Write) ->
     let mut enc = zstd::stream::write::Encoder::new(&mut counted, opts.zstd_level)?;
     enc.set_parameter(CParameter::WindowLog(MAX_WINDOW_LOG))?;
     enc.set_parameter(CParameter::ChecksumFlag(true))?;
-    write_stream(old, new, &records, &mut enc)?;
+    generate(old, new, opts, &mut enc)?;
     enc.finish()?;
     Ok(counted.written)
 }
@@ -93,8 +91,7 @@ pub fn make_stream(
     opts: &DeltaOptions,
     out: &mut dyn Write,
 ) -> io::Result<()> {
-    let records = diff(old, new, opts)?;
-    write_stream(old, new, &records, out)
+    generate(old, new, opts, out)
 }
 
 /// One record, in absolute coordinates: `mix` bytes of the new image from
@@ -112,8 +109,10 @@ fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
-/// Find the records covering the whole new image, in order.
-fn diff(old: &[u8], new: &[u8], opts: &DeltaOptions) -> io::Result<Vec<Record>> {
+/// Match the windows of the new image on worker threads while this thread
+/// serialises (and the caller's writer compresses) finished windows in
+/// order.
+fn generate(old: &[u8], new: &[u8], opts: &DeltaOptions, out: &mut dyn Write) -> io::Result<()> {
     if opts.window == 0 {
         return Err(invalid("delta window must not be 0".into()));
     }
@@ -128,75 +127,157 @@ fn diff(old: &[u8], new: &[u8], opts: &DeltaOptions) -> io::Result<Vec<Record>> 
         .step_by(opts.window)
         .map(|s| (s, new.len().min(s.saturating_add(opts.window))))
         .collect();
-    let threads = threads.clamp(1, windows.len().max(1));
+    let workers = threads.clamp(1, windows.len().max(1));
 
-    let results: Vec<Mutex<Vec<Record>>> = windows.iter().map(|_| Mutex::new(Vec::new())).collect();
+    let done: Vec<Mutex<Option<Vec<Record>>>> = windows.iter().map(|_| Mutex::new(None)).collect();
+    let ready = Condvar::new();
     let next = AtomicUsize::new(0);
-    let work = || {
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(&(start, end)) = windows.get(i) else {
-                break;
-            };
-            let recs = scan_window(&index, new, start, end);
-            if let Ok(mut slot) = results[i].lock() {
-                *slot = recs;
-            }
+    let stop = AtomicBool::new(false);
+    let lost = AtomicBool::new(false);
+
+    let mut writer = StreamWriter::new(old, new, out);
+    let result = std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                // Tell the serialising thread if this worker dies, so it
+                // does not wait for a window that will never come.
+                let _guard = PanicFlag {
+                    flag: &lost,
+                    ready: &ready,
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&(start, end)) = windows.get(i) else {
+                        break;
+                    };
+                    let recs = scan_window(&index, new, start, end);
+                    if let Ok(mut slot) = done[i].lock() {
+                        *slot = Some(recs);
+                    }
+                    ready.notify_all();
+                }
+            });
         }
-    };
-    if threads == 1 {
-        work();
-    } else {
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(work);
+        let result = (|| {
+            for (i, slot) in done.iter().enumerate() {
+                let recs = {
+                    let mut guard = slot
+                        .lock()
+                        .map_err(|_| io::Error::other("a delta worker thread panicked"))?;
+                    loop {
+                        if let Some(recs) = guard.take() {
+                            break recs;
+                        }
+                        if lost.load(Ordering::Relaxed) {
+                            return Err(io::Error::other("a delta worker thread panicked"));
+                        }
+                        guard = ready
+                            .wait_timeout(guard, std::time::Duration::from_millis(100))
+                            .map_err(|_| io::Error::other("a delta worker thread panicked"))?
+                            .0;
+                    }
+                };
+                debug_assert!(recs.first().is_none_or(|r| r.new_start == windows[i].0));
+                for r in recs {
+                    writer.push(r)?;
+                }
             }
-        });
-    }
-    let mut records = Vec::new();
-    for r in results {
-        let recs = r
-            .into_inner()
-            .map_err(|_| io::Error::other("a delta worker thread panicked"))?;
-        records.extend(recs);
-    }
-    Ok(records)
+            writer.finish()
+        })();
+        if result.is_err() {
+            stop.store(true, Ordering::Relaxed);
+        }
+        result
+    });
+    result
 }
 
-/// Serialise `records` as the bsdiff stream.
-fn write_stream(old: &[u8], new: &[u8], records: &[Record], out: &mut dyn Write) -> io::Result<()> {
-    let mut buf = Vec::with_capacity(1 << 20);
-    let mut old_pos = 0usize;
-    for (i, r) in records.iter().enumerate() {
-        // The stream starts at old offset 0 and each record ends with a
-        // seek to where the next one reads.
-        if r.old_start != old_pos {
+/// Sets `flag` when dropped during a panic.
+struct PanicFlag<'a> {
+    flag: &'a AtomicBool,
+    ready: &'a Condvar,
+}
+
+impl Drop for PanicFlag<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.flag.store(true, Ordering::Relaxed);
+            self.ready.notify_all();
+        }
+    }
+}
+
+/// Serialises records as the bsdiff stream. A record's seek points at the
+/// next record's old offset, so each is written once its successor is known.
+struct StreamWriter<'a, 'w> {
+    old: &'a [u8],
+    new: &'a [u8],
+    out: &'w mut dyn Write,
+    pending: Option<Record>,
+    /// Where the patcher's old position will be before the pending record.
+    old_pos: usize,
+    buf: Vec<u8>,
+}
+
+impl<'a, 'w> StreamWriter<'a, 'w> {
+    fn new(old: &'a [u8], new: &'a [u8], out: &'w mut dyn Write) -> Self {
+        StreamWriter {
+            old,
+            new,
+            out,
+            pending: None,
+            old_pos: 0,
+            buf: Vec::with_capacity(1 << 20),
+        }
+    }
+
+    fn push(&mut self, r: Record) -> io::Result<()> {
+        if let Some(p) = self.pending.take() {
+            self.write(p, r.old_start)?;
+        }
+        self.pending = Some(r);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> io::Result<()> {
+        if let Some(p) = self.pending.take() {
+            self.write(p, p.old_start + p.mix)?;
+        }
+        self.out.flush()
+    }
+
+    /// Write `r`, ending with a seek to old offset `next`.
+    fn write(&mut self, r: Record, next: usize) -> io::Result<()> {
+        // The stream starts at old offset 0; every seek lands where the
+        // next record reads.
+        if r.old_start != self.old_pos {
             return Err(io::Error::other(format!(
-                "delta record {i} reads old offset {}, the stream is at {old_pos}",
-                r.old_start
+                "delta record at new offset {} reads old offset {}, the stream is at {}",
+                r.new_start, r.old_start, self.old_pos
             )));
         }
         let after = r.old_start + r.mix;
-        let next = records.get(i + 1).map_or(after, |n| n.old_start);
         let seek = next as i64 - after as i64;
-        buf.clear();
-        buf.extend_from_slice(&encode(r.mix as i64));
-        buf.extend_from_slice(&encode(r.copy as i64));
-        buf.extend_from_slice(&encode(seek));
-        out.write_all(&buf)?;
+        self.buf.clear();
+        self.buf.extend_from_slice(&encode(r.mix as i64));
+        self.buf.extend_from_slice(&encode(r.copy as i64));
+        self.buf.extend_from_slice(&encode(seek));
+        self.out.write_all(&self.buf)?;
+        let (new, old) = (self.new, self.old);
         for (n, o) in new[r.new_start..r.new_start + r.mix]
             .chunks(1 << 20)
             .zip(old[r.old_start..after].chunks(1 << 20))
         {
-            buf.clear();
-            buf.extend(n.iter().zip(o).map(|(n, o)| n.wrapping_sub(*o)));
-            out.write_all(&buf)?;
+            self.buf.clear();
+            self.buf
+                .extend(n.iter().zip(o).map(|(n, o)| n.wrapping_sub(*o)));
+            self.out.write_all(&self.buf)?;
         }
         let copy_start = r.new_start + r.mix;
-        out.write_all(&new[copy_start..copy_start + r.copy])?;
-        old_pos = next;
+        self.out.write_all(&new[copy_start..copy_start + r.copy])?;
+        self.old_pos = next;
+        Ok(())
     }
-    Ok(())
 }
 
 /// Sign and magnitude, little-endian, as bsdiff writes integers.
@@ -221,46 +302,36 @@ struct Part {
     len: usize,
     /// Suffix array of the piece (offsets relative to `base`).
     sa: Vec<i32>,
+    /// Bytes of the bucket key.
+    prefix: usize,
     /// `buckets[k]..buckets[k + 1]` is the range of `sa` whose suffixes start
-    /// with the two bytes `k` (a last, single byte `b` counts as `b, 0`).
+    /// with the `prefix` bytes `k` (a suffix shorter than that counts as
+    /// padded with zeros, which is where it sorts).
     buckets: Vec<u32>,
 }
 
 impl<'a> Index<'a> {
+    /// Index `old` in pieces of at most `part` bytes, up to `threads` pieces
+    /// at a time.
     fn build(old: &'a [u8], part: usize, threads: usize) -> io::Result<Index<'a>> {
-        let threads = libsais::ThreadCount::fixed(threads.clamp(1, usize::from(u16::MAX)) as u16);
         let part = part.clamp(1, i32::MAX as usize - 1);
-        let mut parts = Vec::new();
-        let mut base = 0;
-        while base < old.len() {
-            let len = part.min(old.len() - base);
-            let text = &old[base..base + len];
-            let sa: Vec<i32> = SuffixArrayConstruction::for_text(text)
-                .in_owned_buffer32()
-                .multi_threaded(threads)
-                .run()
-                .map_err(|e| {
-                    io::Error::other(format!(
-                        "suffix array of old bytes {base}..{}: {e:?}",
-                        base + len
-                    ))
-                })?
-                .into_vec();
-            let mut buckets = vec![0u32; (1 << 16) + 1];
-            for i in 0..len {
-                buckets[key(&text[i..]) + 1] += 1;
-            }
-            for k in 0..1 << 16 {
-                buckets[k + 1] += buckets[k];
-            }
-            parts.push(Part {
-                base,
-                len,
-                sa,
-                buckets,
+        let pieces: Vec<usize> = (0..old.len()).step_by(part).collect();
+        let mut parts: Vec<Option<io::Result<Part>>> = pieces.iter().map(|_| None).collect();
+        for (bases, results) in pieces
+            .chunks(threads.max(1))
+            .zip(parts.chunks_mut(threads.max(1)))
+        {
+            std::thread::scope(|s| {
+                for (&base, result) in bases.iter().zip(results.iter_mut()) {
+                    let text = &old[base..old.len().min(base + part)];
+                    s.spawn(move || *result = Some(Part::build(base, text)));
+                }
             });
-            base += len;
         }
+        let parts = parts
+            .into_iter()
+            .map(|p| p.unwrap_or_else(|| Err(io::Error::other("a suffix array thread panicked"))))
+            .collect::<io::Result<Vec<Part>>>()?;
         Ok(Index { old, parts })
     }
 
@@ -285,9 +356,27 @@ impl<'a> Index<'a> {
     }
 }
 
-/// Bucket key of the first two bytes of `s` (not empty).
-fn key(s: &[u8]) -> usize {
-    (usize::from(s[0]) << 8) | usize::from(s.get(1).copied().unwrap_or(0))
+/// Bucket key of the first `prefix` bytes of `s`, zero-padded.
+fn key(s: &[u8], prefix: usize) -> usize {
+    (0..prefix).fold(0, |k, i| {
+        (k << 8) | usize::from(s.get(i).copied().unwrap_or(0))
+    })
+}
+
+/// The suffix array of `text` (shorter than 2^31 bytes), by libsais.
+fn suffix_array(text: &[u8]) -> Result<Vec<i32>, i32> {
+    let n = i32::try_from(text.len()).map_err(|_| -1)?;
+    let mut sa = vec![0i32; text.len()];
+    // SAFETY: `text` holds `n` bytes and `sa` room for `n` entries with no
+    // extra space (fs = 0); a null frequency table is allowed. libsais reads
+    // only `text` and writes only `sa`, and returns before they are dropped.
+    let rc = unsafe {
+        libsais_sys::libsais::libsais(text.as_ptr(), sa.as_mut_ptr(), n, 0, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(rc);
+    }
+    Ok(sa)
 }
 
 fn common(a: &[u8], b: &[u8]) -> usize {
@@ -295,14 +384,38 @@ fn common(a: &[u8], b: &[u8]) -> usize {
 }
 
 impl Part {
+    fn build(base: usize, text: &[u8]) -> io::Result<Part> {
+        let len = text.len();
+        let sa = suffix_array(text).map_err(|code| {
+            io::Error::other(format!(
+                "libsais failed ({code}) on old bytes {base}..{}",
+                base + len
+            ))
+        })?;
+        // Three bytes narrow a search to a few hundred suffixes on a large
+        // image; two are plenty (and much smaller) on a small one.
+        let prefix = if len >= 16 << 20 { 3 } else { 2 };
+        let mut buckets = vec![0u32; (1 << (8 * prefix)) + 1];
+        for i in 0..len {
+            buckets[key(&text[i..], prefix) + 1] += 1;
+        }
+        for k in 0..1 << (8 * prefix) {
+            buckets[k + 1] += buckets[k];
+        }
+        Ok(Part {
+            base,
+            len,
+            sa,
+            prefix,
+            buckets,
+        })
+    }
+
     fn search(&self, text: &[u8], q: &[u8]) -> (usize, usize) {
-        let (lo, hi) = if q.len() >= 2 {
-            let k = key(q);
-            (self.buckets[k] as usize, self.buckets[k + 1] as usize)
-        } else {
-            let k = usize::from(q[0]) << 8;
-            (self.buckets[k] as usize, self.buckets[k + 256] as usize)
-        };
+        // Every key that starts with q's bytes (all of q's, when shorter).
+        let k = key(q, self.prefix);
+        let span = 1 << (8 * self.prefix.saturating_sub(q.len()));
+        let (lo, hi) = (self.buckets[k] as usize, self.buckets[k + span] as usize);
         // Invariant: suffixes in [lo, l) sort before q, those in [r, hi) at
         // or after it; q shares `left` bytes with sa[l - 1] and `right` with
         // sa[r], so every suffix in between shares at least the smaller.

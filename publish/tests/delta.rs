@@ -245,7 +245,7 @@ fn the_output_does_not_depend_on_the_thread_count() {
 fn the_frame_header_records_a_window_the_device_accepts() {
     let mut rng = Rng(0xde17a_0005);
     // Larger than the window, so the encoder cannot shrink it to the input.
-    let old = text(&mut rng, 12 << 20);
+    let old = text(&mut rng, 17 << 20);
     let mut new = old.clone();
     new.splice(5 << 20..5 << 20, rng.bytes(3 << 20));
     let mut delta = Vec::new();
