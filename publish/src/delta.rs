@@ -136,7 +136,7 @@ fn generate(old: &[u8], new: &[u8], opts: &DeltaOptions, out: &mut dyn Write) ->
     let lost = AtomicBool::new(false);
 
     let mut writer = StreamWriter::new(old, new, out);
-    let result = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| {
                 // Tell the serialising thread if this worker dies, so it
@@ -188,8 +188,7 @@ fn generate(old: &[u8], new: &[u8], opts: &DeltaOptions, out: &mut dyn Write) ->
             stop.store(true, Ordering::Relaxed);
         }
         result
-    });
-    result
+    })
 }
 
 /// Sets `flag` when dropped during a panic.

@@ -156,7 +156,7 @@ fn device_apply(old: &[u8], delta: &[u8], new_len: usize) -> updraft::Result<Vec
 
 #[test]
 fn the_reference_patcher_rebuilds_the_new_image_from_our_deltas() {
-    let mut rng = Rng(0xde17a_0001);
+    let mut rng = Rng(0xde17_a000_0001);
     for case in 0..180 {
         let (old, new) = pair(&mut rng, case);
         let opts = if case % 2 == 0 {
@@ -182,7 +182,7 @@ fn the_reference_patcher_rebuilds_the_new_image_from_our_deltas() {
 
 #[test]
 fn the_device_patcher_agrees_with_the_reference_on_our_deltas() {
-    let mut rng = Rng(0xde17a_0002);
+    let mut rng = Rng(0xde17_a000_0002);
     for case in 0..180 {
         let (old, new) = pair(&mut rng, case);
         let mut delta = Vec::new();
@@ -200,7 +200,7 @@ fn the_device_patcher_agrees_with_the_reference_on_our_deltas() {
 
 #[test]
 fn the_device_patcher_agrees_with_the_reference_on_the_crates_own_deltas() {
-    let mut rng = Rng(0xde17a_0003);
+    let mut rng = Rng(0xde17_a000_0003);
     for case in 0..60 {
         let (old, new) = pair(&mut rng, case);
         let mut stream = Vec::new();
@@ -222,7 +222,7 @@ fn the_device_patcher_agrees_with_the_reference_on_the_crates_own_deltas() {
 
 #[test]
 fn the_output_does_not_depend_on_the_thread_count() {
-    let mut rng = Rng(0xde17a_0004);
+    let mut rng = Rng(0xde17_a000_0004);
     let (old, new) = pair(&mut rng, 5);
     let make = |threads| {
         let mut d = Vec::new();
@@ -243,7 +243,7 @@ fn the_output_does_not_depend_on_the_thread_count() {
 
 #[test]
 fn the_frame_header_records_a_window_the_device_accepts() {
-    let mut rng = Rng(0xde17a_0005);
+    let mut rng = Rng(0xde17_a000_0005);
     // Larger than the window, so the encoder cannot shrink it to the input.
     let old = text(&mut rng, 17 << 20);
     let mut new = old.clone();
@@ -270,7 +270,7 @@ fn the_frame_header_records_a_window_the_device_accepts() {
 
 #[test]
 fn a_small_change_makes_a_small_delta() {
-    let mut rng = Rng(0xde17a_0006);
+    let mut rng = Rng(0xde17_a000_0006);
     let old = rng.bytes(1 << 20);
     let mut new = old.clone();
     new[1000..1100].copy_from_slice(&rng.bytes(100));
