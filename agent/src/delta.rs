@@ -59,6 +59,10 @@ const INPUT_BUFFER: usize = 128 << 10;
 /// Size of a record's control block.
 const CONTROL_LEN: usize = 24;
 
+/// Records that produce no output are legitimate but rare (bsdiff emits at
+/// most a few in a row); more than this many in a row are refused.
+const MAX_IDLE_RECORDS: u32 = 1024;
+
 /// The largest zstd frame header (magic, descriptor, window, dictionary id,
 /// content size).
 const MAX_FRAME_HEADER: usize = 18;
@@ -83,6 +87,7 @@ pub fn apply(
     let mut out = Output::new(new_len, sink);
     let mut old_pos: u64 = 0;
     let mut record: u64 = 0;
+    let mut idle: u32 = 0;
 
     loop {
         let mut control = [0u8; CONTROL_LEN];
@@ -106,6 +111,19 @@ pub fn apply(
         let copy_len = u64::from_le_bytes(field(&control, 8));
         let seek = signed(u64::from_le_bytes(field(&control, 16)));
 
+        // A record that produces nothing only moves the source position; a
+        // long run of them is a way to burn CPU, not a patch.
+        if mix_len == 0 && copy_len == 0 {
+            idle += 1;
+            if idle > MAX_IDLE_RECORDS {
+                bail!(
+                    Malformed,
+                    "delta record {record} at output offset {at}: more than {MAX_IDLE_RECORDS} records in a row produce no bytes"
+                );
+            }
+        } else {
+            idle = 0;
+        }
         let room = new_len - at;
         if mix_len > room || copy_len > room - mix_len {
             bail!(
@@ -831,6 +849,33 @@ mod tests {
             1,
             Kind::Malformed,
             "past its end",
+        );
+    }
+
+    #[test]
+    fn a_flood_of_empty_records_is_refused() {
+        let mut stream = record(b"\0", b"", 0);
+        for _ in 0..5 {
+            stream.extend(control(0, 0, 1));
+            stream.extend(control(0, 0, -1));
+        }
+        stream.extend(record(b"\0", b"", 0));
+        assert_eq!(
+            run(b"abcd", &compress(&stream), 2).unwrap(),
+            b"ab",
+            "a few empty records are fine"
+        );
+        let mut flood = record(b"\0", b"", 0);
+        for _ in 0..=MAX_IDLE_RECORDS {
+            flood.extend(control(0, 0, 0));
+        }
+        flood.extend(record(b"\0", b"", 0));
+        refused(
+            b"abcd",
+            &compress(&flood),
+            2,
+            Kind::Malformed,
+            "more than 1024 records in a row produce no bytes",
         );
     }
 
