@@ -411,10 +411,22 @@ impl Part {
     }
 
     fn search(&self, text: &[u8], q: &[u8]) -> (usize, usize) {
-        // Every key that starts with q's bytes (all of q's, when shorter).
-        let k = key(q, self.prefix);
-        let span = 1 << (8 * self.prefix.saturating_sub(q.len()));
-        let (lo, hi) = (self.buckets[k] as usize, self.buckets[k + span] as usize);
+        // The suffixes whose keys start with q's first `n` bytes: when that
+        // range is not empty the longest match is in it. An empty range
+        // means the match is shorter than `n` bytes; try fewer.
+        let mut n = self.prefix.min(q.len());
+        let (lo, hi) = loop {
+            let k = key(&q[..n], self.prefix);
+            let span = 1 << (8 * (self.prefix - n));
+            let (lo, hi) = (self.buckets[k] as usize, self.buckets[k + span] as usize);
+            if lo < hi {
+                break (lo, hi);
+            }
+            n -= 1;
+            if n == 0 {
+                return (0, 0);
+            }
+        };
         // Invariant: suffixes in [lo, l) sort before q, those in [r, hi) at
         // or after it; q shares `left` bytes with sa[l - 1] and `right` with
         // sa[r], so every suffix in between shares at least the smaller.
@@ -572,5 +584,68 @@ impl Write for Counted<'_> {
 
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Longest prefix of `q` found in any piece of `old`, by brute force.
+    fn brute(old: &[u8], part: usize, q: &[u8]) -> usize {
+        let q = &q[..q.len().min(MAX_MATCH)];
+        let mut best = 0;
+        for base in (0..old.len()).step_by(part) {
+            let piece = &old[base..old.len().min(base + part)];
+            for i in 0..piece.len() {
+                best = best.max(common(&piece[i..], q));
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn search_finds_the_longest_match_in_every_piece() {
+        let mut x: u64 = 0x1234_5678_9abc_def1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // A three-letter alphabet makes long and ambiguous matches common.
+        let old: Vec<u8> = (0..3000).map(|_| b"abc"[(next() % 3) as usize]).collect();
+        for part in [old.len(), 1000, 7] {
+            let index = Index::build(&old, part, 2).unwrap();
+            for _ in 0..300 {
+                let len = (next() % 40) as usize;
+                let q: Vec<u8> = if next() % 2 == 0 {
+                    let at = (next() as usize) % (old.len() - len);
+                    let mut q = old[at..at + len].to_vec();
+                    q.extend((0..5).map(|_| b"abcd"[(next() % 4) as usize]));
+                    q
+                } else {
+                    (0..len).map(|_| b"abcd"[(next() % 4) as usize]).collect()
+                };
+                let (pos, found) = index.search(&q);
+                assert_eq!(
+                    found,
+                    brute(&old, part, &q),
+                    "query {q:?}, pieces of {part}"
+                );
+                assert_eq!(
+                    &old[pos..pos + found],
+                    &q[..found],
+                    "the reported offset holds the match"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn integers_are_sign_and_magnitude() {
+        assert_eq!(encode(5), [5, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(encode(-5), [5, 0, 0, 0, 0, 0, 0, 0x80]);
+        assert_eq!(encode(0), [0; 8]);
     }
 }
