@@ -1038,6 +1038,18 @@ mod tests {
         assert_ne!(hasher.finish(), Sha256::of(&new));
     }
 
+    /// A slot is usually larger than the image it holds: only the first
+    /// `old_len` bytes are the source.
+    #[test]
+    fn bytes_past_old_len_are_not_part_of_the_source() {
+        let slot = source(b"abcdEFGH");
+        let ok = compress(&record(&[0u8; 4], b"", 0));
+        assert_eq!(apply_to(&slot, 4, &ok, 4).unwrap(), b"abcd");
+        let e = apply_to(&slot, 4, &compress(&record(&[0u8; 5], b"", 0)), 5).unwrap_err();
+        assert_eq!(e.kind(), Kind::Malformed);
+        assert!(e.to_string().contains("past its end (4 bytes)"), "{e}");
+    }
+
     #[test]
     fn a_source_shorter_than_declared_is_an_io_error() {
         let stream = record(&[0u8; 8], b"", 0);
