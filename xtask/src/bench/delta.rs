@@ -277,10 +277,11 @@ pub fn run(args: &[String]) -> Result {
     let old_len = file_len(&old_img)?;
     println!("{}", table(&rows, old_len, new_len));
     println!(
-        "updraft apply writes through the slot writer (write-back in steps, fdatasync, page cache dropped);\n\
-         into the page cache only, as the other tools write: {:.1} s, {} peak RSS.\n\
+        "updraft apply writes through the slot writer (write-back in steps, fdatasync, page cache dropped)\n\
+         and hashes the image; into the page cache only, as the other tools write: {:.1} s ({:.1} s CPU), {} peak RSS.\n\
          Apply times are the best of {APPLY_RUNS} runs; make times are one run.\n",
         no_sync.seconds,
+        no_sync.cpu_seconds,
         mib(no_sync.max_rss_kib)
     );
     println!("{}", goals(&rows, old_len));
@@ -295,7 +296,10 @@ fn best_of(argv: &[&str]) -> Result<Measured> {
     let mut best = measure(argv, None)?;
     for _ in 1..APPLY_RUNS {
         let m = measure(argv, None)?;
-        best.seconds = best.seconds.min(m.seconds);
+        if m.seconds < best.seconds {
+            best.seconds = m.seconds;
+            best.cpu_seconds = m.cpu_seconds;
+        }
         best.max_rss_kib = best.max_rss_kib.max(m.max_rss_kib);
     }
     Ok(best)
@@ -305,26 +309,53 @@ fn best_of(argv: &[&str]) -> Result<Measured> {
 #[derive(Clone, Copy)]
 struct Measured {
     seconds: f64,
+    /// User plus system time: steadier than wall time on a busy machine.
+    cpu_seconds: f64,
     max_rss_kib: u64,
     finished: bool,
 }
 
 fn measure(argv: &[&str], limit: Option<u64>) -> Result<Measured> {
     let report = std::env::temp_dir().join(format!("updraft-bench-time-{}", std::process::id()));
-    let mut cmd = Command::new("/usr/bin/time");
-    cmd.arg("-v").arg("-o").arg(&report);
-    if let Some(secs) = limit {
-        cmd.args(["timeout", "--signal=KILL", &secs.to_string()]);
-    }
-    cmd.args(argv);
-    let status = cmd.status().map_err(|e| format!("running {argv:?}: {e}"))?;
+    let mut child = Command::new("/usr/bin/time")
+        .arg("-v")
+        .arg("-o")
+        .arg(&report)
+        .args(argv)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("running {argv:?}: {e}"))?;
+    let started = std::time::Instant::now();
+    let mut killed = false;
+    let status = loop {
+        if let Some(status) = child
+            .try_wait()
+            .map_err(|e| format!("waiting for {argv:?}: {e}"))?
+        {
+            break status;
+        }
+        if let Some(secs) = limit {
+            if !killed && started.elapsed().as_secs() >= secs {
+                // Kill the tool, not GNU time, so time still reports the
+                // tool's peak RSS.
+                let children = format!("/proc/{0}/task/{0}/children", child.id());
+                let pids = std::fs::read_to_string(&children).unwrap_or_default();
+                for pid in pids.split_whitespace() {
+                    let _ = Command::new("kill").args(["-KILL", pid]).status();
+                }
+                killed = true;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     let text =
         std::fs::read_to_string(&report).map_err(|e| format!("reading GNU time's report: {e}"))?;
     let _ = std::fs::remove_file(&report);
     let mut m = Measured {
         seconds: 0.0,
+        cpu_seconds: 0.0,
         max_rss_kib: 0,
-        finished: status.success(),
+        finished: status.success() && !killed,
     };
     for line in text.lines() {
         let line = line.trim();
@@ -334,9 +365,14 @@ fn measure(argv: &[&str], limit: Option<u64>) -> Result<Measured> {
             m.seconds = v.trim().split(':').fold(0.0, |acc, part| {
                 acc * 60.0 + part.parse::<f64>().unwrap_or(0.0)
             });
+        } else if let Some(v) = line
+            .strip_prefix("User time (seconds): ")
+            .or_else(|| line.strip_prefix("System time (seconds): "))
+        {
+            m.cpu_seconds += v.trim().parse::<f64>().unwrap_or(0.0);
         }
     }
-    if !m.finished && limit.is_none() {
+    if !m.finished && !killed {
         return Err(format!("{argv:?} failed: {status}\n{text}"));
     }
     Ok(m)
@@ -384,7 +420,7 @@ fn table(rows: &[Row], old_len: u64, new_len: u64) -> String {
     );
     let _ = writeln!(
         s,
-        "| tool | delta size | make: time | make: peak RSS | apply: time | apply: peak RSS | output |"
+        "| tool | delta size | make: wall (CPU) | make: peak RSS | apply: wall (CPU) | apply: peak RSS | output |"
     );
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---|");
     for r in rows {
@@ -392,7 +428,10 @@ fn table(rows: &[Row], old_len: u64, new_len: u64) -> String {
             .size
             .map_or("—".into(), |b| format!("{:.2} MB", b as f64 / 1e6));
         let (et, er) = if r.enc.finished {
-            (format!("{:.1} s", r.enc.seconds), mib(r.enc.max_rss_kib))
+            (
+                format!("{:.1} s ({:.1} s)", r.enc.seconds, r.enc.cpu_seconds),
+                mib(r.enc.max_rss_kib),
+            )
         } else {
             (
                 format!("did not finish in {:.0} s", r.enc.seconds),
@@ -400,7 +439,10 @@ fn table(rows: &[Row], old_len: u64, new_len: u64) -> String {
             )
         };
         let (dt, dr) = r.dec.map_or(("—".into(), "—".into()), |d| {
-            (format!("{:.1} s", d.seconds), mib(d.max_rss_kib))
+            (
+                format!("{:.1} s ({:.1} s)", d.seconds, d.cpu_seconds),
+                mib(d.max_rss_kib),
+            )
         });
         let ok = match r.correct {
             Some(true) => "identical",
@@ -444,10 +486,22 @@ fn goals(rows: &[Row], old_len: u64) -> String {
             1.0,
             "",
         );
+        line(
+            "  (CPU time / xdelta3's)",
+            d.cpu_seconds / xdd.cpu_seconds.max(0.001),
+            1.0,
+            "",
+        );
     }
     line(
         "make time / xdelta3's",
         ours.enc.seconds / xd.enc.seconds.max(0.001),
+        4.0,
+        "",
+    );
+    line(
+        "  (CPU time / xdelta3's)",
+        ours.enc.cpu_seconds / xd.enc.cpu_seconds.max(0.001),
         4.0,
         "",
     );
