@@ -208,7 +208,7 @@ fn the_metrics_file_parses_with_prometheus_client_and_carries_every_value() {
         0.0
     );
     let kinds = fams["updraft_errors"].samples.len();
-    assert_eq!(kinds, 15, "every error kind is exposed from zero");
+    assert_eq!(kinds, 16, "every error kind is exposed from zero");
     assert_eq!(
         value(
             &fams,

@@ -68,6 +68,8 @@ struct Campaign {
     violations: Vec<String>,
     ops_per_cycle: u64,
     arm: bool,
+    /// Boots where the script found no attempts left and reset them.
+    exhausted: usize,
 }
 
 impl Campaign {
@@ -143,9 +145,22 @@ impl Campaign {
     /// Run the boot script and start the daemon on the slot it chose.
     fn boot(&mut self) {
         self.fs.disarm();
-        let Some(slot) = self.dev.boot_script() else {
-            self.violation(format!("after cut {}: no bootable slot", self.cuts));
-            panic!("no bootable slot: {:?}", self.dev.boot_vars());
+        // Power cuts before the daemon re-marks the running slot good use up
+        // its attempts; a boot script that finds none left resets the
+        // counters (not the order) and resets the board, so the next
+        // power-on boots again. That must then succeed.
+        let slot = match self.dev.boot_script() {
+            Some(s) => s,
+            None => {
+                self.exhausted += 1;
+                match self.dev.boot_script() {
+                    Some(s) => s,
+                    None => {
+                        self.violation(format!("after cut {}: no bootable slot", self.cuts));
+                        panic!("no bootable slot: {:?}", self.dev.boot_vars());
+                    }
+                }
+            }
         };
         if self.holds_verified_image(slot).is_none() {
             self.violation(format!(
@@ -266,6 +281,7 @@ fn power_cuts_anywhere_in_the_update_cycle() {
         violations: Vec::new(),
         ops_per_cycle: 0,
         arm: false,
+        exhausted: 0,
     };
     // Calibrate: one clean install and commit, counting filesystem writes.
     let ops0 = c.fs.mutating_ops();
@@ -386,12 +402,13 @@ fn power_cuts_anywhere_in_the_update_cycle() {
     }
     let installs = by_key.values().filter(|(_, k)| k == "install").count();
     eprintln!(
-        "power cuts: {} (persisted state at the cut: {:?}); releases: {n} ({outcomes:?}); reports: {} sent, {} after de-duplication ({} duplicates), {installs} install results; violations: {}",
+        "power cuts: {} (persisted state at the cut: {:?}); releases: {n} ({outcomes:?}); reports: {} sent, {} after de-duplication ({} duplicates), {installs} install results; boots that found every attempt used and reset the counters: {}; violations: {}",
         c.cuts,
         c.cut_states,
         all.len(),
         by_key.len(),
         all.len() - by_key.len(),
+        c.exhausted,
         c.violations.len()
     );
     assert!(

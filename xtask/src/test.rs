@@ -15,7 +15,7 @@ pub fn run_tests(extra: &[String]) -> Result {
     let _ = std::fs::remove_file(&skip_log);
     util::run(cargo().args(["build", "--quiet", "-p", "updraft", "-p", "updraft-publish"]))?;
     let mut test = cargo();
-    test.args(["test", "--workspace", "--quiet"])
+    test.args(["test", "--workspace", "--quiet", "--no-fail-fast"])
         .args(extra)
         .env("UPDRAFT_SKIP_LOG", &skip_log);
     let result = util::run(&mut test);
