@@ -128,6 +128,18 @@ impl TestCa {
         self.issue(LOOPBACK_NAMES)
     }
 
+    /// Issue a client certificate (device identity for mTLS) whose common
+    /// name is `device`.
+    pub fn issue_client(&self, device: &str) -> io::Result<Leaf> {
+        let now = SystemTime::now();
+        self.issue_with(
+            &[device],
+            now - Duration::from_secs(24 * 3600),
+            now + Duration::from_secs(30 * 24 * 3600),
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )
+    }
+
     /// Issue a server certificate for `names` valid only between
     /// `not_before` and `not_after` (for expired or not-yet-valid cases).
     pub fn issue_valid(
@@ -135,6 +147,21 @@ impl TestCa {
         names: &[&str],
         not_before: SystemTime,
         not_after: SystemTime,
+    ) -> io::Result<Leaf> {
+        self.issue_with(
+            names,
+            not_before,
+            not_after,
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )
+    }
+
+    fn issue_with(
+        &self,
+        names: &[&str],
+        not_before: SystemTime,
+        not_after: SystemTime,
+        usage: ExtendedKeyUsagePurpose,
     ) -> io::Result<Leaf> {
         let what = format!(
             "issuing a certificate for {names:?} from test CA {:?}",
@@ -149,7 +176,7 @@ impl TestCa {
         );
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.extended_key_usages = vec![usage];
         params.use_authority_key_identifier_extension = true;
         params.not_before = not_before.into();
         params.not_after = not_after.into();

@@ -122,6 +122,9 @@ pub struct NginxBuilder<'a> {
     report: Option<(String, SocketAddr)>,
     keepalive_timeout: u32,
     log_headers: Vec<String>,
+    /// The main server requires a client certificate issued by this CA
+    /// (PEM file) and, when set, this bearer token.
+    client_auth: Option<(PathBuf, Option<String>)>,
 }
 
 /// A running nginx; stopped (SIGTERM to its PID) when dropped.
@@ -196,6 +199,7 @@ impl Nginx {
             report: None,
             keepalive_timeout: 75,
             log_headers: Vec::new(),
+            client_auth: None,
         }
     }
 
@@ -378,6 +382,14 @@ impl<'a> NginxBuilder<'a> {
         self
     }
 
+    /// Make the main server demand device identity: a client certificate
+    /// issued by the CA in `ca_pem` (mTLS) and, with `bearer`, an
+    /// `Authorization: Bearer …` header carrying that token (else 401).
+    pub fn require_client(mut self, ca_pem: impl Into<PathBuf>, bearer: Option<&str>) -> Self {
+        self.client_auth = Some((ca_pem.into(), bearer.map(str::to_string)));
+        self
+    }
+
     /// Seconds an idle keep-alive connection stays open (default 75).
     pub fn keepalive_timeout(mut self, secs: u32) -> Self {
         self.keepalive_timeout = secs;
@@ -412,6 +424,12 @@ impl<'a> NginxBuilder<'a> {
         check_conf_path(&root)?;
         for v in [&self.retry_after_429, &self.retry_after_503] {
             check_conf_value("Retry-After value", v)?;
+        }
+        if let Some((ca, bearer)) = &self.client_auth {
+            check_conf_path(ca)?;
+            if let Some(t) = bearer {
+                check_conf_value("bearer token", t)?;
+            }
         }
         if let Some((path, _)) = &self.report {
             check_conf_value("report path", path)?;
@@ -601,6 +619,16 @@ impl<'a> NginxBuilder<'a> {
         let _ = writeln!(c, "    listen 127.0.0.1:{} ssl;", port(Block::Main));
         let _ = writeln!(c, "    set $updraft_block {};", Block::Main.as_str());
         let _ = writeln!(c, "    root \"{root}\";");
+        if let Some((ca, bearer)) = &self.client_auth {
+            let _ = writeln!(c, "    ssl_client_certificate \"{}\";", ca.display());
+            let _ = writeln!(c, "    ssl_verify_client on;");
+            if let Some(t) = bearer {
+                let _ = writeln!(
+                    c,
+                    "    if ($http_authorization != \"Bearer {t}\") {{ return 401; }}"
+                );
+            }
+        }
         let _ = writeln!(c, "    location / {{ }}");
         if let Some((path, upstream)) = &self.report {
             let _ = writeln!(

@@ -375,3 +375,67 @@ fn plain_http_is_refused_without_the_development_switch() {
     assert!(err.contains("is plain http; use https"), "{err}");
     let _ = &net.keys;
 }
+
+/// A server that wants device identity: a client certificate (mTLS) and a
+/// bearer token. Without them the device is refused; with them it installs.
+#[test]
+fn a_client_certificate_and_bearer_token_identify_the_device() {
+    let keys = TempDir::new("mtls-keys");
+    let key = keygen(keys.path(), "release");
+    let site = keys.join("site");
+    let repo = updraft_tests::publisher::Repo::new(site.clone());
+    let img = keys.join("v1.img");
+    image(&img, 2 * 1024 * 1024, 8);
+    repo.release(&[&key], "1.0", &img, &[]);
+    let ca = updraft_tests::ca::TestCa::new("mtls test CA").unwrap();
+    let ca_pem = keys.join("client-ca.pem");
+    ca.write_cert(&ca_pem).unwrap();
+    let nginx = updraft_tests::nginx::Nginx::builder(&site)
+        .ca(&ca)
+        .require_client(&ca_pem, Some("s3cr3t-device-token"))
+        .start()
+        .unwrap();
+    let (cert, keyfile) = ca
+        .issue_client("device-0001")
+        .unwrap()
+        .write(keys.path(), "device")
+        .unwrap();
+    let token = keys.join("token");
+    std::fs::write(&token, "s3cr3t-device-token\n").unwrap();
+    let url = nginx.url("/manifest.json");
+    let base = format!(
+        "manifest_url = {url:?}\nca_file = {:?}\npoll_interval = \"1h\"\n",
+        nginx.ca_file()
+    );
+    // No identity: refused.
+    let mut spec = DeviceSpec::simple(&key);
+    spec.server = base.clone();
+    let mut dev = Device::new("mtls", spec);
+    dev.init();
+    let err = dev.fails(&["install", &url]);
+    assert!(err.contains("HTTP status 400"), "{err}");
+    // Certificate but no token: 401.
+    let with_cert = format!("{base}client_cert = {cert:?}\nclient_key = {keyfile:?}\n");
+    dev.reconfigure(|s| s.server = with_cert.clone());
+    let err = dev.fails(&["install", &url]);
+    assert!(
+        err.contains("HTTP status 401"),
+        "{err}\nnginx: {}",
+        nginx.error_log()
+    );
+    // Both: installed.
+    dev.reconfigure(|s| s.server = format!("{with_cert}token_file = {token:?}\n"));
+    let out = dev.ok(&["install", &url]);
+    assert!(out.contains("installed release 1.0"), "{out}");
+    // A key that does not match the certificate is a configuration error.
+    let (_, other_key) = ca
+        .issue_client("other")
+        .unwrap()
+        .write(keys.path(), "other")
+        .unwrap();
+    dev.reconfigure(|s| {
+        s.server = format!("{base}client_cert = {cert:?}\nclient_key = {other_key:?}\n")
+    });
+    let err = dev.fails(&["install", &url]);
+    assert!(err.contains("do not form a usable pair"), "{err}");
+}

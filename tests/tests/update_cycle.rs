@@ -412,3 +412,64 @@ fn an_operator_downgrade_with_a_higher_serial_is_installed() {
     };
     assert_eq!(&r.dev.slot_bytes(slot)[..IMAGE], &v1[..]);
 }
+
+/// `updraft install` with a daemon running hands the job to the daemon
+/// (here from a local directory, as from a USB stick) and follows it.
+#[test]
+fn install_hands_the_job_to_the_running_daemon() {
+    let mut r = rig("handover", BootSpec::File);
+    let usb = updraft_tests::publisher::Repo::new(r.dev.path("usb"));
+    let img = r.dev.path("usb-1.0.img");
+    let bytes = image(&img, IMAGE, 44);
+    usb.release(&[&r.key], "1.0", &img, &[]);
+    r.dev.start_daemon();
+    // A relative path works too: the CLI passes the daemon an absolute one.
+    let out = r
+        .dev
+        .cmd(&["install", "usb/manifest.json"])
+        .current_dir(r.dev.dir())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("installed release 1.0 in slot B"),
+        "{stdout}"
+    );
+    r.dev.wait_reboot_requested(WAIT);
+    assert_eq!(&r.dev.slot_bytes(SlotName::B)[..IMAGE], &bytes[..]);
+    assert!(r.dev.log().contains("installing release 1.0") || r.dev.log().contains("release 1.0"));
+    r.reboot_and_settle("1.0");
+}
+
+/// With `system.reboot = "manual"` the daemon installs, then waits for an
+/// operator to reboot instead of running the reboot command.
+#[test]
+fn manual_reboot_waits_for_the_operator() {
+    let mut r = rig("manual-reboot", BootSpec::File);
+    r.dev
+        .reconfigure(|s| s.system = "reboot = \"manual\"\n".into());
+    r.publish("1.0", 11);
+    r.dev.start_daemon();
+    r.dev.wait_for("the rebooting state", WAIT, |s| {
+        s["state"] == json!("rebooting")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !r.dev.reboot_marker.exists(),
+        "the reboot command ran in manual mode"
+    );
+    assert!(
+        r.dev
+            .log()
+            .contains("waiting for an operator to reboot into slot B"),
+        "{}",
+        r.dev.log()
+    );
+    // The operator reboots.
+    r.reboot_and_settle("1.0");
+}
