@@ -198,7 +198,7 @@ pub struct WriteHooks<'a> {
 /// Stream the full artifact from frame `opts.start` into `writer`,
 /// verifying each frame before writing it.
 pub fn write_full(
-    src: &mut Source<'_>,
+    src: &mut Source,
     m: &Manifest,
     writer: &mut SlotWriter,
     opts: FullOptions,
@@ -219,8 +219,13 @@ pub fn write_full(
     let mut decoder = FrameDecoder::new(max_out)?;
     let mut compressed = vec![0u8; max_in];
     let offset = frames[start].offset;
-    let reader = src.open(&m.artifact.url, offset, m.artifact.size)?;
-    let mut feed = Feed::spawn(reader, READ_CHUNK);
+    let mut feed = Feed::open(
+        src.clone(),
+        m.artifact.url.clone(),
+        offset,
+        m.artifact.size,
+        READ_CHUNK,
+    );
     let from_zero = start == 0;
     let mut artifact_hash = from_zero.then(Hasher::new);
     // Every frame is checked against the signed frame table either way; the
@@ -254,6 +259,9 @@ pub fn write_full(
             since_sync = 0;
         }
         meter.tick(ticker)?;
+    }
+    if let Some(p) = feed.preferred() {
+        src.set_preferred(p);
     }
     feed.finish()?;
     if let Some(h) = artifact_hash {
@@ -318,7 +326,7 @@ pub fn hash_slot_prefix(slot: &Path, len: u64, ticker: &mut dyn Ticker) -> Resul
 /// Download a delta into `spool`, resuming a partial file with a Range
 /// request, and verify its hash before anything parses it.
 pub fn download_delta(
-    src: &mut Source<'_>,
+    src: &mut Source,
     d: &Delta,
     spool: &Path,
     ticker: &mut dyn Ticker,
@@ -341,8 +349,7 @@ pub fn download_delta(
     let mut fetched = 0;
     if have < d.size {
         file.seek(SeekFrom::Start(have))?;
-        let reader = src.open(&d.url, have, d.size)?;
-        let mut feed = Feed::spawn(reader, READ_CHUNK);
+        let mut feed = Feed::open(src.clone(), d.url.clone(), have, d.size, READ_CHUNK);
         let mut meter = Meter::new("download", have, d.size);
         let mut buf = vec![0u8; READ_CHUNK];
         while have < d.size {
@@ -359,6 +366,9 @@ pub fn download_delta(
                 None => {}
             }
             meter.tick(ticker)?;
+        }
+        if let Some(p) = feed.preferred() {
+            src.set_preferred(p);
         }
         feed.finish()?;
         file.sync_data()

@@ -9,9 +9,10 @@
 //! that state's action again.
 //!
 //! ```text
-//! check ─► Checking ─► Downloading ─► Installing ─► Installed ─► Rebooting ─► (reboot)
-//!   (serial, keys,     (target out of   (read back,    (trial boot    │
-//!    policy)            boot order,      slot record)   first)        ▼
+//! check ───────► Downloading ─► Installing ─► Installed ─► Rebooting ─► (reboot)
+//!   (serial, keys,  (target out of   (read back,    (trial boot    │
+//!    policy; not    boot order at    slot record)   first)         ▼
+//!    persisted)     the first write)
 //!                       stream/verify)                          on_boot: same boot id → reboot again
 //!                                                                        booted target → Testing
 //!                                                                        booted old   → RolledBack
@@ -556,7 +557,18 @@ impl Machine {
                 },
             },
         };
-        self.update_keys(origin, &raw, fetched_body && default_origin, t)?;
+        // Look for a key document no manifest named yet every few hours, so
+        // a revocation reaches devices even if manifests do not name it.
+        let probe_keys = default_origin
+            && self
+                .store
+                .get("keys_probe_time")?
+                .and_then(|t| t.parse::<i64>().ok())
+                .is_none_or(|t| now.0 - t >= ETAG_MAX_AGE);
+        self.update_keys(origin, &raw, probe_keys, t)?;
+        if probe_keys {
+            self.store.set("keys_probe_time", &now.0.to_string())?;
+        }
         let vm = manifest::verify(&raw, &self.trust)?;
         let m = vm.manifest;
         if now.0 + CLOCK_SKEW < m.issued.0 {
@@ -576,9 +588,17 @@ impl Machine {
                     if self.store.get("manifest_cache")?.as_deref() != Some(text) {
                         self.store.set("manifest_cache", text)?;
                     }
-                    if fetched_body {
-                        self.store.set("etag", new_etag.as_deref().unwrap_or(""))?;
-                        self.store.set("etag_time", &now.0.to_string())?;
+                    // Written only when something changed: an idle poll
+                    // against a server without ETags writes nothing either.
+                    let new = new_etag.as_deref().unwrap_or("");
+                    if fetched_body && !new.is_empty() {
+                        if self.store.get("etag")?.as_deref() != Some(new) || !fresh {
+                            self.store.set("etag", new)?;
+                            self.store.set("etag_time", &now.0.to_string())?;
+                        }
+                    } else if fetched_body && self.store.get("etag")?.is_some_and(|e| !e.is_empty())
+                    {
+                        self.store.set("etag", "")?;
                     }
                 }
                 Err(_) => self.store.set("etag", "")?,
@@ -657,7 +677,7 @@ impl Machine {
                 let (res, pref) = crate::worker::offload(
                     "check",
                     move || {
-                        let mut s = Source::new(o, Some(&f), pref);
+                        let mut s = Source::new(o, Some(f), pref);
                         let r = s.manifest(etag.as_deref());
                         (r, s.preferred())
                     },
@@ -680,8 +700,8 @@ impl Machine {
 
     /// Fetch and accept newer key documents the manifest calls for. With
     /// `probe`, also look for the next version when none is named, so a
-    /// revocation reaches devices even if manifests do not name it (done
-    /// with the periodic unconditional fetch, not on every poll).
+    /// revocation reaches devices even if manifests do not name it (the
+    /// caller does this every few hours, not on every poll).
     fn update_keys(
         &mut self,
         origin: &Origin,
@@ -715,7 +735,7 @@ impl Machine {
                 let pref = self.preferred;
                 crate::worker::offload(
                     "keys",
-                    move || Source::new(o, Some(&f), pref).key_document(version),
+                    move || Source::new(o, Some(f), pref).key_document(version),
                     t,
                 )?
             }
@@ -923,6 +943,16 @@ impl Machine {
                             job.target
                         );
                         let mut full = self.state()?.job().cloned().unwrap_or(job);
+                        if let Method::Delta { url, .. } = &full.method {
+                            if let Ok(m) = self.job_manifest() {
+                                if let Some(d) = m.deltas.iter().find(|d| &d.url == url) {
+                                    let _ = std::fs::remove_file(spool_path(
+                                        &self.cfg.system.state_dir,
+                                        &d.sha256,
+                                    ));
+                                }
+                            }
+                        }
                         full.method = Method::Full;
                         full.writing = true;
                         full.frames_durable = 0;
@@ -1008,7 +1038,7 @@ impl Machine {
                     durable_job.frames_durable = n;
                     store.update_state(&State::Downloading(durable_job.clone()))
                 };
-                let mut src = Source::new(origin, self.fetcher.as_ref(), self.preferred);
+                let mut src = Source::new(origin, self.fetcher.clone(), self.preferred);
                 let outcome = install::write_full(
                     &mut src,
                     &m,
@@ -1035,7 +1065,7 @@ impl Machine {
                     bail!(Store, "the job's delta {url} is not in its manifest");
                 };
                 let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
-                let mut src = Source::new(origin, self.fetcher.as_ref(), self.preferred);
+                let mut src = Source::new(origin, self.fetcher.clone(), self.preferred);
                 let n = install::download_delta(&mut src, &d, &spool, &mut tick)?;
                 let pref = src.preferred();
                 job.bytes_downloaded += n;

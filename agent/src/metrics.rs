@@ -18,8 +18,8 @@
 //! | `updraft_checks_total` | counter | manifest checks started |
 //! | `updraft_errors_total{kind}` | counter | errors by [`Kind::as_str`]; every kind is present from 0 |
 //! | `updraft_signature_failures_total` | counter | manifests or key documents whose signatures did not verify |
-//! | `updraft_downloaded_bytes_total` | counter | bytes received for artifacts and deltas |
-//! | `updraft_last_install_duration_seconds` | gauge | wall time of the last completed install (absent before the first) |
+//! | `updraft_downloaded_bytes_total` | counter | response body bytes received (manifests, key documents, artifacts, deltas) |
+//! | `updraft_last_install_duration_seconds` | gauge | from the start of the last committed release's job to its commit, reboot included (absent before the first) |
 //! | `updraft_booted_slot{slot}` | gauge | 1 for the booted slot, 0 for the other |
 //! | `updraft_release_info{slot,version}` | gauge | 1 per slot whose installed release is known |
 //! | `updraft_state{state}` | gauge | 1 for the current state, 0 for every other (a state set) |
@@ -177,7 +177,7 @@ impl Metrics {
         self.downloaded_bytes = self.downloaded_bytes.saturating_add(bytes);
     }
 
-    /// An install finished (verified on the slot) after `took`.
+    /// A release committed `took` after its job started (reboot included).
     pub fn set_last_install_duration(&mut self, took: Duration) {
         self.last_install = Some(took);
     }
@@ -263,7 +263,7 @@ impl Metrics {
         f.header(
             "updraft_downloaded_bytes_total",
             "counter",
-            "Bytes downloaded for artifacts and deltas.",
+            "Response body bytes received (manifests, key documents, artifacts, deltas).",
         );
         f.sample("updraft_downloaded_bytes_total", &[], self.downloaded_bytes);
 
@@ -271,7 +271,7 @@ impl Metrics {
             f.header(
                 "updraft_last_install_duration_seconds",
                 "gauge",
-                "Wall time of the last completed install.",
+                "From the start of the last committed release's job to its commit, reboot included.",
             );
             f.sample(
                 "updraft_last_install_duration_seconds",

@@ -85,16 +85,18 @@ impl Origin {
     }
 }
 
-/// An open origin with the fetcher it needs.
-pub struct Source<'a> {
+/// An open origin with the fetcher it needs. Cheap to clone (the fetcher
+/// shares its connection pool), so a transfer can run on a helper thread.
+#[derive(Clone)]
+pub struct Source {
     origin: Origin,
-    fetcher: Option<&'a Fetcher>,
+    fetcher: Option<Fetcher>,
     preferred: usize,
 }
 
-impl<'a> Source<'a> {
+impl Source {
     /// `fetcher` may be `None` for local origins.
-    pub fn new(origin: Origin, fetcher: Option<&'a Fetcher>, preferred: usize) -> Source<'a> {
+    pub fn new(origin: Origin, fetcher: Option<Fetcher>, preferred: usize) -> Source {
         Source {
             origin,
             fetcher,
@@ -115,9 +117,15 @@ impl<'a> Source<'a> {
         self.origin.to_arg()
     }
 
-    fn fetcher(&self) -> Result<&'a Fetcher> {
+    fn fetcher(&self) -> Result<Fetcher> {
         self.fetcher
+            .clone()
             .ok_or_else(|| err!(Config, "no HTTPS client configured for {}", self.describe()))
+    }
+
+    /// Remember which base URL worked (from a transfer run on a clone).
+    pub fn set_preferred(&mut self, preferred: usize) {
+        self.preferred = preferred;
     }
 
     /// Try each base in turn, starting at the preferred one; remember the

@@ -2,16 +2,20 @@
 //! transitions exist.
 //!
 //! ```text
-//! Idle → Checking → Downloading → Installing → Installed → Rebooting
+//! Idle ─(check finds a release)→ Downloading → Installing → Installed → Rebooting
 //!      → Testing (after boot, on the new slot) → Committed | RolledBack
-//! any step → Failed(reason) → Idle (with backoff)
+//! any step before the switch → Failed(reason) → Idle (with backoff)
 //! ```
+//!
+//! A check itself is not a persisted state: one that finds nothing to do
+//! writes nothing. (`Checking` is kept for databases written by older
+//! versions; a restart in it goes back to `Idle`.)
 //!
 //! The state is persisted (see [`crate::store`]) in one transaction per
 //! transition, *before* the side effect the new state announces, and every
 //! side effect is safe to repeat, so a restart in any state simply runs that
 //! state's action again. What each state's action is lives in
-//! [`crate::daemon`]; this module only defines the states and the legal
+//! [`crate::machine`]; this module only defines the states and the legal
 //! moves between them, so the whole machine can be read in one screen.
 
 use serde::{Deserialize, Serialize};

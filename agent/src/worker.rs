@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Kind, Result};
 use crate::install::{Progress, Ticker};
+use crate::source::Source;
 
 /// How long the state machine waits for data before ticking.
 pub const TICK: Duration = Duration::from_millis(200);
@@ -27,94 +28,152 @@ pub const TICK: Duration = Duration::from_millis(200);
 /// Chunks in flight between the helper thread and the state machine.
 const DEPTH: usize = 4;
 
-/// A byte stream read on a helper thread.
+/// What the helper thread sends.
+enum Msg {
+    /// The transfer is open; the base URL that answered.
+    Opened(usize),
+    Data(Vec<u8>),
+    End,
+    /// Opening failed (kind kept: an artifact longer than signed is an
+    /// integrity error, not a network one).
+    OpenFailed(Error),
+    ReadFailed(io::Error),
+}
+
+/// A byte stream opened and read on a helper thread.
 pub struct Feed {
-    rx: Receiver<io::Result<Vec<u8>>>,
+    rx: Receiver<Msg>,
     chunk: Vec<u8>,
     pos: usize,
     ended: bool,
+    preferred: Option<usize>,
 }
 
 impl Feed {
-    /// Start reading `reader` in chunks of `chunk` bytes.
-    pub fn spawn(mut reader: Box<dyn Read + Send>, chunk: usize) -> Feed {
-        let (tx, rx): (SyncSender<io::Result<Vec<u8>>>, _) = sync_channel(DEPTH);
+    /// Open `rel` at `offset` of its `total` signed bytes from `source`, and
+    /// read it in chunks of `chunk` bytes, all on a helper thread: neither
+    /// the request (name resolution, connect, headers) nor a stalled body
+    /// blocks the caller.
+    pub fn open(source: Source, rel: String, offset: u64, total: u64, chunk: usize) -> Feed {
+        Feed::spawn_with(chunk, move || {
+            let mut src = source;
+            let reader = src.open(&rel, offset, total)?;
+            Ok((reader, src.preferred()))
+        })
+    }
+
+    /// Read an already open `reader` on a helper thread.
+    pub fn spawn(reader: Box<dyn Read + Send>, chunk: usize) -> Feed {
+        Feed::spawn_with(chunk, move || Ok((reader, 0)))
+    }
+
+    fn spawn_with(
+        chunk: usize,
+        opener: impl FnOnce() -> Result<(Box<dyn Read + Send>, usize)> + Send + 'static,
+    ) -> Feed {
+        let (tx, rx): (SyncSender<Msg>, _) = sync_channel(DEPTH);
         let spawned = std::thread::Builder::new()
             .name("updraft-fetch".into())
             .stack_size(256 * 1024)
             .spawn(move || {
+                let mut reader = match opener() {
+                    Ok((r, preferred)) => {
+                        if tx.send(Msg::Opened(preferred)).is_err() {
+                            return;
+                        }
+                        r
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Msg::OpenFailed(e));
+                        return;
+                    }
+                };
                 loop {
                     let mut buf = vec![0u8; chunk];
                     match reader.read(&mut buf) {
                         Ok(0) => {
-                            let _ = tx.send(Ok(Vec::new()));
+                            let _ = tx.send(Msg::End);
                             return;
                         }
                         Ok(n) => {
                             buf.truncate(n);
-                            if tx.send(Ok(buf)).is_err() {
+                            if tx.send(Msg::Data(buf)).is_err() {
                                 return;
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Err(e) => {
-                            let _ = tx.send(Err(e));
+                            let _ = tx.send(Msg::ReadFailed(e));
                             return;
                         }
                     }
                 }
             });
-        let (rx, ended) = match spawned {
-            Ok(_) => (rx, false),
+        let rx = match spawned {
+            Ok(_) => rx,
             Err(e) => {
-                // Could not start a thread: report it as the first read.
                 let (tx, rx) = sync_channel(1);
-                let _ = tx.send(Err(e));
-                (rx, false)
+                let _ = tx.send(Msg::OpenFailed(Error::new(
+                    Kind::Io,
+                    format!("starting a transfer thread: {e}"),
+                )));
+                rx
             }
         };
         Feed {
             rx,
             chunk: Vec::new(),
             pos: 0,
-            ended,
+            ended: false,
+            preferred: None,
         }
+    }
+
+    /// The base URL index that served the transfer, once it is open.
+    pub fn preferred(&self) -> Option<usize> {
+        self.preferred
     }
 
     /// Copy available bytes into `buf`: `Some(n)` with n > 0 for data,
     /// `Some(0)` at the end of the stream, `None` when nothing arrived
     /// within [`TICK`] (the caller should tick and call again).
     pub fn read_some(&mut self, buf: &mut [u8]) -> Result<Option<usize>> {
-        if self.pos < self.chunk.len() {
-            let n = (self.chunk.len() - self.pos).min(buf.len());
-            buf[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
-            self.pos += n;
-            return Ok(Some(n));
-        }
-        if self.ended {
-            return Ok(Some(0));
-        }
-        match self.rx.recv_timeout(TICK) {
-            Ok(Ok(data)) if data.is_empty() => {
-                self.ended = true;
-                Ok(Some(0))
+        loop {
+            if self.pos < self.chunk.len() {
+                let n = (self.chunk.len() - self.pos).min(buf.len());
+                buf[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
+                self.pos += n;
+                return Ok(Some(n));
             }
-            Ok(Ok(data)) => {
-                self.chunk = data;
-                self.pos = 0;
-                self.read_some(buf)
+            if self.ended {
+                return Ok(Some(0));
             }
-            Ok(Err(e)) => {
-                self.ended = true;
-                Err(Error::new(Kind::Network, e.to_string()))
-            }
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => {
-                self.ended = true;
-                Err(Error::new(
-                    Kind::Network,
-                    "transfer thread ended unexpectedly",
-                ))
+            match self.rx.recv_timeout(TICK) {
+                Ok(Msg::Opened(p)) => self.preferred = Some(p),
+                Ok(Msg::Data(data)) => {
+                    self.chunk = data;
+                    self.pos = 0;
+                }
+                Ok(Msg::End) => {
+                    self.ended = true;
+                    return Ok(Some(0));
+                }
+                Ok(Msg::OpenFailed(e)) => {
+                    self.ended = true;
+                    return Err(e);
+                }
+                Ok(Msg::ReadFailed(e)) => {
+                    self.ended = true;
+                    return Err(Error::new(Kind::Network, e.to_string()));
+                }
+                Err(RecvTimeoutError::Timeout) => return Ok(None),
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.ended = true;
+                    return Err(Error::new(
+                        Kind::Network,
+                        "transfer thread ended unexpectedly",
+                    ));
+                }
             }
         }
     }

@@ -363,9 +363,9 @@ fn nonempty(v: Option<&String>, default: &str) -> String {
 pub fn boot_uboot(fw_env_config: &Path) -> Option<SlotName> {
     let vars = fw_printenv(fw_env_config)
         .unwrap_or_else(|e| panic!("the boot script cannot read the environment: {e}"));
-    let order = nonempty(vars.get("BOOT_ORDER"), "A B");
+    let order = nonempty(vars.get("BOOT_ORDER"), "A");
     let mut left_a = nonempty(vars.get("BOOT_A_LEFT"), "3");
-    let mut left_b = nonempty(vars.get("BOOT_B_LEFT"), "3");
+    let mut left_b = nonempty(vars.get("BOOT_B_LEFT"), "0");
     let mut booted = None;
     for s in order.split_whitespace() {
         match s {
@@ -407,10 +407,10 @@ pub fn boot_file(path: &Path) -> Option<SlotName> {
         Err(e) => panic!("reading {}: {e}", path.display()),
     };
     let vars = parse_listing(&text);
-    let order = nonempty(vars.get("BOOT_ORDER"), "A B");
+    let order = nonempty(vars.get("BOOT_ORDER"), "A");
     let mut left = [
         uboot_decimal(&nonempty(vars.get("BOOT_A_LEFT"), "3")),
-        uboot_decimal(&nonempty(vars.get("BOOT_B_LEFT"), "3")),
+        uboot_decimal(&nonempty(vars.get("BOOT_B_LEFT"), "0")),
     ];
     let mut booted = None;
     for s in order.split_whitespace() {
@@ -579,7 +579,8 @@ pub fn boot_grub(grubenv: &Path) -> Option<SlotName> {
             "B" => SlotName::B,
             _ => continue,
         };
-        let ok = number(get(&format!("{s}_OK"), "0"));
+        // As the shipped grub.cfg initialises them: A_OK 1, B_OK 0.
+        let ok = number(get(&format!("{s}_OK"), if s == "A" { "1" } else { "0" }));
         let tried = number(get(&format!("{s}_TRY"), "0"));
         if ok == 1 && tried == 0 {
             grub_editenv_set(grubenv, &[(&format!("{s}_TRY"), "1")])

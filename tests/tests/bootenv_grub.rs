@@ -93,10 +93,11 @@ fn updraft_reads_what_grub_editenv_writes() {
     let p = dir.path().join("grubenv");
     grub_editenv_create(&p);
     let mut bl = GrubBootloader::new(p.clone()).unwrap();
-    // A fresh block: the script's defaults, nothing bootable.
+    // A fresh block: the shipped grub.cfg's defaults, slot A only.
     let s = bl.read().unwrap();
     assert_eq!(s.order, vec![SlotName::A, SlotName::B]);
-    assert_eq!(s.next_boot(), None);
+    assert_eq!(s.next_boot(), Some(SlotName::A));
+    assert!(!s.b.bootable);
     grub_editenv_set(
         &p,
         &[

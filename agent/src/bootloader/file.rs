@@ -5,7 +5,7 @@
 //! `BOOT_A_LEFT`, `BOOT_B_LEFT`) one per line as `NAME=value`, so a script
 //! written for the `uboot` backend reads it the same way. Writes are atomic
 //! (temporary file, fsync, rename). A missing file reads as the U-Boot
-//! default (`A B`, full attempts); a malformed one is refused, never
+//! default of the boot scripts (`A` only, full attempts); a malformed one is refused, never
 //! rewritten.
 
 use std::path::PathBuf;
@@ -32,7 +32,9 @@ impl FileBootloader {
         let text = match std::fs::read_to_string(&self.path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok((vec![SlotName::A, SlotName::B], DEFAULT_LEFT, DEFAULT_LEFT));
+                // As the boot scripts initialise a fresh environment: slot A
+                // only, with full attempts.
+                return Ok((vec![SlotName::A], DEFAULT_LEFT, 0));
             }
             Err(e) => {
                 return Err(crate::error::Error::from(e)

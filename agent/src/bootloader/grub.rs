@@ -283,9 +283,11 @@ fn index(slot: SlotName) -> usize {
     }
 }
 
+/// A missing flag reads as the shipped GRUB script initialises it: `A_OK`
+/// 1, everything else 0.
 fn flag(env: &GrubEnv, name: &str) -> Result<bool> {
     match env.get(name).as_deref() {
-        None => Ok(false),
+        None => Ok(name == "A_OK"),
         Some(b"0") => Ok(false),
         Some(b"1") => Ok(true),
         Some(v) => bail!(
@@ -670,7 +672,11 @@ mod tests {
         let mut bl = GrubBootloader::new(p).unwrap();
         let s = bl.read().unwrap();
         assert_eq!(s.order, vec![SlotName::A, SlotName::B]);
-        assert!(!s.a.bootable && !s.b.bootable, "x_OK defaults to 0");
+        assert!(
+            s.a.bootable,
+            "A_OK defaults to 1, as the shipped grub.cfg sets it"
+        );
+        assert!(!s.b.bootable, "B_OK defaults to 0");
         bl.mark_good(SlotName::A, 3).unwrap();
         assert_eq!(bl.read().unwrap().next_boot(), Some(SlotName::A));
     }

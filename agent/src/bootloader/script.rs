@@ -252,7 +252,10 @@ impl ScriptBootloader {
     }
 
     fn spawn_and_wait(&self, args: &[&str]) -> Result<Finished> {
-        let mut child = Command::new(&self.script)
+        let mut cmd = Command::new(&self.script);
+        // The script must not talk to systemd as if it were the daemon.
+        crate::notify::scrub(&mut cmd);
+        let mut child = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -1044,11 +1044,14 @@ fn text_var<'a>(env: &'a Environment, name: &str) -> Result<Option<&'a str>> {
 
 impl Boot {
     fn from_env(env: &Environment) -> Result<Boot> {
+        // Missing variables read as the shipped boot script initialises
+        // them: only slot A, with full attempts; B is not bootable until
+        // updraft has written and verified an image into it.
         let order = match text_var(env, VAR_ORDER)? {
             Some(t) => model::parse_order(t)?,
-            None => vec![SlotName::A, SlotName::B],
+            None => vec![SlotName::A],
         };
-        let mut left = [DEFAULT_LEFT; 2];
+        let mut left = [DEFAULT_LEFT, 0];
         for slot in [SlotName::A, SlotName::B] {
             let name = left_var(slot);
             if let Some(t) = text_var(env, name)? {
@@ -1465,9 +1468,10 @@ mod tests {
         let d = tmp("defaults");
         let (mut bl, _) = backend(&d, 256, 1, &env_of(&[("bootcmd", "run x")]));
         let s = bl.read().unwrap();
-        assert_eq!(s.order, vec![SlotName::A, SlotName::B]);
-        assert_eq!((s.a.tries_left, s.b.tries_left), (3, 3));
-        assert!(s.a.bootable && s.b.bootable);
+        // As the shipped boot script initialises them: A only, B empty.
+        assert_eq!(s.order, vec![SlotName::A]);
+        assert_eq!((s.a.tries_left, s.b.tries_left), (3, 0));
+        assert!(s.a.bootable && !s.b.bootable);
         bl.disable(SlotName::B).unwrap();
         let env = bl.load().unwrap().env;
         let entries: Vec<&[u8]> = env.entries().collect();
