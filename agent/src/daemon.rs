@@ -254,6 +254,9 @@ struct Daemon {
     next_step: Instant,
     poll_backoff: Backoff,
     delivery_backoff: Backoff,
+    /// Install attempts that failed in a row: the next poll (which would
+    /// start the same release again) waits longer each time.
+    install_failures: u32,
     machine_active: bool,
     metrics: Metrics,
     /// Body bytes the fetcher had counted at the last metrics update.
@@ -274,6 +277,7 @@ impl Daemon {
             next_delivery: now,
             next_step: now,
             poll_backoff: Backoff::new(retry_base, s.retry_max.0),
+            install_failures: 0,
             delivery_backoff: Backoff::new(retry_base, s.retry_max.0),
             machine_active: true,
             metrics: Metrics::new(),
@@ -459,6 +463,28 @@ impl Daemon {
         };
         let next = self.m.step(&mut tick);
         self.update_metrics();
+        match self.m.state().map(|s| s.name()) {
+            Ok("failed") => {
+                // The same release would be started again at the next poll:
+                // back off, growing with each failed attempt, so a broken
+                // artifact is not fetched by the whole fleet every interval.
+                self.install_failures = self.install_failures.saturating_add(1);
+                let interval = self.cfg.server.poll_interval.0;
+                let cap = Duration::from_secs(24 * 3600).max(interval);
+                let delay = backoff::poll_delay(interval, self.cfg.server.jitter())
+                    + backoff::full_jitter(self.install_failures, interval, cap);
+                log::info!(
+                    "install attempt {} failed; next check in {}",
+                    self.install_failures,
+                    crate::timestamp::format_duration(delay)
+                );
+                if self.next_poll.is_some() {
+                    self.next_poll = Some(Instant::now() + delay);
+                }
+            }
+            Ok("installed" | "committed") => self.install_failures = 0,
+            _ => {}
+        }
         let next = next?;
         notify::status(&format!("state {}", self.m.state()?.name()));
         match next {
