@@ -510,11 +510,22 @@ impl Daemon {
             match q {
                 Queued::Check(client) => {
                     if self.machine_active {
+                        // Nothing to poll for while an update runs; say
+                        // which (not an error: the check is moot).
                         if let Some(c) = client {
-                            c.reply(&Reply::error(&Error::new(
-                                Kind::Busy,
-                                "an update is in progress",
-                            )));
+                            let what = match self.m.state() {
+                                Ok(st) => match st.job() {
+                                    Some(j) => format!(
+                                        "an update is in progress: release {} into slot {} ({})",
+                                        j.version,
+                                        j.target,
+                                        st.name()
+                                    ),
+                                    None => format!("an update is in progress ({})", st.name()),
+                                },
+                                Err(e) => format!("an update is in progress ({e})"),
+                            };
+                            c.reply(&Reply::ok(what));
                         }
                         continue;
                     }

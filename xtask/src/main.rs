@@ -6,11 +6,13 @@
 //! * `bench install|daemon|delta|size` — figures side by side with reference tools.
 //! * `fuzz [TARGET] [--seconds N]` — run the cargo-fuzz targets for a bounded time.
 //! * `cross-test` — build for aarch64 and armv7 and run the tests under qemu-user.
+//! * `dist` — release tarballs with the binary, the systemd files and the docs.
 //! * `yocto-crates [--check]` — regenerate the Yocto recipe's crate list from Cargo.lock.
 
 mod bench;
 mod cross;
 mod demo;
+mod dist;
 mod fuzz;
 mod test;
 mod util;
@@ -33,6 +35,7 @@ fn main() -> ExitCode {
         "bench" => bench::run(rest),
         "fuzz" => fuzz::run(rest),
         "cross-test" => cross::run(rest),
+        "dist" => dist::run(rest),
         "yocto-crates" => yocto::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
@@ -58,4 +61,5 @@ const USAGE: &str = "usage: cargo xtask <command>
   bench install|daemon|delta|size
   fuzz [TARGET] [--seconds N]
   cross-test                build for aarch64 and armv7, run the tests under qemu-user
+  dist [--target T]...      release tarballs (x86_64, aarch64, armv7) in target/dist
   yocto-crates [--check]    regenerate the Yocto recipe's crate list from Cargo.lock";
