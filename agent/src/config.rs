@@ -10,10 +10,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
-
 use crate::error::{Error, Kind, Result};
 use crate::timestamp::parse_duration;
+use crate::toml_subset::{self, Entry, Table, Value};
 use crate::trust::{Anchor, KeySet, PublicKey};
 
 pub const DEFAULT_PATH: &str = "/etc/updraft/updraft.toml";
@@ -22,33 +21,18 @@ pub const DEFAULT_PATH: &str = "/etc/updraft/updraft.toml";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dur(pub Duration);
 
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        parse_duration(&s)
-            .map(Dur)
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct Config {
-    #[serde(default)]
     pub server: Server,
     pub device: Device,
     pub trust: TrustConfig,
     pub slots: Slots,
-    #[serde(default)]
     pub bootloader: Bootloader,
-    #[serde(default)]
     pub health: Health,
-    #[serde(default)]
     pub system: System,
 }
 
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone)]
 pub struct Server {
     /// Where the signed manifest is polled. Empty: the daemon never polls
     /// (local installs only).
@@ -118,12 +102,10 @@ impl Server {
     }
 }
 
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct Device {
     /// This device's hardware id; a release must list it in `compatible`.
     pub compatible: String,
-    #[serde(default = "default_id_file")]
     pub id_file: PathBuf,
 }
 
@@ -131,17 +113,12 @@ fn default_id_file() -> PathBuf {
     PathBuf::from("/data/updraft/device-id")
 }
 
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct TrustConfig {
-    #[serde(default)]
     pub root_keys: Vec<PathBuf>,
-    #[serde(default)]
     pub keys: Vec<PathBuf>,
-    #[serde(default = "one")]
     pub threshold: usize,
     /// Version of the key document the provisioned root keys belong to.
-    #[serde(default)]
     pub keys_version: u64,
 }
 
@@ -149,12 +126,10 @@ fn one() -> usize {
     1
 }
 
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct Slots {
     pub a: PathBuf,
     pub b: PathBuf,
-    #[serde(default = "default_cmdline")]
     pub cmdline: PathBuf,
 }
 
@@ -162,8 +137,7 @@ fn default_cmdline() -> PathBuf {
     PathBuf::from("/proc/cmdline")
 }
 
-#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BootloaderKind {
     Uboot,
     Grub,
@@ -172,8 +146,7 @@ pub enum BootloaderKind {
     Script,
 }
 
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone)]
 pub struct Bootloader {
     pub kind: BootloaderKind,
     pub tries: u32,
@@ -197,8 +170,7 @@ impl Default for Bootloader {
     }
 }
 
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone)]
 pub struct Health {
     pub checks_dir: PathBuf,
     pub required_units: Vec<String>,
@@ -222,15 +194,13 @@ impl Default for Health {
     }
 }
 
-#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RebootMode {
     Auto,
     Manual,
 }
 
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone)]
 pub struct System {
     pub reboot: RebootMode,
     pub reboot_command: Vec<String>,
@@ -278,10 +248,169 @@ impl Config {
     /// Parse and check configuration text. Relative paths are kept as
     /// written (resolved against the working directory when used).
     pub fn parse(text: &str) -> Result<Config> {
-        let cfg: Config = toml::from_str(text)
-            .map_err(|e| Error::new(Kind::Config, e.to_string().trim_end().to_string()))?;
+        let tables =
+            toml_subset::parse(text).map_err(|e| Error::new(Kind::Config, e.to_string()))?;
+        let cfg = Config::from_tables(&tables)?;
         cfg.check()?;
         Ok(cfg)
+    }
+
+    fn from_tables(tables: &[Table]) -> Result<Config> {
+        const SECTIONS: [&str; 7] = [
+            "server",
+            "device",
+            "trust",
+            "slots",
+            "bootloader",
+            "health",
+            "system",
+        ];
+        for t in tables {
+            if t.name.is_empty() {
+                if let Some(e) = t.entries.first() {
+                    return Err(Error::new(
+                        Kind::Config,
+                        format!(
+                            "line {}: key {} is outside any section ([{}])",
+                            e.line,
+                            e.key,
+                            SECTIONS.join("], [")
+                        ),
+                    ));
+                }
+            } else if !SECTIONS.contains(&t.name.as_str()) {
+                return Err(Error::new(
+                    Kind::Config,
+                    format!(
+                        "line {}: unknown section [{}] (sections: [{}])",
+                        t.line,
+                        t.name,
+                        SECTIONS.join("], [")
+                    ),
+                ));
+            }
+        }
+        let section =
+            |name: &'static str| Section::new(name, tables.iter().find(|t| t.name == name));
+        let mut s = section("server");
+        let d = Server::default();
+        let server = Server {
+            manifest_url: s.string("manifest_url")?.unwrap_or(d.manifest_url),
+            ca_file: s.path("ca_file")?,
+            system_roots: s.boolean("system_roots")?.unwrap_or(d.system_roots),
+            mirrors: s.strings("mirrors")?.unwrap_or(d.mirrors),
+            report_url: s.string("report_url")?.unwrap_or(d.report_url),
+            poll_interval: s.duration("poll_interval")?.unwrap_or(d.poll_interval),
+            poll_jitter: s.duration("poll_jitter")?,
+            heartbeat_interval: s
+                .duration("heartbeat_interval")?
+                .unwrap_or(d.heartbeat_interval),
+            retry_max: s.duration("retry_max")?.unwrap_or(d.retry_max),
+            connect_timeout: s.duration("connect_timeout")?.unwrap_or(d.connect_timeout),
+            stall_timeout: s.duration("stall_timeout")?.unwrap_or(d.stall_timeout),
+            min_rate: s.unsigned("min_rate")?.unwrap_or(d.min_rate),
+            min_rate_window: s.duration("min_rate_window")?.unwrap_or(d.min_rate_window),
+            client_cert: s.path("client_cert")?,
+            client_key: s.path("client_key")?,
+            token_file: s.path("token_file")?,
+            insecure_allow_http: s
+                .boolean("insecure_allow_http")?
+                .unwrap_or(d.insecure_allow_http),
+        };
+        s.finish()?;
+
+        let mut s = section("device").required()?;
+        let device = Device {
+            compatible: s.required_string("compatible")?,
+            id_file: s.path("id_file")?.unwrap_or_else(default_id_file),
+        };
+        s.finish()?;
+
+        let mut s = section("trust").required()?;
+        let trust = TrustConfig {
+            root_keys: s.paths("root_keys")?.unwrap_or_default(),
+            keys: s.paths("keys")?.unwrap_or_default(),
+            threshold: s
+                .unsigned("threshold")?
+                .map(|v| v as usize)
+                .unwrap_or_else(one),
+            keys_version: s.unsigned("keys_version")?.unwrap_or(0),
+        };
+        s.finish()?;
+
+        let mut s = section("slots").required()?;
+        let slots = Slots {
+            a: PathBuf::from(s.required_string("a")?),
+            b: PathBuf::from(s.required_string("b")?),
+            cmdline: s.path("cmdline")?.unwrap_or_else(default_cmdline),
+        };
+        s.finish()?;
+
+        let mut s = section("bootloader");
+        let d = Bootloader::default();
+        let bootloader = Bootloader {
+            kind: s
+                .choice(
+                    "kind",
+                    &[
+                        ("uboot", BootloaderKind::Uboot),
+                        ("grub", BootloaderKind::Grub),
+                        ("file", BootloaderKind::File),
+                        ("script", BootloaderKind::Script),
+                    ],
+                )?
+                .unwrap_or(d.kind),
+            tries: s
+                .unsigned("tries")?
+                .map(|v| v.min(u64::from(u32::MAX)) as u32)
+                .unwrap_or(d.tries),
+            path: s.path("path")?.unwrap_or(d.path),
+            fw_env_config: s.path("fw_env_config")?.unwrap_or(d.fw_env_config),
+            grubenv: s.path("grubenv")?.unwrap_or(d.grubenv),
+            script: s.path("script")?,
+        };
+        s.finish()?;
+
+        let mut s = section("health");
+        let d = Health::default();
+        let health = Health {
+            checks_dir: s.path("checks_dir")?.unwrap_or(d.checks_dir),
+            required_units: s.strings("required_units")?.unwrap_or(d.required_units),
+            timeout: s.duration("timeout")?.unwrap_or(d.timeout),
+            check_timeout: s.duration("check_timeout")?.unwrap_or(d.check_timeout),
+            check_server: s.boolean("check_server")?.unwrap_or(d.check_server),
+        };
+        s.finish()?;
+
+        let mut s = section("system");
+        let d = System::default();
+        let system = System {
+            reboot: s
+                .choice(
+                    "reboot",
+                    &[("auto", RebootMode::Auto), ("manual", RebootMode::Manual)],
+                )?
+                .unwrap_or(d.reboot),
+            reboot_command: s.strings("reboot_command")?.unwrap_or(d.reboot_command),
+            boot_id_file: s.path("boot_id_file")?.unwrap_or(d.boot_id_file),
+            state_dir: s.path("state_dir")?.unwrap_or(d.state_dir),
+            socket: s.path("socket")?.unwrap_or(d.socket),
+            socket_group: s.string("socket_group")?,
+            metrics_file: s.path("metrics_file")?,
+            sync_bytes: s.unsigned("sync_bytes")?.unwrap_or(d.sync_bytes),
+            readback: s.boolean("readback")?.unwrap_or(d.readback),
+        };
+        s.finish()?;
+
+        Ok(Config {
+            server,
+            device,
+            trust,
+            slots,
+            bootloader,
+            health,
+            system,
+        })
     }
 
     fn check(&self) -> Result<()> {
@@ -406,6 +535,173 @@ impl Config {
 
     pub fn lock_path(&self) -> PathBuf {
         self.system.state_dir.join("updraft.lock")
+    }
+}
+
+/// Reads one section's keys, remembering which were read so that anything
+/// left over is reported as unknown.
+struct Section<'a> {
+    name: &'static str,
+    table: Option<&'a Table>,
+    used: Vec<String>,
+}
+
+impl<'a> Section<'a> {
+    fn new(name: &'static str, table: Option<&'a Table>) -> Section<'a> {
+        Section {
+            name,
+            table,
+            used: Vec::new(),
+        }
+    }
+
+    fn required(self) -> Result<Section<'a>> {
+        if self.table.is_none() {
+            return Err(Error::new(
+                Kind::Config,
+                format!("section [{}] is missing", self.name),
+            ));
+        }
+        Ok(self)
+    }
+
+    fn get(&mut self, key: &str) -> Option<&'a Entry> {
+        self.used.push(key.to_string());
+        self.table?.entries.iter().find(|e| e.key == key)
+    }
+
+    fn bad(&self, e: &Entry, why: impl std::fmt::Display) -> Error {
+        Error::new(
+            Kind::Config,
+            format!("{}.{} (line {}): {why}", self.name, e.key, e.line),
+        )
+    }
+
+    fn expected(&self, e: &Entry, what: &str) -> Error {
+        self.bad(e, format!("expected {what}, found {}", e.value.type_name()))
+    }
+
+    fn string(&mut self, key: &str) -> Result<Option<String>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(e) => match &e.value {
+                Value::String(s) => Ok(Some(s.clone())),
+                _ => Err(self.expected(e, "a string")),
+            },
+        }
+    }
+
+    fn required_string(&mut self, key: &str) -> Result<String> {
+        self.string(key)?
+            .ok_or_else(|| Error::new(Kind::Config, format!("{}.{key} is required", self.name)))
+    }
+
+    fn path(&mut self, key: &str) -> Result<Option<PathBuf>> {
+        Ok(self.string(key)?.map(PathBuf::from))
+    }
+
+    fn strings(&mut self, key: &str) -> Result<Option<Vec<String>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(e) => match &e.value {
+                Value::Array(items) => items
+                    .iter()
+                    .map(|v| match v {
+                        Value::String(s) => Ok(s.clone()),
+                        other => Err(self.bad(
+                            e,
+                            format!(
+                                "expected an array of strings, found {} in it",
+                                other.type_name()
+                            ),
+                        )),
+                    })
+                    .collect::<Result<Vec<_>>>()
+                    .map(Some),
+                _ => Err(self.expected(e, "an array of strings")),
+            },
+        }
+    }
+
+    fn paths(&mut self, key: &str) -> Result<Option<Vec<PathBuf>>> {
+        Ok(self
+            .strings(key)?
+            .map(|v| v.into_iter().map(PathBuf::from).collect()))
+    }
+
+    fn boolean(&mut self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(e) => match &e.value {
+                Value::Boolean(b) => Ok(Some(*b)),
+                _ => Err(self.expected(e, "true or false")),
+            },
+        }
+    }
+
+    fn unsigned(&mut self, key: &str) -> Result<Option<u64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(e) => match &e.value {
+                Value::Integer(n) if *n >= 0 => Ok(Some(*n as u64)),
+                Value::Integer(n) => Err(self.bad(e, format!("{n} is negative"))),
+                _ => Err(self.expected(e, "a whole number")),
+            },
+        }
+    }
+
+    fn duration(&mut self, key: &str) -> Result<Option<Dur>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(e) => match &e.value {
+                Value::String(s) => parse_duration(s)
+                    .map(|d| Some(Dur(d)))
+                    .map_err(|err| self.bad(e, err)),
+                _ => Err(self.expected(e, "a duration in quotes (e.g. \"30m\")")),
+            },
+        }
+    }
+
+    fn choice<T: Copy>(&mut self, key: &str, options: &[(&str, T)]) -> Result<Option<T>> {
+        let Some(v) = self.string(key)? else {
+            return Ok(None);
+        };
+        match options.iter().find(|(name, _)| *name == v) {
+            Some((_, t)) => Ok(Some(*t)),
+            None => {
+                let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
+                let e = self.get(key).cloned();
+                let msg = format!("{v:?} is not one of {}", names.join(", "));
+                Err(match e {
+                    Some(e) => self.bad(&e, msg),
+                    None => Error::new(Kind::Config, format!("{}.{key}: {msg}", self.name)),
+                })
+            }
+        }
+    }
+
+    /// Every key of the section was read: anything else is unknown.
+    fn finish(self) -> Result<()> {
+        let Some(t) = self.table else {
+            return Ok(());
+        };
+        if let Some(e) = t.entries.iter().find(|e| !self.used.contains(&e.key)) {
+            let mut known = self.used.clone();
+            known.sort();
+            known.dedup();
+            return Err(Error::new(
+                Kind::Config,
+                format!(
+                    "line {}: unknown key {}.{} (keys of [{}]: {})",
+                    e.line,
+                    self.name,
+                    e.key,
+                    self.name,
+                    known.join(", ")
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

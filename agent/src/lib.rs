@@ -36,6 +36,7 @@ pub mod source;
 pub mod state;
 pub mod store;
 pub mod timestamp;
+pub mod toml_subset;
 pub mod trust;
 pub mod worker;
 
