@@ -393,8 +393,9 @@ impl Parser {
                                     self.pos += n;
                                 }
                                 None => {
-                                    return self
-                                        .err(format!("\\{u}{hex} is not a valid character escape"));
+                                    return self.err(format!(
+                                        "\\{u}{hex} is not a valid character escape"
+                                    ));
                                 }
                             }
                         }

@@ -79,8 +79,8 @@ fn fifty_agents_spread_their_first_polls_over_the_jitter_window() {
         sorted[AGENTS / 2]
     );
     assert!(
-        sorted[AGENTS - 1] <= WINDOW + 2.0,
-        "a first poll came after the jitter window"
+        sorted[AGENTS - 1] <= WINDOW + 5.0,
+        "a first poll came long after the jitter window"
     );
     let mut bins = [0usize; 5];
     for t in &delays {

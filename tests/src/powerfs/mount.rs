@@ -136,7 +136,13 @@ fn abort(conn: u64) -> io::Result<()> {
             )
         };
     }
-    std::fs::write(&file, b"1").map_err(|e| context(e, format!("writing {}", file.display())))
+    match std::fs::write(&file, b"1") {
+        Ok(()) => Ok(()),
+        // The connection went away on its own between the busy unmount and
+        // now: that is the outcome aborting it was for.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(context(e, format!("writing {}", file.display()))),
+    }
 }
 
 impl Mounted {
