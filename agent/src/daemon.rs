@@ -250,6 +250,10 @@ struct Daemon {
     watchdog: Watchdog,
     next_poll: Option<Instant>,
     next_heartbeat: Instant,
+    /// Reports are not sent before this instant: it moves only when
+    /// delivery fails (backoff). Whatever is queued — a transition's
+    /// reports, a heartbeat, a failed check — goes out at the next turn of
+    /// the loop once it has passed.
     next_delivery: Instant,
     next_step: Instant,
     poll_backoff: Backoff,
@@ -326,6 +330,7 @@ impl Daemon {
                 self.next_heartbeat = Instant::now() + backoff::poll_delay(hb, hb / 10);
             }
             if Instant::now() >= self.next_delivery {
+                // Anything queued since the last turn, heartbeats included.
                 self.deliver();
             }
             self.wait();
@@ -343,7 +348,7 @@ impl Daemon {
         if self.machine_active {
             deadline = deadline.min(self.next_step);
         }
-        if !self.cfg.server.report_url.is_empty() && self.m.store().outbox_len().unwrap_or(0) > 0 {
+        if self.outbox_pending() {
             deadline = deadline.min(self.next_delivery);
         }
         if let Some(w) = self.watchdog.next() {
@@ -497,11 +502,6 @@ impl Daemon {
                 self.next_step = Instant::now() + d;
             }
         }
-        // Reports were queued by the transition: send them soon, unless
-        // delivery is backing off after failures.
-        if self.delivery_backoff.failures() == 0 {
-            self.next_delivery = self.next_delivery.min(Instant::now());
-        }
         Ok(())
     }
 
@@ -645,19 +645,24 @@ impl Daemon {
         if !s.manifest_url.is_empty() {
             self.next_poll = Some(Instant::now() + next);
         }
-        if self.delivery_backoff.failures() == 0 {
-            self.next_delivery = self.next_delivery.min(Instant::now());
-        }
+    }
+
+    /// Whether reports wait in the outbox and a server to send them to.
+    fn outbox_pending(&self) -> bool {
+        !self.cfg.server.report_url.is_empty() && self.m.store().outbox_len().unwrap_or(0) > 0
     }
 
     fn deliver(&mut self) {
-        if self.cfg.server.report_url.is_empty() || self.m.store().outbox_len().unwrap_or(0) == 0 {
-            self.next_delivery = Instant::now() + Duration::from_secs(3600);
+        if !self.outbox_pending() {
             return;
         }
         let mut snapshot = match self.status() {
             Ok(s) => s,
-            Err(_) => return,
+            Err(e) => {
+                log::warn!("report delivery postponed: reading the status: {e}");
+                self.next_delivery = Instant::now() + Duration::from_secs(30);
+                return;
+            }
         };
         let mut tick = Tick {
             ctl: &self.ctl,
@@ -673,7 +678,6 @@ impl Daemon {
                     log::info!("delivered {n} report(s)");
                 }
                 self.delivery_backoff.succeed();
-                self.next_delivery = Instant::now() + Duration::from_secs(3600);
             }
             Err(e) if e.kind() == Kind::Stopped => {}
             Err(e) => {

@@ -400,14 +400,14 @@ impl Device {
             if let Some(c) = self.daemon.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
                     self.daemon = None;
-                    panic!("daemon exited at start ({status}):\n{}", self.log());
+                    panic!("daemon exited at start ({status}):\n{}", self.log_tail());
                 }
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         panic!(
             "daemon did not open its socket within 30 s:\n{}",
-            self.log()
+            self.log_tail()
         );
     }
 
@@ -437,7 +437,7 @@ impl Device {
                     let _ = c.wait();
                     panic!(
                         "daemon did not stop within 30 s of SIGTERM:\n{}",
-                        self.log()
+                        self.log_tail()
                     );
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -456,6 +456,25 @@ impl Device {
     /// The daemon's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.daemon_log).unwrap_or_default()
+    }
+
+    /// The end of the daemon's own log, for failure messages: updraft's
+    /// lines only (the libraries' debug lines are left out) and at most the
+    /// last 80, so the events that matter survive a truncated CI log.
+    pub fn log_tail(&self) -> String {
+        const KEEP: usize = 80;
+        let log = self.log();
+        let own: Vec<&str> = log.lines().filter(|l| !l.contains(" DEBUG [")).collect();
+        let skip = own.len().saturating_sub(KEEP);
+        let mut out = String::new();
+        if skip > 0 {
+            out.push_str(&format!(
+                "[… {skip} earlier line(s) of {} …]\n",
+                self.daemon_log.display()
+            ));
+        }
+        out.push_str(&own[skip..].join("\n"));
+        out
     }
 
     /// Poll `status --json` until `pred` holds; panics with the log after
@@ -477,7 +496,7 @@ impl Device {
         }
         panic!(
             "timed out waiting for {what}; last status {last:#}\ndaemon log:\n{}",
-            self.log()
+            self.log_tail()
         );
     }
 
@@ -492,7 +511,7 @@ impl Device {
         }
         panic!(
             "no reboot was requested within {timeout:?}; log:\n{}",
-            self.log()
+            self.log_tail()
         );
     }
 
@@ -570,7 +589,7 @@ impl Drop for Device {
             let _ = c.wait();
         }
         if std::thread::panicking() {
-            eprintln!("--- daemon log ---\n{}", self.log());
+            eprintln!("--- daemon log (end) ---\n{}", self.log_tail());
         }
     }
 }

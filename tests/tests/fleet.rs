@@ -226,7 +226,7 @@ fn the_daemon_never_listens_on_the_network() {
     assert!(
         dev.reboot_marker.exists(),
         "the release was not installed:\n{}",
-        dev.log()
+        dev.log_tail()
     );
     let _ = seen_busy;
     // Its only socket it accepts on is the local control socket.

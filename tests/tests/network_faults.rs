@@ -339,7 +339,11 @@ fn a_daemon_killed_mid_download_resumes_after_restart() {
         again <= frame + OVERHEAD,
         "{again} bytes sent again after the restart"
     );
-    assert!(dev.log().contains("resuming at frame"), "{}", dev.log());
+    assert!(
+        dev.log().contains("resuming at frame"),
+        "{}",
+        dev.log_tail()
+    );
 }
 
 #[test]

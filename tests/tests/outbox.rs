@@ -46,7 +46,11 @@ fn reports_made_offline_arrive_in_order_with_heartbeats_folded() {
     collector.set_mode(Mode::Up).unwrap();
     let t = Instant::now();
     while dev.status()["outbox"].as_u64().unwrap() > 0 {
-        assert!(t.elapsed() < WAIT, "outbox not drained:\n{}", dev.log());
+        assert!(
+            t.elapsed() < WAIT,
+            "outbox not drained:\n{}",
+            dev.log_tail()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let reports: Vec<Value> = collector
@@ -105,5 +109,18 @@ fn reports_made_offline_arrive_in_order_with_heartbeats_folded() {
             "two consecutive heartbeat rows: folding failed"
         );
     }
+    // Online again, each new heartbeat goes out as soon as it is made, not
+    // at the next poll or state change.
+    let before = collector.reports().len();
+    let later = collector.wait_for_reports(before + 2, Duration::from_secs(20));
+    let fresh_beats = later[before..]
+        .iter()
+        .filter(|r| r.json().is_ok_and(|j| j["kind"] == json!("heartbeat")))
+        .count();
+    assert!(
+        fresh_beats >= 2,
+        "heartbeats made while online were not delivered: {} new report(s)",
+        later.len() - before
+    );
     dev.stop_daemon();
 }

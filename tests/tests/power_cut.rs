@@ -190,7 +190,7 @@ impl Campaign {
                 t.elapsed() < SCENARIO_TIMEOUT,
                 "{what} did not converge ({} cuts so far)\n{}",
                 self.cuts,
-                self.dev.log()
+                self.dev.log_tail()
             );
             if self.fs.is_dead() {
                 self.power_on();

@@ -101,7 +101,7 @@ impl Rig {
         panic!(
             "no install report with result {result:?}; reports: {:#?}\nlog:\n{}",
             self.reports(),
-            self.dev.log()
+            self.dev.log_tail()
         );
     }
 }
@@ -232,7 +232,7 @@ fn failing_health_check_rolls_back_and_is_not_retried() {
         assert!(
             t.elapsed() < WAIT,
             "the daemon stopped polling:\n{}",
-            r.dev.log()
+            r.dev.log_tail()
         );
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -468,7 +468,7 @@ fn manual_reboot_waits_for_the_operator() {
             .log()
             .contains("waiting for an operator to reboot into slot B"),
         "{}",
-        r.dev.log()
+        r.dev.log_tail()
     );
     // The operator reboots.
     r.reboot_and_settle("1.0");
