@@ -20,8 +20,8 @@
 //! `B_TRY`. A slot is bootable when it is in `ORDER`, `x_OK=1` and
 //! `x_TRY=0`; the script sets `x_TRY=1` as it boots the slot, so GRUB gives
 //! a slot exactly one try and the `tries` argument of the model is ignored.
-//! Missing variables read as the script's defaults: `ORDER="A B"`, `x_OK=0`,
-//! `x_TRY=0`.
+//! Missing variables read as the shipped `grub.cfg.in` initialises them:
+//! `ORDER="A B"`, `A_OK=1`, `B_OK=0`, `x_TRY=0`.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;

@@ -30,8 +30,9 @@
 //!
 //! The boot model lives in `BOOT_ORDER` ("A B"), `BOOT_A_LEFT` and
 //! `BOOT_B_LEFT`, the variables of the RAUC-style boot script shown in
-//! `docs/bootloaders.md`. A variable that is missing or empty reads as that
-//! script's default (`A B`, 3, 3), because that is what the script will do.
+//! `docs/bootloaders.md`. A variable that is missing or empty reads as the
+//! shipped `boot.cmd.in` initialises it (`A`, 3, 0: slot B of a new device
+//! is empty), because that is what the script will do.
 
 use std::fs::{File, OpenOptions};
 use std::io;
