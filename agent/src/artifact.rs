@@ -221,6 +221,15 @@ impl FrameDecoder {
         }
         Ok(&self.out)
     }
+
+    /// Hand over the last decoded frame's bytes, taking `spare` (cleared)
+    /// as the buffer the next frame decodes into. Lets a decoded frame be
+    /// written on another thread while the next one decodes, with no copy
+    /// and no buffer beyond the two that circulate.
+    pub fn take_output(&mut self, mut spare: Vec<u8>) -> Vec<u8> {
+        spare.clear();
+        std::mem::replace(&mut self.out, spare)
+    }
 }
 
 #[cfg(test)]

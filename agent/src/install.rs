@@ -27,14 +27,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::artifact::FrameDecoder;
 use crate::bail;
 use crate::error::{Context, Error, Result};
 use crate::hash::{Hasher, Sha256};
 use crate::manifest::{Delta, Frame, Image, Manifest};
 use crate::slot::{SlotReader, SlotWriter};
 use crate::source::Source;
-use crate::worker::Feed;
+use crate::worker::{Feed, FrameEvent, Frames};
 
 /// What is happening, for status and progress output.
 #[derive(Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq)]
@@ -109,26 +108,6 @@ impl Meter {
 /// Chunk size for reading compressed data, so ticks stay frequent on slow
 /// links.
 const READ_CHUNK: usize = 64 * 1024;
-
-/// Fill `buf` from `feed`, ticking while it waits.
-fn fill(feed: &mut Feed, buf: &mut [u8], meter: &mut Meter, ticker: &mut dyn Ticker) -> Result<()> {
-    let mut n = 0;
-    while n < buf.len() {
-        let end = (n + READ_CHUNK).min(buf.len());
-        match feed.read_some(&mut buf[n..end])? {
-            Some(0) => {
-                bail!(Network, "stream ended {} bytes early", buf.len() - n)
-            }
-            Some(k) => {
-                n += k;
-                meter.advance(k as u64);
-                meter.tick(ticker)?;
-            }
-            None => meter.tick(ticker)?,
-        }
-    }
-    Ok(())
-}
 
 /// Result of streaming the full artifact.
 #[derive(Debug, Default)]
@@ -214,12 +193,8 @@ pub fn write_full(
     if start >= frames.len() {
         return Ok(FullOutcome::default());
     }
-    let max_out = frames.iter().map(|f| f.out_size).max().unwrap_or(0) as usize;
-    let max_in = frames.iter().map(|f| f.size).max().unwrap_or(0) as usize;
-    let mut decoder = FrameDecoder::new(max_out)?;
-    let mut compressed = vec![0u8; max_in];
     let offset = frames[start].offset;
-    let mut feed = Feed::open(
+    let feed = Feed::open(
         src.clone(),
         m.artifact.url.clone(),
         offset,
@@ -227,52 +202,51 @@ pub fn write_full(
         READ_CHUNK,
     );
     let from_zero = start == 0;
-    let mut artifact_hash = from_zero.then(Hasher::new);
-    // Every frame is checked against the signed frame table either way; the
-    // whole-image hash is computed here only when the slot will not be read
-    // back (the read-back checks it against the medium instead).
+    // Frames are read, decoded and checked against the signed frame table
+    // on a helper thread (and, from frame 0, the artifact hash with them);
+    // only verified frames come back here to be written.
+    let mut stream = Frames::spawn(
+        feed,
+        frames.clone(),
+        start,
+        from_zero.then_some(m.artifact.sha256),
+    );
+    // The whole-image hash is computed here only when the slot will not be
+    // read back (the read-back checks it against the medium instead).
     let mut image_hash = (from_zero && hash_image).then(Hasher::new);
     writer.seek(frame_out_offset(frames, start));
     let mut meter = Meter::new("download", offset, m.artifact.size);
     let mut since_sync = 0usize;
     let mut prepared = false;
-    for (i, f) in frames.iter().enumerate().skip(start) {
-        let buf = &mut compressed[..f.size as usize];
-        fill(&mut feed, buf, &mut meter, ticker)
-            .map_err(|e| e.wrap(format!("reading artifact frame {i} at offset {}", f.offset)))?;
-        if let Some(h) = artifact_hash.as_mut() {
-            h.update(buf);
-        }
-        let out = decoder.decode(i, f, buf)?;
-        if let Some(h) = image_hash.as_mut() {
-            h.update(out);
-        }
-        if !prepared {
-            before_write()?;
-            prepared = true;
-        }
-        let stepped = writer.write_all(out)?;
-        since_sync += 1;
-        if stepped && since_sync >= 8 {
-            writer.sync()?;
-            on_durable((i + 1) as u64)?;
-            since_sync = 0;
+    loop {
+        match stream.wait()? {
+            FrameEvent::Read(n) => meter.advance(n),
+            FrameEvent::Idle => {}
+            FrameEvent::Frame { index, data } => {
+                if let Some(h) = image_hash.as_mut() {
+                    h.update(&data);
+                }
+                if !prepared {
+                    before_write()?;
+                    prepared = true;
+                }
+                let stepped = writer.write_all(&data)?;
+                stream.recycle(data);
+                since_sync += 1;
+                if stepped && since_sync >= 8 {
+                    writer.sync()?;
+                    on_durable((index + 1) as u64)?;
+                    since_sync = 0;
+                }
+            }
+            FrameEvent::End { preferred } => {
+                if let Some(p) = preferred {
+                    src.set_preferred(p);
+                }
+                break;
+            }
         }
         meter.tick(ticker)?;
-    }
-    if let Some(p) = feed.preferred() {
-        src.set_preferred(p);
-    }
-    feed.finish()?;
-    if let Some(h) = artifact_hash {
-        let got = h.finish();
-        if got != m.artifact.sha256 {
-            bail!(
-                Integrity,
-                "artifact sha256 is {got}, the manifest signs {}",
-                m.artifact.sha256
-            );
-        }
     }
     if let Some(h) = image_hash {
         let got = h.finish();
