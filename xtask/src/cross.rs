@@ -124,6 +124,8 @@ struct Outcome {
     failed: u64,
     ignored: u64,
     skips: Vec<String>,
+    /// Test binaries killed after hanging in the emulator (and run again).
+    hangs: Vec<String>,
     error: Option<String>,
 }
 
@@ -161,6 +163,9 @@ pub fn run(args: &[String]) -> Result {
         for s in &o.skips {
             println!("           skipped: {s}");
         }
+        for h in &o.hangs {
+            println!("           emulator hang: {h} (killed and run again)");
+        }
         if let Some(e) = &o.error {
             println!("           FAILED: {e}");
             failed = true;
@@ -182,6 +187,7 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
         failed: 0,
         ignored: 0,
         skips: Vec::new(),
+        hangs: Vec::new(),
         error: None,
     };
     let target_dir = util::root().join("target").join("cross");
@@ -190,6 +196,8 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
         .join(if release { "release" } else { "debug" });
     let skip_log = target_dir.join(format!("{}-skips.log", t.short));
     let _ = std::fs::remove_file(&skip_log);
+    let hang_log = target_dir.join(format!("{}-hangs.log", t.short));
+    let _ = std::fs::remove_file(&hang_log);
 
     println!(
         "\n== {}: building updraft, updraft-publish and the tests",
@@ -250,18 +258,50 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
         test.arg("--release");
     }
     test.arg("--no-fail-fast");
+    // Each test binary runs under `xtask emulate`, which ends and re-runs
+    // one that hangs in the emulator (see emulate.rs).
+    match supervised_runner(t, &hang_log) {
+        Ok(r) => {
+            test.env(format!("CARGO_TARGET_{}_RUNNER", t.env_triple()), r);
+        }
+        Err(e) => println!("cross-test: running the tests without a hang guard: {e}"),
+    }
     test.env("UPDRAFT_TEST_RUNNER", t.runner())
         .env("UPDRAFT_BIN_DIR", &profile_dir)
         .env("UPDRAFT_SKIP_LOG", &skip_log);
     let result = run_counting(&mut test, &mut o);
     o.test_secs = start.elapsed().as_secs_f64();
+    o.hangs = std::fs::read_to_string(&hang_log)
+        .map(|s| s.lines().map(|l| l.replace('\t', ": ")).collect())
+        .unwrap_or_default();
     o.skips = std::fs::read_to_string(&skip_log)
         .map(|s| s.lines().map(|l| l.replace('\t', ": ")).collect())
         .unwrap_or_default();
+    // A test binary run again after a hang records its skips twice.
+    o.skips.sort();
+    o.skips.dedup();
     if let Err(e) = result {
         o.error = Some(format!("tests: {e}"));
     }
     o
+}
+
+/// Seconds a test binary may run under the emulator before it counts as
+/// hung; the slowest takes about 35 s.
+const HANG_LIMIT_SECS: u64 = 600;
+
+/// `t`'s emulator command behind `xtask emulate` (cargo splits a runner on
+/// whitespace, so none of the paths may contain any).
+fn supervised_runner(t: &Target, hang_log: &Path) -> Result<String> {
+    let xtask = std::env::current_exe().map_err(|e| format!("locating xtask: {e}"))?;
+    let (xtask, log) = (xtask.display().to_string(), hang_log.display().to_string());
+    if xtask.contains(char::is_whitespace) || log.contains(char::is_whitespace) {
+        return Err(format!("{xtask} or {log} contains whitespace"));
+    }
+    Ok(format!(
+        "{xtask} emulate --limit {HANG_LIMIT_SECS} --log {log} -- {}",
+        t.runner()
+    ))
 }
 
 /// A cargo command set up to cross-compile for `t` with the cached rustc.

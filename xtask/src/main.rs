@@ -13,6 +13,7 @@ mod bench;
 mod cross;
 mod demo;
 mod dist;
+mod emulate;
 mod fuzz;
 mod test;
 mod util;
@@ -37,6 +38,8 @@ fn main() -> ExitCode {
         "cross-test" => cross::run(rest),
         "dist" => dist::run(rest),
         "yocto-crates" => yocto::run(rest),
+        // The runner cross-test hands to cargo; not for direct use.
+        "emulate" => return emulate::main(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
