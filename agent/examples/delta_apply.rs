@@ -47,34 +47,34 @@ fn run(args: &[String]) -> Result<()> {
     out.set_len(new_len)
         .with_context(|| format!("sizing {new}"))?;
     let mut hasher = Hasher::new();
-    if plain {
-        let mut at = 0u64;
-        updraft::delta::apply(
-            &old_file,
-            old_len,
-            &mut patch,
-            new_len,
-            &mut |block: &[u8]| {
-                hasher.update(block);
-                out.write_all_at(block, at)
-                    .with_context(|| format!("writing {new}"))?;
-                at += block.len() as u64;
-                Ok(())
-            },
-        )?;
+    // The slot writer (bounded write-back, like the device), or plain
+    // positioned writes with --no-sync.
+    let mut writer = if plain {
+        None
     } else {
-        let mut writer = SlotWriter::open(Path::new(new), Path::new(old), 32 << 20)?;
-        updraft::delta::apply(
-            &old_file,
-            old_len,
-            &mut patch,
-            new_len,
-            &mut |block: &[u8]| {
-                hasher.update(block);
-                writer.write_all(block).map(|_| ())
-            },
-        )?;
-        writer.finish()?;
+        Some(SlotWriter::open(Path::new(new), Path::new(old), 32 << 20)?)
+    };
+    let mut at = 0u64;
+    updraft::delta::apply(
+        &old_file,
+        old_len,
+        &mut patch,
+        new_len,
+        &mut |block: &[u8]| {
+            hasher.update(block);
+            match writer.as_mut() {
+                Some(w) => w.write_all(block).map(|_| ()),
+                None => {
+                    out.write_all_at(block, at)
+                        .with_context(|| format!("writing {new}"))?;
+                    at += block.len() as u64;
+                    Ok(())
+                }
+            }
+        },
+    )?;
+    if let Some(w) = writer {
+        w.finish()?;
     }
     println!("{}", hasher.finish());
     Ok(())

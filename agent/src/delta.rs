@@ -507,6 +507,7 @@ mod tests {
     use super::*;
     use crate::error::Kind;
     use crate::hash::{Hasher, Sha256};
+    use crate::test_rng::Rng;
     use std::io::Write;
     use zstd::zstd_safe::CParameter;
 
@@ -576,27 +577,6 @@ mod tests {
             copy.to_vec(),
         ]
         .concat()
-    }
-
-    /// A small deterministic generator (xorshift64*), so failures replay.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            if n == 0 {
-                0
-            } else {
-                (self.next() % n as u64) as usize
-            }
-        }
-        fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next() as u8).collect()
-        }
     }
 
     /// An old image and an edited new one: insertions, deletions, moved

@@ -40,4 +40,7 @@ pub mod toml_subset;
 pub mod trust;
 pub mod worker;
 
+#[cfg(test)]
+mod test_rng;
+
 pub use error::{Error, Kind, Result};

@@ -418,19 +418,17 @@ impl DecodeStage<'_> {
     /// Report unreported bytes without blocking (a full channel keeps them
     /// for later), or wait when `block`. False when the caller went away.
     fn flush_progress(&mut self, block: bool) -> bool {
+        if block && self.unreported == 0 {
+            return true;
+        }
         let msg = FrameMsg::Read(self.unreported);
+        // Err(true): not sent but still listened to (the channel is full).
         let sent = if block {
-            if self.unreported == 0 {
-                return true;
-            }
-            self.tx
-                .send(msg)
-                .map_err(|_| TrySendError::Disconnected(()))
+            self.tx.send(msg).map_err(|_| false)
         } else {
-            self.tx.try_send(msg).map_err(|e| match e {
-                TrySendError::Full(_) => TrySendError::Full(()),
-                TrySendError::Disconnected(_) => TrySendError::Disconnected(()),
-            })
+            self.tx
+                .try_send(msg)
+                .map_err(|e| matches!(e, TrySendError::Full(_)))
         };
         match sent {
             Ok(()) => {
@@ -438,8 +436,7 @@ impl DecodeStage<'_> {
                 self.last_report = Instant::now();
                 true
             }
-            Err(TrySendError::Full(())) => true,
-            Err(TrySendError::Disconnected(())) => false,
+            Err(listening) => listening,
         }
     }
 }

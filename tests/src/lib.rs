@@ -18,3 +18,12 @@ pub mod publisher;
 pub mod server;
 pub mod skip;
 pub mod tmp;
+
+/// The workspace root: the repository checkout the tests run from (for
+/// the unit file, the Yocto layer and the boot scripts it ships).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}

@@ -31,6 +31,13 @@ macro_rules! skip {
     }};
 }
 
+/// True when `tool` is an executable file in a `PATH` directory.
+pub fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
 /// True when running as root.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.

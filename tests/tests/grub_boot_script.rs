@@ -11,27 +11,14 @@
 //! Needs `grub-emu` (Debian package `grub-emu`) and `grub-editenv`
 //! (`grub-common`); without them the cases skip loudly.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use updraft_tests::repo_root;
 use updraft_tests::skip;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
-fn have(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false)
-}
 
 fn render() -> String {
     let template = std::fs::read_to_string(
-        repo().join("yocto/meta-updraft/recipes-bsp/updraft-bootfiles/files/grub.cfg.in"),
+        repo_root().join("yocto/meta-updraft/recipes-bsp/updraft-bootfiles/files/grub.cfg.in"),
     )
     .expect("read grub.cfg.in");
     let values = [
@@ -146,7 +133,7 @@ fn decision(slot: &str, a_try: &str, b_try: &str, order: &str) -> Decision {
 
 macro_rules! needs_grub {
     () => {
-        if !have("grub-emu") || !have("grub-editenv") {
+        if !skip::on_path("grub-emu") || !skip::on_path("grub-editenv") {
             skip!(
                 "grub-emu or grub-editenv is not installed (Debian packages grub-emu, grub-common)"
             );

@@ -171,42 +171,23 @@ fn the_metrics_file_parses_with_prometheus_client_and_carries_every_value() {
         46.0
     );
     assert_eq!(fams["updraft_errors"].kind, "counter");
-    assert_eq!(
-        value(
-            &fams,
-            "updraft_errors",
-            "updraft_errors_total",
-            &[("kind", "network")]
-        ),
-        9.0
-    );
-    assert_eq!(
-        value(
-            &fams,
-            "updraft_errors",
-            "updraft_errors_total",
-            &[("kind", "signature")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        value(
-            &fams,
-            "updraft_errors",
-            "updraft_errors_total",
-            &[("kind", "integrity")]
-        ),
-        1.0
-    );
-    assert_eq!(
-        value(
-            &fams,
-            "updraft_errors",
-            "updraft_errors_total",
-            &[("kind", "bootloader")]
-        ),
-        0.0
-    );
+    for (kind, want) in [
+        ("network", 9.0),
+        ("signature", 1.0),
+        ("integrity", 1.0),
+        ("bootloader", 0.0),
+    ] {
+        assert_eq!(
+            value(
+                &fams,
+                "updraft_errors",
+                "updraft_errors_total",
+                &[("kind", kind)]
+            ),
+            want,
+            "updraft_errors_total{{kind=\"{kind}\"}}"
+        );
+    }
     let kinds = fams["updraft_errors"].samples.len();
     assert_eq!(kinds, 16, "every error kind is exposed from zero");
     assert_eq!(

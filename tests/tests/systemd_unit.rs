@@ -17,16 +17,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use updraft_tests::repo_root;
 use updraft_tests::{bin, skip};
 
 const MAX_EXPOSURE: f64 = 3.0;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
 
 fn have(tool: &str) -> bool {
     Command::new(tool)
@@ -45,7 +39,7 @@ fn scratch(tag: &str) -> PathBuf {
 /// The shipped unit with `ExecStart=` pointing at the built binary, in
 /// `dir/updraft.service`.
 fn stage_unit(dir: &Path) -> PathBuf {
-    let unit = std::fs::read_to_string(repo().join("systemd/updraft.service"))
+    let unit = std::fs::read_to_string(repo_root().join("systemd/updraft.service"))
         .expect("read updraft.service");
     let exe = bin::path("updraft");
     let exe = exe.canonicalize().unwrap_or(exe);
@@ -155,7 +149,7 @@ fn the_health_check_drop_in_example_applies_cleanly() {
     let dropins = dir.join("updraft.service.d");
     std::fs::create_dir_all(&dropins).expect("drop-in dir");
     std::fs::copy(
-        repo().join("systemd/updraft.service.d/50-health-checks.conf.example"),
+        repo_root().join("systemd/updraft.service.d/50-health-checks.conf.example"),
         dropins.join("50-health-checks.conf"),
     )
     .expect("copy drop-in example");
@@ -183,8 +177,8 @@ fn sysusers_and_tmpfiles_create_the_group_and_directories() {
     }
     let root = scratch("root");
     std::fs::create_dir_all(root.join("etc")).expect("etc");
-    let sysusers = repo().join("systemd/updraft.sysusers");
-    let tmpfiles = repo().join("systemd/updraft.tmpfiles");
+    let sysusers = repo_root().join("systemd/updraft.sysusers");
+    let tmpfiles = repo_root().join("systemd/updraft.tmpfiles");
 
     let out = run(Command::new("systemd-sysusers")
         .arg(format!("--root={}", root.display()))

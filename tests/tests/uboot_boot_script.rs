@@ -13,9 +13,10 @@
 //! mcopy (`mtools`) and mkfs.ext4 (`e2fsprogs`); without them the cases
 //! skip loudly.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
+use updraft_tests::repo_root;
 use updraft_tests::skip;
 
 const UBOOT: &str = "/usr/lib/u-boot/qemu_arm64/u-boot.bin";
@@ -34,13 +35,6 @@ const PARTS: [(u8, u8, u32, u32); 3] = [
     (0, 0x83, 51200, 16384),
 ];
 const DISK_SECTORS: u64 = 67584;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
 
 fn missing_tool() -> Option<String> {
     if !Path::new(UBOOT).is_file() {
@@ -84,7 +78,7 @@ fn run(cmd: &mut Command) {
 /// boot.cmd.in with the values a qemu virt board needs.
 fn render_script() -> String {
     let template = std::fs::read_to_string(
-        repo().join("yocto/meta-updraft/recipes-bsp/updraft-bootfiles/files/boot.cmd.in"),
+        repo_root().join("yocto/meta-updraft/recipes-bsp/updraft-bootfiles/files/boot.cmd.in"),
     )
     .expect("read boot.cmd.in");
     let values = [

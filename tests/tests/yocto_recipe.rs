@@ -12,20 +12,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use updraft_tests::repo_root;
 use updraft_tests::skip;
 
 const CRATES_IO: &str = "registry+https://github.com/rust-lang/crates.io-index";
 const REGENERATE: &str = "run `cargo xtask yocto-crates` after changing Cargo.lock";
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
 fn layer() -> PathBuf {
-    repo().join("yocto/meta-updraft")
+    repo_root().join("yocto/meta-updraft")
 }
 
 fn read(path: &Path) -> String {
@@ -35,7 +29,7 @@ fn read(path: &Path) -> String {
 /// `name-version` → checksum for every package cargo fetches from crates.io.
 fn lock_packages() -> BTreeMap<String, String> {
     let lock: toml::Table =
-        toml::from_str(&read(&repo().join("Cargo.lock"))).expect("Cargo.lock is TOML");
+        toml::from_str(&read(&repo_root().join("Cargo.lock"))).expect("Cargo.lock is TOML");
     let packages = lock["package"].as_array().expect("[[package]] entries");
     let mut out = BTreeMap::new();
     for p in packages {
@@ -147,7 +141,7 @@ fn recipe_uses_the_crate_list_and_the_shipped_systemd_files() {
             "recipe does not install {shipped}"
         );
         assert!(
-            repo().join(shipped).is_file(),
+            repo_root().join(shipped).is_file(),
             "{shipped} is missing from the repository"
         );
     }
@@ -172,7 +166,7 @@ fn licence_checksum_covers_the_manifest_licence_line() {
     };
     let begin: usize = param("beginline").parse().expect("beginline");
     let end: usize = param("endline").parse().expect("endline");
-    let manifest = read(&repo().join("Cargo.toml"));
+    let manifest = read(&repo_root().join("Cargo.toml"));
     let lines: Vec<&str> = manifest.lines().collect();
     let covered: String = lines[begin - 1..end]
         .iter()
@@ -369,7 +363,7 @@ fn recipe_builds_sqlite_with_the_workspace_flags() {
             .find_map(|l| l.trim().strip_prefix(prefix))
             .map(|v| v.trim().trim_matches('"').to_string())
     };
-    let config = read(&repo().join(".cargo/config.toml"));
+    let config = read(&repo_root().join(".cargo/config.toml"));
     let workspace =
         value_of(&config, "LIBSQLITE3_FLAGS = ").expect("LIBSQLITE3_FLAGS in .cargo/config.toml");
     let recipe = read(&layer().join("recipes-support/updraft/updraft_git.bb"));

@@ -219,19 +219,8 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
     // target/<triple>/debug, where the tests look for the binaries).
     build.args(["--profile", if release { "release" } else { "test" }]);
     let built = util::run(&mut build).and_then(|()| {
-        let mut tests = cross_cargo(t, tc, &target_dir);
-        tests.args(["test", "--no-run", "--tests", "--target", t.triple]);
-        tests.args([
-            "-p",
-            "updraft",
-            "-p",
-            "updraft-publish",
-            "-p",
-            "updraft-tests",
-        ]);
-        if release {
-            tests.arg("--release");
-        }
+        let mut tests = test_cargo(t, tc, &target_dir, release);
+        tests.arg("--no-run");
         util::run(&mut tests)
     });
     o.build_secs = start.elapsed().as_secs_f64();
@@ -242,21 +231,7 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
 
     println!("\n== {}: running the tests under {}", t.triple, t.qemu);
     let start = Instant::now();
-    let mut test = cross_cargo(t, tc, &target_dir);
-    // --tests: unit and integration tests; doc tests are about the
-    // documentation, and this cargo's rustdoc has no std for the target.
-    test.args(["test", "--tests", "--target", t.triple]);
-    test.args([
-        "-p",
-        "updraft",
-        "-p",
-        "updraft-publish",
-        "-p",
-        "updraft-tests",
-    ]);
-    if release {
-        test.arg("--release");
-    }
+    let mut test = test_cargo(t, tc, &target_dir, release);
     test.arg("--no-fail-fast");
     // Each test binary runs under `xtask emulate`, which ends and re-runs
     // one that hangs in the emulator (see emulate.rs).
@@ -302,6 +277,44 @@ fn supervised_runner(t: &Target, hang_log: &Path) -> Result<String> {
         "{xtask} emulate --limit {HANG_LIMIT_SECS} --log {log} -- {}",
         t.runner()
     ))
+}
+
+/// The values of repeated `--target NAME` flags (`x86_64`, `aarch64`,
+/// `armv7` or a full triple), the only flag `usage` allows.
+pub(crate) fn target_flags(args: &[String], usage: &str) -> Result<Vec<String>> {
+    let mut wanted = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--target" => wanted.push(
+                it.next()
+                    .ok_or("--target needs a value (x86_64, aarch64, armv7)")?
+                    .clone(),
+            ),
+            other => return Err(format!("unknown argument {other:?}; usage: {usage}")),
+        }
+    }
+    Ok(wanted)
+}
+
+/// `cargo test` of the workspace's crates for `t`. `--tests`: unit and
+/// integration tests; doc tests are about the documentation, and this
+/// cargo's rustdoc has no std for the target.
+fn test_cargo(t: &Target, tc: &Toolchain, target_dir: &Path, release: bool) -> Command {
+    let mut c = cross_cargo(t, tc, target_dir);
+    c.args(["test", "--tests", "--target", t.triple]);
+    c.args([
+        "-p",
+        "updraft",
+        "-p",
+        "updraft-publish",
+        "-p",
+        "updraft-tests",
+    ]);
+    if release {
+        c.arg("--release");
+    }
+    c
 }
 
 /// A cargo command set up to cross-compile for `t` with the cached rustc.

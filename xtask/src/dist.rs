@@ -27,22 +27,8 @@ use crate::util::{self, Result, root};
 const HOST_TRIPLE: &str = "x86_64-unknown-linux-gnu";
 
 pub fn run(args: &[String]) -> Result {
-    let mut wanted: Vec<String> = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--target" => wanted.push(
-                it.next()
-                    .ok_or("--target needs a value (x86_64, aarch64, armv7)")?
-                    .clone(),
-            ),
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?}; usage: cargo xtask dist [--target x86_64|aarch64|armv7]..."
-                ));
-            }
-        }
-    }
+    let mut wanted =
+        cross::target_flags(args, "cargo xtask dist [--target x86_64|aarch64|armv7]...")?;
     if wanted.is_empty() {
         wanted.push("x86_64".into());
     }
@@ -83,15 +69,7 @@ pub fn run(args: &[String]) -> Result {
 
 /// Release build for the host: the agent and the publisher.
 fn build_host() -> Result<Vec<PathBuf>> {
-    util::run(util::cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "updraft",
-        "-p",
-        "updraft-publish",
-    ]))?;
-    let dir = root().join("target").join("release");
+    let dir = crate::bench::release_binaries()?;
     Ok(vec![dir.join("updraft"), dir.join("updraft-publish")])
 }
 

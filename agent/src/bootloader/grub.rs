@@ -485,6 +485,7 @@ impl Bootloader for GrubBootloader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::Rng;
 
     fn block(body: &str) -> Vec<u8> {
         let mut b = GRUBENV_HEADER.to_vec();
@@ -732,31 +733,25 @@ mod tests {
 
     #[test]
     fn mutated_blocks_never_panic_and_what_parses_round_trips() {
-        let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = move || {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            state.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        };
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         let seed = block("# WARNING\nORDER=A B\nA_OK=1\nA_TRY=0\nB_OK=0\nB_TRY=0\nx=a\\\\b\n");
         let mut parsed = 0;
         for _ in 0..20_000 {
             let mut b = seed.clone();
-            for _ in 0..1 + next() % 4 {
+            for _ in 0..1 + rng.next() % 4 {
                 // Mutate the interesting part: the header and the lines.
-                let i = (next() % 110) as usize;
-                b[i] = match next() % 6 {
+                let i = (rng.next() % 110) as usize;
+                b[i] = match rng.next() % 6 {
                     0 => b'#',
                     1 => b'=',
                     2 => b'\n',
                     3 => b'\\',
                     4 => 0,
-                    _ => next() as u8,
+                    _ => rng.next() as u8,
                 };
             }
-            if next() % 8 == 0 {
-                b.truncate((next() % 1025) as usize);
+            if rng.next() % 8 == 0 {
+                b.truncate((rng.next() % 1025) as usize);
             }
             let Ok(env) = parse_grubenv(&b) else { continue };
             parsed += 1;

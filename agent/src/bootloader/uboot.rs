@@ -1139,6 +1139,7 @@ impl Bootloader for UbootBootloader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::Rng;
 
     fn tmp(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("updraft-uboot-{}-{name}", std::process::id()));
@@ -1614,40 +1615,24 @@ mod tests {
         assert_eq!(bl.describe(), format!("uboot {}", p.display()));
     }
 
-    /// xorshift64*: deterministic inputs for the hostile-input tests.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    /// `seed` with a few bytes replaced by interesting ones, maybe cut.
+    fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
+        let mut v = seed.to_vec();
+        for _ in 0..1 + rng.below(6) {
+            let i = rng.below(v.len());
+            v[i] = match rng.below(6) {
+                0 => 0,
+                1 => b'=',
+                2 => 0xff,
+                3 => b' ',
+                4 => b'\n',
+                _ => rng.next() as u8,
+            };
         }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
+        if rng.below(4) == 0 {
+            v.truncate(rng.below(v.len() + 1));
         }
-
-        /// `seed` with a few bytes replaced by interesting ones, maybe cut.
-        fn mutate(&mut self, seed: &[u8]) -> Vec<u8> {
-            let mut v = seed.to_vec();
-            for _ in 0..1 + self.below(6) {
-                let i = self.below(v.len());
-                v[i] = match self.below(6) {
-                    0 => 0,
-                    1 => b'=',
-                    2 => 0xff,
-                    3 => b' ',
-                    4 => b'\n',
-                    _ => self.next() as u8,
-                };
-            }
-            if self.below(4) == 0 {
-                v.truncate(self.below(v.len() + 1));
-            }
-            v
-        }
+        v
     }
 
     #[test]
@@ -1665,7 +1650,7 @@ mod tests {
         ];
         let mut parsed = 0;
         for round in 0..20_000 {
-            let img = rng.mutate(&seeds[round % 2]);
+            let img = mutate(&mut rng, &seeds[round % 2]);
             for redundant in [false, true] {
                 let _ = parse_image(&img, redundant);
                 let Ok(c) = decode_copy(&img, redundant) else {
@@ -1694,7 +1679,7 @@ mod tests {
         let seed = b"# env\n/dev/mmcblk0 0x3fc000 0x2000 0x200 1\n/dev/mmcblk0 -0x2000 2000\n";
         let mut ok = 0;
         for _ in 0..20_000 {
-            let text = rng.mutate(seed);
+            let text = mutate(&mut rng, seed);
             if let Ok(c) = parse_fw_env_config(&String::from_utf8_lossy(&text)) {
                 ok += 1;
                 assert!(matches!(c.copies.len(), 1 | 2));

@@ -801,14 +801,7 @@ fn latency(mut r: Rig, repo: &Repo, key: &KeyPair, tmp: &TempDir, runs: usize) -
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        let log = r
-            .nginx
-            .wait_access_log(WAIT, |l| {
-                l.iter()
-                    .skip(mark)
-                    .any(|e| e.method == "GET" && e.uri.contains("/artifacts/"))
-            })
-            .map_err(|e| e.to_string())?;
+        let log = wait_artifact_get(&r, mark)?;
         let new: Vec<&AccessEntry> = log.iter().skip(mark).collect();
         let manifest = new
             .iter()
@@ -870,14 +863,7 @@ fn strace_check(r: &mut Rig, repo: &Repo, key: &KeyPair, tmp: &TempDir, n: usize
             String::from_utf8_lossy(&done.stderr)
         ));
     }
-    let log = r
-        .nginx
-        .wait_access_log(WAIT, |l| {
-            l.iter()
-                .skip(mark)
-                .any(|e| e.method == "GET" && e.uri.contains("/artifacts/"))
-        })
-        .map_err(|e| e.to_string())?;
+    let log = wait_artifact_get(r, mark)?;
     let _ = tracer.wait();
     let artifact = log
         .iter()
@@ -947,4 +933,15 @@ fn start_and_wait_first_poll(r: &mut Rig) -> Result {
         s["state"] == "idle"
     });
     Ok(())
+}
+
+/// The access log once an artifact GET appears after entry `mark`.
+fn wait_artifact_get(r: &Rig, mark: usize) -> Result<Vec<AccessEntry>> {
+    r.nginx
+        .wait_access_log(WAIT, |l| {
+            l.iter()
+                .skip(mark)
+                .any(|e| e.method == "GET" && e.uri.contains("/artifacts/"))
+        })
+        .map_err(|e| e.to_string())
 }

@@ -9,6 +9,8 @@ mod size;
 
 use crate::util::Result;
 
+pub(crate) use common::release_binaries;
+
 pub fn run(args: &[String]) -> Result {
     let (what, rest) = args
         .split_first()

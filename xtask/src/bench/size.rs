@@ -68,22 +68,10 @@ fn plans() -> Vec<Plan> {
 }
 
 pub fn run(args: &[String]) -> Result {
-    let mut wanted: Vec<String> = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--target" => wanted.push(
-                it.next()
-                    .ok_or("--target needs a value (x86_64, aarch64, armv7)")?
-                    .clone(),
-            ),
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?}; usage: cargo xtask bench size [--target x86_64|aarch64|armv7]..."
-                ));
-            }
-        }
-    }
+    let wanted = cross::target_flags(
+        args,
+        "cargo xtask bench size [--target x86_64|aarch64|armv7]...",
+    )?;
     let plans: Vec<Plan> = plans()
         .into_iter()
         .filter(|p| wanted.is_empty() || wanted.iter().any(|w| w == p.short || w == p.triple))
