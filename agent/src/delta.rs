@@ -507,7 +507,7 @@ mod tests {
     use super::*;
     use crate::error::Kind;
     use crate::hash::{Hasher, Sha256};
-    use crate::test_rng::Rng;
+    use crate::test_support::Rng;
     use std::io::Write;
     use zstd::zstd_safe::CParameter;
 

@@ -242,8 +242,7 @@ mod tests {
 
     fn script(d: &Path, name: &str, body: &str) {
         let p = d.join("checks").join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        crate::test_support::write_executable(&p, &format!("#!/bin/sh\n{body}\n"));
     }
 
     fn run(d: &Path, timeout: u64) -> Verdict {

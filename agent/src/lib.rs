@@ -41,6 +41,6 @@ pub mod trust;
 pub mod worker;
 
 #[cfg(test)]
-mod test_rng;
+mod test_support;
 
 pub use error::{Error, Kind, Result};

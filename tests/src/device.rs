@@ -565,12 +565,9 @@ impl Device {
 
     /// Add an executable health check.
     pub fn health_check(&self, name: &str, script: &str) {
-        use std::os::unix::fs::PermissionsExt;
         let dir = self.tmp.join("health.d");
         std::fs::create_dir_all(&dir).expect("health.d");
-        let p = dir.join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{script}\n")).expect("health check");
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        crate::tmp::write_executable(&dir.join(name), &format!("#!/bin/sh\n{script}\n"));
     }
 
     pub fn path(&self, p: &str) -> PathBuf {

@@ -51,3 +51,26 @@ impl Drop for TempDir {
         }
     }
 }
+
+/// Write an executable file without this process ever holding it open for
+/// writing. Tests run in parallel threads that fork; a child forked while
+/// the file is open for writing keeps it open until it execs, and running
+/// the file in that window fails with ETXTBSY ("Text file busy"). So the
+/// bytes go to a sibling file that is never executed, and `install(1)`
+/// copies them into place in its own process.
+pub fn write_executable(path: &Path, content: &str) {
+    let staged = path.with_extension("staged");
+    std::fs::write(&staged, content).expect("writing a staged script");
+    let status = std::process::Command::new("install")
+        .args(["-m", "0755"])
+        .arg(&staged)
+        .arg(path)
+        .status()
+        .expect("running install(1)");
+    assert!(
+        status.success(),
+        "install -m 0755 {}: {status}",
+        path.display()
+    );
+    let _ = std::fs::remove_file(&staged);
+}

@@ -3,7 +3,6 @@
 //! over a U-Boot environment), run by updraft, read by the RAUC-style boot
 //! script and cross-checked with updraft's native U-Boot backend.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use updraft::bootloader::Bootloader;
@@ -35,8 +34,7 @@ fn documented_script(dir: &Path, config: &Path) -> PathBuf {
         "the example sets CONFIG=/etc/fw_env.config"
     );
     let path = dir.join("boot-select");
-    std::fs::write(&path, script).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    updraft_tests::tmp::write_executable(&path, &script);
     path
 }
 

@@ -485,7 +485,7 @@ impl Bootloader for GrubBootloader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_rng::Rng;
+    use crate::test_support::Rng;
 
     fn block(body: &str) -> Vec<u8> {
         let mut b = GRUBENV_HEADER.to_vec();

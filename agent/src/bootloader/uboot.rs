@@ -1139,7 +1139,7 @@ impl Bootloader for UbootBootloader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_rng::Rng;
+    use crate::test_support::Rng;
 
     fn tmp(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("updraft-uboot-{}-{name}", std::process::id()));
