@@ -1,16 +1,14 @@
 //! `cargo xtask cross-test [--target aarch64|armv7]... [--release]`: build
 //! the workspace for aarch64 and armv7 and run its tests under qemu-user.
 //!
-//! No Docker and no rustup targets are needed. The compiler is Debian's
-//! `rustc-web` with the arm64/armhf standard libraries from the multiarch
-//! `libstd-rust-web-dev` packages, extracted (never installed) into a cache
-//! under `target/cross-toolchain/<version>/` so only the first run
-//! downloads. The version is the newest one that `apt-cache madison` lists
-//! for amd64, arm64 and armhf alike; because that rustc is the oldest one
-//! updraft supports (1.85), this run is also the MSRV check.
+//! No Docker and no rustup targets are needed: the compilers are Debian's
+//! `rustc-web` builds, chosen and cached by toolchain.rs. Two are used:
+//! first the one of the workspace's `rust-version` builds the agent and the
+//! publisher for every target (the MSRV check), then the newest published
+//! one builds and runs the tests. The output names both versions.
 //!
-//! Missing host tools (cross gcc, qemu-user-static, the LLVM library
-//! `rustc-web` links to) are installed with apt-get when running as root.
+//! Missing host tools (cross gcc, qemu-user-static) are installed with
+//! apt-get when running as root.
 //! binfmt handlers are never registered: cargo's runner and
 //! `UPDRAFT_TEST_RUNNER` put `qemu-*-static -L <sysroot>` in front of every
 //! foreign executable explicitly.
@@ -20,17 +18,17 @@
 //! in the summary, beside the number of tests run and the wall time.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use crate::toolchain::{self, Pick, Toolchain, installed};
 use crate::util::{self, Result};
 
 /// One cross target and the host tools that serve it.
 pub(crate) struct Target {
     pub(crate) short: &'static str,
     pub(crate) triple: &'static str,
-    debian_arch: &'static str,
     pub(crate) gcc: &'static str,
     gcc_package: &'static str,
     /// Headers and crt files the C dependencies (ring, zstd-sys, SQLite)
@@ -44,7 +42,6 @@ pub(crate) const TARGETS: &[Target] = &[
     Target {
         short: "aarch64",
         triple: "aarch64-unknown-linux-gnu",
-        debian_arch: "arm64",
         gcc: "aarch64-linux-gnu-gcc",
         gcc_package: "gcc-aarch64-linux-gnu",
         libc_dev_package: "libc6-dev-arm64-cross",
@@ -54,7 +51,6 @@ pub(crate) const TARGETS: &[Target] = &[
     Target {
         short: "armv7",
         triple: "armv7-unknown-linux-gnueabihf",
-        debian_arch: "armhf",
         gcc: "arm-linux-gnueabihf-gcc",
         gcc_package: "gcc-arm-linux-gnueabihf",
         libc_dev_package: "libc6-dev-armhf-cross",
@@ -62,12 +58,6 @@ pub(crate) const TARGETS: &[Target] = &[
         sysroot: "/usr/arm-linux-gnueabihf",
     },
 ];
-
-/// The LLVM library `rustc-web` 1.85 is linked against.
-const LLVM_PACKAGE: &str = "libllvm19";
-
-/// Packages whose files are extracted into the toolchain cache.
-const STD_DEV: &str = "libstd-rust-web-dev";
 
 impl Target {
     fn env_triple(&self) -> String {
@@ -132,29 +122,64 @@ struct Outcome {
 pub fn run(args: &[String]) -> Result {
     let opts = parse_args(args)?;
     ensure_host_tools(&opts.targets)?;
-    let toolchain = Toolchain::ensure()?;
+    let msrv = toolchain::workspace_msrv()?;
+    let oldest = Toolchain::ensure(Pick::Msrv)?;
+    let newest = Toolchain::ensure(Pick::Newest)?;
     println!(
-        "cross-test: rustc {} from {} (this is also the MSRV check)",
-        toolchain.version,
-        toolchain.root.display()
+        "cross-test: MSRV build with rustc {} (Debian {}; rust-version {msrv})",
+        oldest.release(),
+        oldest.version
     );
-    let rustc_version = util::output(Command::new(&toolchain.wrapper).arg("--version"))?;
-    println!("cross-test: {}", rustc_version.trim());
+    println!(
+        "cross-test: tests with rustc {} (Debian {}, the newest published for amd64, arm64 and armhf)",
+        newest.release(),
+        newest.version
+    );
+
+    // With only one version published the test build is the MSRV build.
+    let msrv_outcome = if oldest.version == newest.version {
+        None
+    } else {
+        Some(msrv_build(&opts.targets, &oldest))
+    };
 
     let mut outcomes = Vec::new();
     for t in &opts.targets {
-        outcomes.push(run_target(t, &toolchain, opts.release));
+        outcomes.push(run_target(t, &newest, opts.release));
     }
 
-    println!("\ncross-test summary (rustc {}):", toolchain.version);
+    println!("\ncross-test summary:");
     let mut failed = false;
+    match &msrv_outcome {
+        Some((secs, result)) => {
+            println!(
+                "  MSRV     build {secs:6.1}s  rustc {} (rust-version {msrv}): updraft and updraft-publish for {}: {}",
+                oldest.release(),
+                opts.targets
+                    .iter()
+                    .map(|t| t.short)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                match result {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => format!("FAILED: {e}"),
+                }
+            );
+            failed |= result.is_err();
+        }
+        None => println!(
+            "  MSRV     rustc {} is also the newest published: the test build below is the MSRV build",
+            oldest.release()
+        ),
+    }
     for o in &outcomes {
         let run = o.passed.saturating_sub(o.skips.len() as u64) + o.failed;
         println!(
-            "  {:8} build {:6.1}s  tests {:6.1}s  run {run}, passed {}, failed {}, skipped {}, ignored {}",
+            "  {:8} build {:6.1}s  tests {:6.1}s  rustc {}  run {run}, passed {}, failed {}, skipped {}, ignored {}",
             o.target,
             o.build_secs,
             o.test_secs,
+            newest.release(),
             o.passed.saturating_sub(o.skips.len() as u64),
             o.failed,
             o.skips.len(),
@@ -172,10 +197,42 @@ pub fn run(args: &[String]) -> Result {
         }
     }
     if failed {
-        Err("cross-test failed for at least one target (see above)".into())
+        Err("cross-test failed (see above)".into())
     } else {
         Ok(())
     }
+}
+
+/// The MSRV check: the agent and the publisher, built for every target with
+/// the compiler of the workspace's `rust-version`, in a target directory of
+/// their own. Returns the wall time and the result.
+fn msrv_build(targets: &[&'static Target], tc: &Toolchain) -> (f64, Result) {
+    let target_dir = util::root().join("target").join("cross-msrv");
+    let start = Instant::now();
+    let mut result = Ok(());
+    for t in targets {
+        println!(
+            "\n== {}: MSRV build of updraft and updraft-publish with rustc {}",
+            t.triple,
+            tc.release()
+        );
+        let mut build = cross_cargo(t, tc, &target_dir);
+        build.args([
+            "build",
+            "--locked",
+            "--target",
+            t.triple,
+            "-p",
+            "updraft",
+            "-p",
+            "updraft-publish",
+        ]);
+        if let Err(e) = util::run(&mut build) {
+            result = Err(format!("{}: {e}", t.short));
+            break;
+        }
+    }
+    (start.elapsed().as_secs_f64(), result)
 }
 
 fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
@@ -322,7 +379,7 @@ pub(crate) fn cross_cargo(t: &Target, tc: &Toolchain, target_dir: &Path) -> Comm
     let mut c = util::cargo();
     let up = t.env_triple();
     let low = t.triple.replace('-', "_");
-    c.env("RUSTC", &tc.wrapper)
+    c.env("RUSTC", tc.wrapper())
         .env_remove("RUSTC_WRAPPER")
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .env("CARGO_TARGET_DIR", target_dir)
@@ -384,8 +441,9 @@ fn parse_result_line(line: &str) -> Option<(u64, u64, u64)> {
     Some((passed?, failed?, ignored.unwrap_or(0)))
 }
 
-/// Cross gcc, qemu-user-static and the LLVM library: installed with apt-get
-/// when missing.
+/// Cross gcc, its libc headers and qemu-user-static: installed with apt-get
+/// when missing. (The libraries the compiler runs on are the toolchain's
+/// business, see toolchain.rs.)
 pub(crate) fn ensure_host_tools(targets: &[&Target]) -> Result {
     let mut missing = Vec::new();
     for t in targets {
@@ -398,271 +456,10 @@ pub(crate) fn ensure_host_tools(targets: &[&Target]) -> Result {
             missing.push("qemu-user-static");
         }
     }
-    if !installed(LLVM_PACKAGE) {
-        missing.push(LLVM_PACKAGE);
-    }
     if missing.is_empty() {
         return Ok(());
     }
-    if !util::is_root() {
-        return Err(format!(
-            "missing host packages {}: install them (apt-get install -y {}) or run as root",
-            missing.join(" "),
-            missing.join(" ")
-        ));
-    }
-    println!("cross-test: installing {}", missing.join(" "));
-    apt_update();
-    let mut c = Command::new("apt-get");
-    c.args(["install", "-y", "--no-install-recommends"])
-        .args(&missing);
-    c.env("DEBIAN_FRONTEND", "noninteractive");
-    util::run(&mut c)
-}
-
-/// True when dpkg lists `package` as installed.
-fn installed(package: &str) -> bool {
-    Command::new("dpkg-query")
-        .args(["-W", "-f=${Status}", package])
-        .output()
-        .is_ok_and(|o| {
-            o.status.success() && String::from_utf8_lossy(&o.stdout) == "install ok installed"
-        })
-}
-
-/// `apt-get update`, tolerating a failure: one architecture's index being
-/// mid-sync on the mirror must not stop the run, the main index is enough.
-fn apt_update() {
-    let status = Command::new("apt-get").args(["update", "-q"]).status();
-    match status {
-        Ok(s) if s.success() => {}
-        Ok(s) => eprintln!(
-            "cross-test: apt-get update exited with {s}; continuing with the indexes it got"
-        ),
-        Err(e) => eprintln!("cross-test: apt-get update could not start: {e}; continuing"),
-    }
-}
-
-/// The extracted `rustc-web` with the arm64/armhf standard libraries.
-pub(crate) struct Toolchain {
-    pub(crate) version: String,
-    root: PathBuf,
-    wrapper: PathBuf,
-}
-
-impl Toolchain {
-    fn cache_dir() -> PathBuf {
-        util::root().join("target").join("cross-toolchain")
-    }
-
-    /// The rustc wrapper to put in `RUSTC`.
-    pub(crate) fn wrapper(&self) -> &Path {
-        &self.wrapper
-    }
-
-    pub(crate) fn ensure() -> Result<Toolchain> {
-        let version = match common_version() {
-            Ok(v) => v,
-            Err(e) => match cached_versions().pop() {
-                Some(v) => {
-                    eprintln!("cross-test: {e}; using the cached toolchain {v}");
-                    v
-                }
-                None => return Err(e),
-            },
-        };
-        let root = Self::cache_dir().join(sanitize(&version));
-        let wrapper = root.join("rustc");
-        let tc = Toolchain {
-            version,
-            root,
-            wrapper,
-        };
-        if tc.root.join(".complete").is_file() {
-            return Ok(tc);
-        }
-        tc.fetch()?;
-        Ok(tc)
-    }
-
-    fn fetch(&self) -> Result {
-        let v = &self.version;
-        println!("cross-test: fetching rustc-web {v} and the arm64/armhf standard libraries");
-        let runtime = runtime_package(v)?;
-        let debs = self.root.join("debs");
-        let _ = std::fs::remove_dir_all(&self.root);
-        std::fs::create_dir_all(&debs).map_err(|e| format!("creating {}: {e}", debs.display()))?;
-        let mut dl = Command::new("apt-get");
-        // The cache belongs to root; apt's unprivileged download user
-        // cannot write there.
-        dl.current_dir(&debs)
-            .args(["-o", "APT::Sandbox::User=root", "download"]);
-        dl.arg(format!("rustc-web={v}"));
-        dl.arg(format!("{runtime}={v}"));
-        dl.arg(format!("{STD_DEV}={v}"));
-        for t in TARGETS {
-            dl.arg(format!("{STD_DEV}:{}={v}", t.debian_arch));
-        }
-        util::run(&mut dl)?;
-        let sysroot = self.root.join("sysroot");
-        let entries =
-            std::fs::read_dir(&debs).map_err(|e| format!("listing {}: {e}", debs.display()))?;
-        for entry in entries {
-            let path = entry
-                .map_err(|e| format!("listing {}: {e}", debs.display()))?
-                .path();
-            if path.extension().is_some_and(|x| x == "deb") {
-                util::run(Command::new("dpkg").arg("-x").arg(&path).arg(&sysroot))?;
-            }
-        }
-        let rustc = sysroot.join("usr/bin/rustc");
-        if !rustc.is_file() {
-            return Err(format!(
-                "{} is missing after extracting rustc-web {v}",
-                rustc.display()
-            ));
-        }
-        for t in TARGETS {
-            let lib = sysroot.join("usr/lib/rustlib").join(t.triple).join("lib");
-            if !lib.is_dir() {
-                return Err(format!(
-                    "{} is missing after extracting {STD_DEV}:{}",
-                    lib.display(),
-                    t.debian_arch
-                ));
-            }
-        }
-        let script = format!(
-            "#!/bin/sh\n# rustc-web {v}, extracted by `cargo xtask cross-test`\nLD_LIBRARY_PATH='{lib}'${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} exec '{rustc}' \"$@\"\n",
-            lib = sysroot.join("usr/lib/x86_64-linux-gnu").display(),
-            rustc = rustc.display(),
-        );
-        write_executable(&self.wrapper, &script)?;
-        let _ = std::fs::remove_dir_all(&debs);
-        std::fs::write(self.root.join(".complete"), v)
-            .map_err(|e| format!("marking {} complete: {e}", self.root.display()))
-    }
-}
-
-fn write_executable(path: &Path, text: &str) -> Result {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| format!("chmod {}: {e}", path.display()))
-}
-
-fn sanitize(v: &str) -> String {
-    v.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
-fn cached_versions() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(Toolchain::cache_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join(".complete")).ok())
-        .collect();
-    v.sort_by(|a, b| compare_debian_versions(a, b));
-    v
-}
-
-/// The newest `libstd-rust-web-dev` version published for amd64, arm64 and
-/// armhf alike. Adds the foreign architectures and updates the index when
-/// apt does not know them yet.
-fn common_version() -> Result<String> {
-    match madison_common() {
-        Ok(v) => return Ok(v),
-        Err(e) if !util::is_root() => return Err(e),
-        Err(e) => eprintln!("cross-test: {e}; adding arm64/armhf to dpkg and updating the index"),
-    }
-    let foreign = util::output(Command::new("dpkg").arg("--print-foreign-architectures"))?;
-    for t in TARGETS {
-        if !foreign.lines().any(|l| l.trim() == t.debian_arch) {
-            util::run(Command::new("dpkg").args(["--add-architecture", t.debian_arch]))?;
-        }
-    }
-    apt_update();
-    madison_common()
-}
-
-fn madison_common() -> Result<String> {
-    let mut per_arch: Vec<Vec<String>> = Vec::new();
-    for arch in ["amd64"]
-        .into_iter()
-        .chain(TARGETS.iter().map(|t| t.debian_arch))
-    {
-        let out = util::output(
-            Command::new("apt-cache").args(["madison", &format!("{STD_DEV}:{arch}")]),
-        )?;
-        let versions: Vec<String> = out
-            .lines()
-            .filter_map(|l| {
-                let cols: Vec<&str> = l.split('|').map(str::trim).collect();
-                // package | version | source  Packages
-                match cols.as_slice() {
-                    [_, v, src] if src.ends_with(&format!("{arch} Packages")) => {
-                        Some((*v).to_string())
-                    }
-                    _ => None,
-                }
-            })
-            .collect();
-        if versions.is_empty() {
-            return Err(format!("apt-cache madison lists no {STD_DEV} for {arch}"));
-        }
-        per_arch.push(versions);
-    }
-    let mut common: Vec<String> = per_arch[0]
-        .iter()
-        .filter(|v| per_arch[1..].iter().all(|vs| vs.contains(v)))
-        .cloned()
-        .collect();
-    common.sort_by(|a, b| compare_debian_versions(a, b));
-    common.pop().ok_or_else(|| {
-        format!("no {STD_DEV} version is published for all of amd64, arm64 and armhf")
-    })
-}
-
-/// The versioned runtime package (`libstd-rust-web-1.85`) that
-/// `libstd-rust-web-dev` of version `v` depends on.
-fn runtime_package(v: &str) -> Result<String> {
-    let out = util::output(Command::new("apt-cache").args(["depends", &format!("{STD_DEV}={v}")]))?;
-    out.lines()
-        .filter_map(|l| l.trim().strip_prefix("Depends:"))
-        .map(str::trim)
-        .find(|p| {
-            p.starts_with("libstd-rust-web-")
-                && p.as_bytes().get(16).is_some_and(u8::is_ascii_digit)
-        })
-        .map(|p| p.split(':').next().unwrap_or(p).to_string())
-        .ok_or_else(|| {
-            format!(
-                "apt-cache depends {STD_DEV}={v} names no libstd-rust-web-<version> runtime package"
-            )
-        })
-}
-
-/// Order Debian version strings with `dpkg --compare-versions`.
-fn compare_debian_versions(a: &str, b: &str) -> std::cmp::Ordering {
-    let lt = Command::new("dpkg")
-        .args(["--compare-versions", a, "lt", b])
-        .status()
-        .is_ok_and(|s| s.success());
-    if lt {
-        std::cmp::Ordering::Less
-    } else if a == b {
-        std::cmp::Ordering::Equal
-    } else {
-        std::cmp::Ordering::Greater
-    }
+    toolchain::install_packages(&missing, "the cross compilers and qemu-user")
 }
 
 #[cfg(test)]

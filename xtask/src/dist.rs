@@ -21,7 +21,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::cross::{self, TARGETS, Toolchain};
+use crate::cross::{self, TARGETS};
+use crate::toolchain::{Pick, Toolchain};
 use crate::util::{self, Result, root};
 
 const HOST_TRIPLE: &str = "x86_64-unknown-linux-gnu";
@@ -76,7 +77,7 @@ fn build_host() -> Result<Vec<PathBuf>> {
 /// Release build of the agent for a cross target.
 fn build_cross(t: &cross::Target) -> Result<Vec<PathBuf>> {
     cross::ensure_host_tools(&[t])?;
-    let tc = Toolchain::ensure()?;
+    let tc = Toolchain::ensure(Pick::Newest)?;
     let target_dir = root().join("target").join("cross");
     util::run(cross::cross_cargo(t, &tc, &target_dir).args([
         "build",

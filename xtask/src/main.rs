@@ -16,6 +16,7 @@ mod dist;
 mod emulate;
 mod fuzz;
 mod test;
+mod toolchain;
 mod util;
 mod yocto;
 

@@ -16,7 +16,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::cross::{self, TARGETS, Toolchain};
+use crate::cross::{self, TARGETS};
+use crate::toolchain::{Pick, Toolchain};
 use crate::util::{self, Result};
 
 /// The goal for the aarch64 binary, in bytes (3 MB).
@@ -86,7 +87,7 @@ pub fn run(args: &[String]) -> Result {
         .iter()
         .filter(|t| plans.iter().any(|p| p.triple == t.triple))
         .collect();
-    let toolchain = cross::ensure_host_tools(&cross_targets).and_then(|()| Toolchain::ensure());
+    let toolchain = cross::ensure_host_tools(&cross_targets).and_then(|()| Toolchain::ensure(Pick::Newest));
     let target_dir = util::root().join("target").join("cross");
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
