@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use crate::config::{self, Config};
 use crate::control;
 use crate::error::{Kind, Result};
-use crate::install::{Progress, Ticker};
 use crate::lock::StateLock;
 use crate::machine::{CheckOutcome, Machine, Mode, Next, SlotStatus, Status};
+use crate::progress::{Progress, Ticker, mib, progress_line};
 use crate::slot::{self, SlotName};
 use crate::source::Origin;
 use crate::state::{Method, State};
@@ -197,23 +197,6 @@ impl Ticker for CliTicker {
     }
 }
 
-fn mib(b: u64) -> String {
-    format!("{:.1} MiB", b as f64 / 1_048_576.0)
-}
-
-/// `download 45% 12.0 MiB of 26.7 MiB, 3.2 MiB/s, 5 s left`
-pub fn progress_line(p: &Progress) -> String {
-    let pct = p.done.saturating_mul(100).checked_div(p.total).unwrap_or(0);
-    let mut s = format!("{} {pct}% {} of {}", p.phase, mib(p.done), mib(p.total));
-    if p.rate > 0 {
-        s.push_str(&format!(", {}/s", mib(p.rate)));
-    }
-    if let Some(eta) = p.eta {
-        s.push_str(&format!(", {eta} s left"));
-    }
-    s
-}
-
 fn install(cfg: Config, manifest: &str) -> Result<()> {
     // A local manifest is named by its absolute path: the daemon (or a
     // resumed job) does not share this process's working directory.
@@ -276,7 +259,7 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
                         t.done();
                         // Leave the machine idle, with the failure in history.
                         if matches!(m.state(), Ok(State::Failed { .. })) {
-                            let _ = m.step(&mut crate::install::NoTick);
+                            let _ = m.step(&mut crate::progress::NoTick);
                         }
                         return Err(e);
                     }
@@ -332,7 +315,7 @@ fn mark(cfg: Config, good: bool) -> Result<()> {
     m.on_boot()?;
     let msg = if good { m.mark_good()? } else { m.mark_bad()? };
     // Settle follow-up states (committed → idle; rollback marks the slots).
-    while let Next::Continue = m.step(&mut crate::install::NoTick)? {}
+    while let Next::Continue = m.step(&mut crate::progress::NoTick)? {}
     println!("{msg}");
     Ok(())
 }

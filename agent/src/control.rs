@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Kind, Result};
 use crate::fsutil::ensure_dir;
-use crate::install::Progress;
 use crate::machine::Status;
+use crate::progress::Progress;
 use crate::store::HistoryEntry;
 use crate::{bail, err};
 
@@ -187,7 +187,7 @@ pub fn follow_install(path: &Path, reply: Reply) -> Result<()> {
         match st.state.as_str() {
             "checking" | "downloading" | "installing" => {
                 if let Some(p) = &st.progress {
-                    let line = crate::cli::progress_line(p);
+                    let line = crate::progress::progress_line(p);
                     if line != last {
                         eprintln!("{line}");
                         last = line;

@@ -34,11 +34,11 @@ use crate::config::Config;
 use crate::control::{self, Client, ControlServer, Reply, Request};
 use crate::err;
 use crate::error::{Error, Kind, Result};
-use crate::install::{Progress, Ticker};
 use crate::lock::StateLock;
 use crate::machine::{CheckOutcome, Machine, Mode, Next, Status};
 use crate::metrics::Metrics;
 use crate::notify;
+use crate::progress::{self, Progress, Ticker};
 use crate::source::Origin;
 use crate::timestamp::Timestamp;
 
@@ -159,20 +159,11 @@ struct Tick<'a> {
     last_status: Instant,
 }
 
-impl Ticker for Tick<'_> {
-    fn tick(&mut self, p: &Progress) -> Result<()> {
+impl Tick<'_> {
+    /// Ping the watchdog, answer clients, and end the step on a stop
+    /// request or (during health checks) an operator command.
+    fn serve(&mut self) -> Result<()> {
         self.watchdog.ping_if_due();
-        if p.total > 0 || p.phase == "health" {
-            self.snapshot.progress = Some(p.clone());
-        }
-        if self.last_status.elapsed() >= Duration::from_secs(5) {
-            notify::status(&format!(
-                "{}: {}",
-                self.snapshot.state,
-                crate::cli::progress_line(p)
-            ));
-            self.last_status = Instant::now();
-        }
         for client in self.ctl.accept_all() {
             dispatch(client, self.snapshot, self.queue);
         }
@@ -186,6 +177,50 @@ impl Ticker for Tick<'_> {
             ));
         }
         Ok(())
+    }
+}
+
+impl Ticker for Tick<'_> {
+    fn tick(&mut self, p: &Progress) -> Result<()> {
+        if p.total > 0 || p.phase == "health" {
+            self.snapshot.progress = Some(p.clone());
+        }
+        if self.last_status.elapsed() >= Duration::from_secs(5) {
+            notify::status(&format!(
+                "{}: {}",
+                self.snapshot.state,
+                progress::progress_line(p)
+            ));
+            self.last_status = Instant::now();
+        }
+        self.serve()
+    }
+
+    /// Sleep in `poll(2)` on the control socket, the signal self-pipe and
+    /// `fd` until one is ready, the watchdog is due, or `max` has passed.
+    fn wait(&mut self, fd: Option<BorrowedFd<'_>>, max: Duration) -> Result<()> {
+        let mut max = max;
+        if let Some(w) = self.watchdog.next() {
+            max = max.min(w.saturating_duration_since(Instant::now()));
+        }
+        if STOP.load(Ordering::SeqCst) || !self.queue.is_empty() {
+            return self.serve();
+        }
+        let wake = wake_pipe()?;
+        let ms = u16::try_from(max.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = vec![
+            PollFd::new(self.ctl.fd(), PollFlags::POLLIN),
+            PollFd::new(wake, PollFlags::POLLIN),
+        ];
+        if let Some(fd) = fd {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+        }
+        // EINTR and a timeout are both just an early or a timely return.
+        let _ = poll(&mut fds, PollTimeout::from(ms));
+        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+            drain_wake_pipe(wake);
+        }
+        self.serve()
     }
 }
 
@@ -342,8 +377,12 @@ impl Daemon {
         let mut deadline = self
             .next_heartbeat
             .min(Instant::now() + Duration::from_secs(60));
-        if let Some(p) = self.next_poll {
-            deadline = deadline.min(p);
+        // Polls wait while the machine is busy (the loop polls only when
+        // it is not), so a poll deadline that passed meanwhile must not
+        // end this wait: it would end every wait at once.
+        match self.next_poll {
+            Some(p) if !self.machine_active => deadline = deadline.min(p),
+            _ => {}
         }
         if self.machine_active {
             deadline = deadline.min(self.next_step);

@@ -4,9 +4,12 @@
 //! executable in `health.checks_dir` runs (in name order, each with
 //! `health.check_timeout`), every unit in `health.required_units` must be
 //! active (`systemctl is-active`), and optionally the update server must be
-//! reachable; all within `health.timeout`. Checks are child processes polled
-//! without blocking, so the daemon keeps serving its socket and pinging the
-//! watchdog meanwhile. A check's stdout and stderr go to
+//! reachable; all within `health.timeout`. Checks are child processes
+//! watched through their pidfd ([`crate::child`]): the daemon sleeps in
+//! `poll(2)` until a check exits or its time is up
+//! ([`HealthRun::wait_fd`], [`HealthRun::until_limit`]), serving its socket
+//! and pinging the watchdog meanwhile, and [`HealthRun::poll`] never
+//! blocks. A check's stdout and stderr go to
 //! `state_dir/health/NAME.log`; the reason reported for a failure quotes the
 //! end of it.
 //!
@@ -16,11 +19,13 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::child::Watched;
 use crate::config::Health;
 use crate::error::{Context, Result};
 use crate::fsutil::ensure_dir;
@@ -54,7 +59,7 @@ pub enum Verdict {
 /// A health-check run in progress.
 pub struct HealthRun {
     pending: Vec<Check>,
-    current: Option<(Check, Child, Instant, PathBuf)>,
+    current: Option<(Check, Watched, Instant, PathBuf)>,
     deadline: Instant,
     check_timeout: Duration,
     log_dir: PathBuf,
@@ -114,6 +119,23 @@ impl HealthRun {
         &self.passed
     }
 
+    /// Readable when the running check exits (`None` between checks or
+    /// without pidfd support).
+    pub(crate) fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.current
+            .as_ref()
+            .and_then(|(_, child, _, _)| child.fd())
+    }
+
+    /// Time until the running check, or the whole run, is out of time.
+    pub(crate) fn until_limit(&self) -> Duration {
+        let limit = match &self.current {
+            Some((_, _, started, _)) => (*started + self.check_timeout).min(self.deadline),
+            None => self.deadline,
+        };
+        limit.saturating_duration_since(Instant::now())
+    }
+
     /// Advance without blocking; `Some` when the run is decided.
     pub fn poll(&mut self) -> Option<Verdict> {
         let now = Instant::now();
@@ -139,8 +161,7 @@ impl HealthRun {
                     let limit = (*started + self.check_timeout).min(self.deadline);
                     if now >= limit {
                         let name = check.name();
-                        let _ = child.kill();
-                        let _ = child.wait();
+                        child.kill();
                         self.current = None;
                         let which = if now >= self.deadline {
                             "the overall health.timeout"
@@ -179,7 +200,7 @@ impl HealthRun {
         }
     }
 
-    fn spawn(&self, check: &Check) -> Result<(Child, PathBuf)> {
+    fn spawn(&self, check: &Check) -> Result<(Watched, PathBuf)> {
         let name = check.name().replace(['/', ' '], "_");
         let log = self.log_dir.join(format!("{name}.log"));
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -197,9 +218,8 @@ impl HealthRun {
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", check.name()))?;
+        let child =
+            Watched::spawn(&mut cmd).with_context(|| format!("starting {}", check.name()))?;
         Ok((child, log))
     }
 }
@@ -207,8 +227,7 @@ impl HealthRun {
 impl Drop for HealthRun {
     fn drop(&mut self) {
         if let Some((_, child, _, _)) = self.current.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
         }
     }
 }
@@ -258,7 +277,8 @@ mod tests {
             if let Some(v) = r.poll() {
                 return v;
             }
-            std::thread::sleep(Duration::from_millis(20));
+            let max = r.until_limit().min(Duration::from_secs(1));
+            crate::progress::wait_readable(r.wait_fd(), max);
         }
     }
 

@@ -23,87 +23,15 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::Path;
-use std::time::Instant;
-
-use serde::Serialize;
 
 use crate::bail;
 use crate::error::{Context, Error, Result};
 use crate::hash::{Hasher, Sha256};
 use crate::manifest::{Delta, Frame, Image, Manifest};
+use crate::progress::{Meter, Ticker};
 use crate::slot::{SlotReader, SlotWriter};
 use crate::source::Source;
 use crate::worker::{Feed, FrameEvent, Frames};
-
-/// What is happening, for status and progress output.
-#[derive(Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct Progress {
-    /// `download`, `verify`, `hash-active`, `apply`, `health`, `check`,
-    /// `keys`, `report`.
-    pub phase: String,
-    pub done: u64,
-    pub total: u64,
-    /// Bytes per second over the phase so far.
-    pub rate: u64,
-    /// Seconds left at that rate.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub eta: Option<u64>,
-}
-
-/// Called between chunks of work. Returning an error (e.g. [`Kind::Stopped`])
-/// interrupts the pipeline at that point; everything done so far is safe to
-/// resume from.
-pub trait Ticker {
-    fn tick(&mut self, progress: &Progress) -> Result<()>;
-}
-
-/// A ticker that does nothing (tests, tools).
-pub struct NoTick;
-
-impl Ticker for NoTick {
-    fn tick(&mut self, _: &Progress) -> Result<()> {
-        Ok(())
-    }
-}
-
-/// Tracks one phase's progress and paces ticks.
-pub struct Meter {
-    progress: Progress,
-    started: Instant,
-    base: u64,
-}
-
-impl Meter {
-    pub fn new(phase: &str, done: u64, total: u64) -> Meter {
-        Meter {
-            progress: Progress {
-                phase: phase.into(),
-                done,
-                total,
-                rate: 0,
-                eta: None,
-            },
-            started: Instant::now(),
-            base: done,
-        }
-    }
-
-    pub fn advance(&mut self, n: u64) {
-        self.progress.done += n;
-    }
-
-    pub fn tick(&mut self, t: &mut dyn Ticker) -> Result<()> {
-        let secs = self.started.elapsed().as_secs_f64();
-        let moved = self.progress.done.saturating_sub(self.base);
-        if secs > 0.5 {
-            self.progress.rate = (moved as f64 / secs) as u64;
-            self.progress.eta = (self.progress.rate > 0).then(|| {
-                self.progress.total.saturating_sub(self.progress.done) / self.progress.rate
-            });
-        }
-        t.tick(&self.progress)
-    }
-}
 
 /// Chunk size for reading compressed data, so ticks stay frequent on slow
 /// links.
@@ -269,7 +197,7 @@ pub fn verify_slot(slot: &Path, image: &Image, ticker: &mut dyn Ticker) -> Resul
     let reader = SlotReader::open(slot)?;
     let mut meter = Meter::new("verify", 0, image.size);
     let got = reader.hash_prefix(image.size, &mut |done| {
-        meter.advance(done - meter.progress.done);
+        meter.advance(done - meter.done());
         meter.tick(ticker)
     })?;
     if got != image.sha256 {
@@ -291,7 +219,7 @@ pub fn hash_slot_prefix(slot: &Path, len: u64, ticker: &mut dyn Ticker) -> Resul
     }
     let mut meter = Meter::new("hash-active", 0, len);
     let h = reader.hash_prefix(len, &mut |done| {
-        meter.advance(done - meter.progress.done);
+        meter.advance(done - meter.done());
         meter.tick(ticker)
     })?;
     Ok(Some(h))

@@ -30,6 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::bootloader::{self, BootState, Bootloader};
+use crate::child::Watched;
 use crate::clock;
 use crate::config::{Config, RebootMode};
 use crate::error::{Error, Kind, Result};
@@ -38,8 +39,10 @@ use crate::fsutil::ensure_dir;
 use crate::hash::Sha256;
 use crate::health::{HealthRun, Verdict};
 use crate::identity;
-use crate::install::{self, Progress, Ticker};
+use crate::install;
 use crate::manifest::{self, Freshness, Manifest};
+use crate::progress::{Progress, Ticker};
+use crate::reconcile::{Decision, reconcile};
 use crate::report::{self, Pending};
 use crate::rollout;
 use crate::slot::{self, SlotName, SlotPair, SlotWriter};
@@ -140,6 +143,13 @@ const MAX_DOWNLOAD_RETRIES: u32 = 8;
 /// Seconds an ETag is used for conditional polls before one unconditional
 /// fetch.
 const ETAG_MAX_AGE: i64 = 6 * 3600;
+
+/// How long the reboot command may run before it counts as failed.
+const REBOOT_COMMAND_LIMIT: Duration = Duration::from_secs(60);
+
+/// The longest a wait for a child sleeps before the status line and the
+/// stop flag are looked at again.
+const WAIT_SLICE: Duration = Duration::from_secs(1);
 
 /// How far the clock may be behind a manifest's signing time.
 const CLOCK_SKEW: i64 = 300;
@@ -289,143 +299,85 @@ impl Machine {
 
     // ---- start of a process -------------------------------------------------
 
-    /// Reconcile the persisted state with this boot. Called once when the
-    /// process starts, before any step.
+    /// Reconcile the persisted state with this boot (the table in
+    /// [`crate::reconcile`]) and carry out what it decides. Called once
+    /// when the process starts, before any step.
     pub fn on_boot(&mut self) -> Result<()> {
         let state = self.state()?;
-        let current = self.boot_id.clone();
-        let rebooted = |j: &Job| j.boot_id.as_deref().is_some_and(|b| b != current);
-        match state {
-            State::Checking => self.enter(State::Idle, "check-interrupted", None, vec![])?,
-            State::Installed(mut job) | State::Rebooting(mut job) if rebooted(&job) => {
-                let on_target = self.booted == job.target;
-                match (job.purpose, on_target) {
-                    (Some(RebootPurpose::Rollback), false) => {
-                        let reason = job.reason.clone().unwrap_or_else(|| "rolled back".into());
-                        let r = report::install_result(
-                            &self.device_id,
-                            self.booted,
-                            "rolled_back",
-                            &job,
-                            Some(&reason),
-                        );
-                        job.boot_id = Some(current);
-                        self.enter(
-                            State::RolledBack(job),
-                            "rolled-back",
-                            Some(&reason),
-                            vec![r],
-                        )?;
-                    }
-                    (Some(RebootPurpose::Rollback), true) => {
-                        log::error!(
-                            "release {} slot {}: still booted into the rejected slot after the rollback reboot; rolling back again",
-                            job.version,
-                            job.target
-                        );
-                        job.boot_id = Some(current);
-                        self.enter(
-                            State::Rebooting(job),
-                            "rollback-retry",
-                            Some("still on the rejected slot"),
-                            vec![],
-                        )?;
-                    }
-                    (_, true) => {
-                        job.boot_id = Some(current);
-                        self.enter(
-                            State::Testing(job),
-                            "trial-boot",
-                            Some("booted the new slot"),
-                            vec![],
-                        )?;
-                    }
-                    (_, false) => {
-                        let reason = format!(
-                            "slot {} did not boot: the bootloader fell back to slot {}",
-                            job.target, self.booted
-                        );
-                        self.store
-                            .reject(&job.image.sha256, &job.version, &reason)?;
-                        job.reason = Some(reason.clone());
-                        job.boot_id = Some(current);
-                        let r = report::install_result(
-                            &self.device_id,
-                            self.booted,
-                            "rolled_back",
-                            &job,
-                            Some(&reason),
-                        );
-                        self.enter(
-                            State::RolledBack(job),
-                            "rolled-back",
-                            Some(&reason),
-                            vec![r],
-                        )?;
-                    }
-                }
+        match reconcile(state, self.booted, &self.boot_id) {
+            Decision::Resume => Ok(()),
+            Decision::MarkBootedGood => self
+                .boot
+                .mark_good(self.booted, self.tries())
+                .map_err(|e| e.wrap(format!("marking booted slot {} good", self.booted))),
+            Decision::Settle => self.enter(State::Idle, "check-interrupted", None, vec![]),
+            Decision::Test { job, why } => {
+                self.enter(State::Testing(job), "trial-boot", Some(why), vec![])
             }
-            State::Testing(mut job) if rebooted(&job) => {
-                job.boot_id = Some(current);
-                if self.booted == job.target {
-                    self.enter(
-                        State::Testing(job),
-                        "trial-boot",
-                        Some("rebooted during health checks; testing again"),
-                        vec![],
-                    )?;
-                } else {
-                    let reason = format!(
-                        "rebooted during health checks and the bootloader fell back to slot {}",
-                        self.booted
-                    );
-                    self.store
-                        .reject(&job.image.sha256, &job.version, &reason)?;
-                    job.reason = Some(reason.clone());
-                    let r = report::install_result(
-                        &self.device_id,
-                        self.booted,
-                        "rolled_back",
-                        &job,
-                        Some(&reason),
-                    );
-                    self.enter(
-                        State::RolledBack(job),
-                        "rolled-back",
-                        Some(&reason),
-                        vec![r],
-                    )?;
-                }
-            }
-            State::Downloading(job) | State::Installing(job) if self.booted == job.target => {
-                let reason = format!("booted slot {} while it was being written", job.target);
-                let r = report::install_result(
-                    &self.device_id,
-                    self.booted,
-                    "failed",
-                    &job,
-                    Some(&reason),
+            Decision::RollBack {
+                job,
+                reason,
+                reject,
+            } => self.roll_back(job, &reason, reject),
+            Decision::RetryRollback { job } => {
+                log::error!(
+                    "release {} slot {}: still booted into the rejected slot after the rollback reboot; rolling back again",
+                    job.version,
+                    job.target
                 );
                 self.enter(
-                    State::Failed {
-                        reason: reason.clone(),
-                        job: Some(job),
-                    },
-                    "failed",
-                    Some(&reason),
-                    vec![r],
-                )?;
+                    State::Rebooting(job),
+                    "rollback-retry",
+                    Some("still on the rejected slot"),
+                    vec![],
+                )
             }
-            s if !s.busy() => {
-                // Boot scripts decrement the counter on every boot: the slot
-                // we run from, outside any trial, is the good one.
-                self.boot
-                    .mark_good(self.booted, self.tries())
-                    .map_err(|e| e.wrap(format!("marking booted slot {} good", self.booted)))?;
-            }
-            _ => {}
+            Decision::Fail { job, reason } => self.fail(job, &reason, "failed"),
         }
-        Ok(())
+    }
+
+    /// The job is back on the old slot: `rolled_back`, with its install
+    /// result. With `reject`, the image is remembered as rejected first, so
+    /// a crash in between cannot lose the rejection.
+    fn roll_back(&mut self, mut job: Job, reason: &str, reject: bool) -> Result<()> {
+        if reject {
+            self.store.reject(&job.image.sha256, &job.version, reason)?;
+            job.reason = Some(reason.to_string());
+        }
+        let r = report::install_result(
+            &self.device_id,
+            self.booted,
+            "rolled_back",
+            &job,
+            Some(reason),
+        );
+        self.enter(State::RolledBack(job), "rolled-back", Some(reason), vec![r])
+    }
+
+    /// The attempt failed before the device changed slot: `failed` with
+    /// its install result, history `event`.
+    fn fail(&mut self, job: Job, reason: &str, event: &str) -> Result<()> {
+        let r = report::install_result(&self.device_id, self.booted, "failed", &job, Some(reason));
+        self.enter(
+            State::Failed {
+                reason: reason.to_string(),
+                job: Some(job),
+            },
+            event,
+            Some(reason),
+            vec![r],
+        )
+    }
+
+    /// The new slot is rejected (health checks, operator): remember the
+    /// image as rejected, then `rebooting` back to the old slot.
+    fn start_rollback(&mut self, mut job: Job, reason: &str) -> Result<()> {
+        self.health = None;
+        self.store.reject(&job.image.sha256, &job.version, reason)?;
+        job.reason = Some(reason.to_string());
+        job.purpose = Some(RebootPurpose::Rollback);
+        job.boot_id = Some(self.boot_id.clone());
+        self.enter(State::Rebooting(job), "rollback", Some(reason), vec![])
     }
 
     // ---- checking -------------------------------------------------------------
@@ -875,7 +827,7 @@ impl Machine {
             State::Downloading(job) => self.guard(job, t, Machine::download),
             State::Installing(job) => self.guard(job, t, Machine::install),
             State::Installed(job) => self.installed(job),
-            State::Rebooting(job) => self.rebooting(job),
+            State::Rebooting(job) => self.rebooting(job, t),
             State::Testing(job) => self.testing(job, t),
             State::Committed(job) => {
                 self.boot.mark_good(job.target, self.tries())?;
@@ -967,24 +919,8 @@ impl Machine {
                         return Ok(Next::Continue);
                     }
                 }
-                let reason = e.to_string();
-                let r = report::install_result(
-                    &self.device_id,
-                    self.booted,
-                    "failed",
-                    &job,
-                    Some(&reason),
-                );
                 let state_job = self.state()?.job().cloned().unwrap_or(job);
-                self.enter(
-                    State::Failed {
-                        reason: reason.clone(),
-                        job: Some(state_job),
-                    },
-                    "failed",
-                    Some(&reason),
-                    vec![r],
-                )?;
+                self.fail(state_job, &e.to_string(), "failed")?;
                 self.progress = None;
                 Err(e)
             }
@@ -1158,7 +1094,7 @@ impl Machine {
         Ok(Next::Continue)
     }
 
-    fn rebooting(&mut self, job: Job) -> Result<Next> {
+    fn rebooting(&mut self, job: Job, t: &mut dyn Ticker) -> Result<Next> {
         if job.purpose == Some(RebootPurpose::Rollback) {
             self.boot.mark_bad(job.target)?;
             self.boot.mark_good(job.target.other(), self.tries())?;
@@ -1177,7 +1113,7 @@ impl Machine {
                     job.version,
                     job.target
                 );
-                match run_reboot(&self.cfg.system.reboot_command) {
+                match run_reboot(&self.cfg.system.reboot_command, t) {
                     Ok(()) => self.reboot_requested = true,
                     // Asked again at the next step (the daemon steps a
                     // waiting reboot every few minutes).
@@ -1200,7 +1136,7 @@ impl Machine {
         Ok(Next::WaitReboot)
     }
 
-    fn testing(&mut self, mut job: Job, t: &mut dyn Ticker) -> Result<Next> {
+    fn testing(&mut self, job: Job, t: &mut dyn Ticker) -> Result<Next> {
         if self.mode == Mode::Oneshot {
             bail!(
                 Busy,
@@ -1236,15 +1172,16 @@ impl Machine {
             ..Progress::default()
         };
         let verdict = loop {
-            let v = match self.health.as_mut() {
-                Some(h) => h.poll(),
-                None => Some(Verdict::Fail("health run lost".into())),
+            let Some(h) = self.health.as_mut() else {
+                break Verdict::Fail("health run lost".into());
             };
-            if let Some(v) = v {
+            if let Some(v) = h.poll() {
                 break v;
             }
             t.tick(&progress)?;
-            std::thread::sleep(Duration::from_millis(100));
+            // Asleep until the check exits, its time is up, or a client
+            // calls; at least once a second for the status line.
+            t.wait(h.wait_fd(), h.until_limit().min(WAIT_SLICE))?;
         };
         self.health = None;
         let verdict = match verdict {
@@ -1254,12 +1191,7 @@ impl Machine {
         match verdict {
             Verdict::Pass => self.commit(job, "health checks passed"),
             Verdict::Fail(reason) => {
-                self.store
-                    .reject(&job.image.sha256, &job.version, &reason)?;
-                job.reason = Some(reason.clone());
-                job.purpose = Some(RebootPurpose::Rollback);
-                job.boot_id = Some(self.boot_id.clone());
-                self.enter(State::Rebooting(job), "rollback", Some(&reason), vec![])?;
+                self.start_rollback(job, &reason)?;
                 Ok(Next::Continue)
             }
         }
@@ -1319,48 +1251,25 @@ impl Machine {
     /// installed release before its trial boot.
     pub fn mark_bad(&mut self) -> Result<String> {
         match self.state()? {
-            State::Testing(mut job) => {
-                self.health = None;
-                let reason = "marked bad by the operator".to_string();
-                self.store
-                    .reject(&job.image.sha256, &job.version, &reason)?;
-                job.reason = Some(reason.clone());
-                job.purpose = Some(RebootPurpose::Rollback);
-                job.boot_id = Some(self.boot_id.clone());
+            State::Testing(job) => {
                 let msg = format!(
                     "release {} in slot {} marked bad; rolling back to slot {}",
                     job.version,
                     job.target,
                     job.target.other()
                 );
-                self.enter(State::Rebooting(job), "rollback", Some(&reason), vec![])?;
+                self.start_rollback(job, "marked bad by the operator")?;
                 Ok(msg)
             }
             State::Installed(job) | State::Rebooting(job)
                 if job.purpose != Some(RebootPurpose::Rollback) =>
             {
                 self.boot.mark_bad(job.target)?;
-                let reason = "trial boot cancelled by the operator".to_string();
-                let r = report::install_result(
-                    &self.device_id,
-                    self.booted,
-                    "failed",
-                    &job,
-                    Some(&reason),
-                );
                 let msg = format!(
                     "release {} in slot {}: trial boot cancelled",
                     job.version, job.target
                 );
-                self.enter(
-                    State::Failed {
-                        reason: reason.clone(),
-                        job: Some(job),
-                    },
-                    "cancelled",
-                    Some(&reason),
-                    vec![r],
-                )?;
+                self.fail(job, "trial boot cancelled by the operator", "cancelled")?;
                 Ok(msg)
             }
             s => bail!(
@@ -1465,29 +1374,43 @@ fn spool_path(state_dir: &std::path::Path, sha: &Sha256) -> std::path::PathBuf {
     state_dir.join(format!("delta-{}.partial", sha.short()))
 }
 
-/// Run the configured reboot command, bounded.
-fn run_reboot(cmd: &[String]) -> Result<()> {
+/// Run the configured reboot command, bounded. The wait sleeps on the
+/// command's pidfd through the ticker, so the daemon keeps answering.
+fn run_reboot(cmd: &[String], t: &mut dyn Ticker) -> Result<()> {
     let Some((prog, args)) = cmd.split_first() else {
         bail!(Config, "system.reboot_command is empty");
     };
     let mut cmd = std::process::Command::new(prog);
     crate::notify::scrub(&mut cmd);
-    let mut child = cmd
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .map_err(|e| err!(Io, "starting reboot command {prog}: {e}"))?;
-    let started = std::time::Instant::now();
+    cmd.args(args).stdin(std::process::Stdio::null());
+    let mut child =
+        Watched::spawn(&mut cmd).map_err(|e| err!(Io, "starting reboot command {prog}: {e}"))?;
+    let deadline = std::time::Instant::now() + REBOOT_COMMAND_LIMIT;
+    let progress = Progress {
+        phase: "reboot".into(),
+        ..Progress::default()
+    };
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => return Ok(()),
             Ok(Some(status)) => bail!(Io, "reboot command {prog} failed: {status}"),
-            Ok(None) if started.elapsed() > Duration::from_secs(60) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(Io, "reboot command {prog} did not finish within 60 s");
+            Ok(None) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    child.kill();
+                    bail!(
+                        Io,
+                        "reboot command {prog} did not finish within {} s",
+                        REBOOT_COMMAND_LIMIT.as_secs()
+                    );
+                }
+                if let Err(e) = t.tick(&progress) {
+                    // Stopping: the command goes on (it is the reboot);
+                    // this process does not wait for it.
+                    return Err(e);
+                }
+                t.wait(child.fd(), left.min(WAIT_SLICE))?;
             }
-            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
             Err(e) => {
                 return Err(Error::new(
                     Kind::Io,

@@ -21,7 +21,7 @@ use crate::error::Result;
 use crate::fetch::Fetcher;
 use crate::hash::hex;
 use crate::identity::random_bytes;
-use crate::install::Ticker;
+use crate::progress::Ticker;
 use crate::slot::SlotName;
 use crate::state::{Job, State};
 use crate::store::{OutboxEntry, Report, Store};

@@ -597,27 +597,7 @@ mod tests {
     }
 
     fn job() -> Job {
-        Job {
-            id: "j1".into(),
-            version: "2.0".into(),
-            serial: 2,
-            image: Image {
-                size: 1,
-                sha256: Sha256::of(b"i"),
-            },
-            source: "m.json".into(),
-            target: SlotName::B,
-            method: Method::Full,
-            started: Timestamp(1),
-            frames_durable: 0,
-            writing: false,
-            bytes_downloaded: 0,
-            boot_id: None,
-            purpose: None,
-            reason: None,
-            installed: None,
-            stream_verified: false,
-        }
+        crate::test_support::job_into(SlotName::B)
     }
 
     #[test]

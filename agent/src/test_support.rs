@@ -1,6 +1,39 @@
 //! Helpers shared by the unit tests: a small deterministic pseudo-random
 //! generator (xorshift64*), so a failing randomized case replays exactly,
-//! and a race-free way to write executable scripts. Compiled for tests only.
+//! a race-free way to write executable scripts, and a plain install job.
+//! Compiled for tests only.
+
+use crate::hash::Sha256;
+use crate::manifest::Image;
+use crate::slot::SlotName;
+use crate::state::{Job, Method};
+use crate::timestamp::Timestamp;
+
+/// A full-image job of release 2.0 (serial 2) into `target`, nothing
+/// written yet, no reboot requested.
+pub(crate) fn job_into(target: SlotName) -> Job {
+    Job {
+        id: "j1".into(),
+        version: "2.0".into(),
+        serial: 2,
+        image: Image {
+            size: 1,
+            sha256: Sha256::of(b"i"),
+        },
+        source: "m.json".into(),
+        target,
+        method: Method::Full,
+        started: Timestamp(1),
+        frames_durable: 0,
+        writing: false,
+        bytes_downloaded: 0,
+        boot_id: None,
+        purpose: None,
+        reason: None,
+        installed: None,
+        stream_verified: false,
+    }
+}
 
 pub(crate) struct Rng(pub(crate) u64);
 

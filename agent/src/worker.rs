@@ -28,8 +28,8 @@ use crate::artifact::FrameDecoder;
 use crate::bail;
 use crate::error::{Error, Kind, Result};
 use crate::hash::{Hasher, Sha256};
-use crate::install::{Progress, Ticker};
 use crate::manifest::Frame;
+use crate::progress::{Progress, Ticker};
 use crate::source::Source;
 
 /// How long the state machine waits for data before ticking.
@@ -476,7 +476,7 @@ pub fn offload<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::install::NoTick;
+    use crate::progress::NoTick;
 
     /// `n` frames of `size` bytes each, compressed independently: the
     /// artifact bytes, the frame table, and the decoded image.

@@ -57,6 +57,9 @@ pub struct DeviceSpec {
     pub health: String,
     /// Extra `[system]` lines.
     pub system: String,
+    /// `system.reboot_command` as a TOML array; `None`: touch the reboot
+    /// marker (`Device::reboot_marker`).
+    pub reboot_command: Option<String>,
     pub tries: u32,
     /// Link slot B to slot A's file (a misconfiguration).
     pub same_slot_twice: bool,
@@ -78,6 +81,7 @@ impl DeviceSpec {
             server: String::new(),
             health: String::new(),
             system: String::new(),
+            reboot_command: None,
             tries: 3,
             same_slot_twice: false,
             slot_paths: None,
@@ -236,7 +240,7 @@ impl Device {
              [bootloader]\n{boot}tries = {tries}\n\
              [health]\nchecks_dir = {checks:?}\n{health}\n\
              [system]\nstate_dir = {state:?}\nsocket = {sock:?}\nboot_id_file = {bootid:?}\n\
-             reboot_command = [\"touch\", {marker:?}]\n{system}\n",
+             reboot_command = {reboot}\n{system}\n",
             server = s.server,
             compat = s.compatible,
             id = self.state_dir.join("device-id"),
@@ -249,7 +253,10 @@ impl Device {
             state = self.state_dir,
             sock = self.socket,
             bootid = self.boot_id,
-            marker = self.reboot_marker,
+            reboot = s
+                .reboot_command
+                .clone()
+                .unwrap_or_else(|| format!("[\"touch\", {:?}]", self.reboot_marker)),
             system = s.system,
         );
         std::fs::write(&self.config, text).expect("writing the config");

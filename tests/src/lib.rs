@@ -6,6 +6,7 @@
 //! and `updraft-publish` binaries, their files and sockets) or, for unit-level
 //! interop, through the `updraft` library API. Nothing here mocks updraft.
 
+pub mod activity;
 pub mod bin;
 pub mod bootenv;
 pub mod ca;

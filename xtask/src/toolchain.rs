@@ -211,7 +211,9 @@ fn choose(versions: &[String], pick: Pick, msrv: &str) -> Result<String> {
         Pick::Msrv => versions.iter().rev().find(|v| same_release(v, msrv)),
     };
     found.cloned().ok_or_else(|| match pick {
-        Pick::Newest => format!("no {STD_DEV} version is published for all of amd64, arm64 and armhf"),
+        Pick::Newest => {
+            format!("no {STD_DEV} version is published for all of amd64, arm64 and armhf")
+        }
         Pick::Msrv => format!(
             "no rustc-web {msrv}.x is published for all of amd64, arm64 and armhf \
              (the archive has {}), so the MSRV build (rust-version {msrv}) cannot run",

@@ -87,7 +87,8 @@ pub fn run(args: &[String]) -> Result {
         .iter()
         .filter(|t| plans.iter().any(|p| p.triple == t.triple))
         .collect();
-    let toolchain = cross::ensure_host_tools(&cross_targets).and_then(|()| Toolchain::ensure(Pick::Newest));
+    let toolchain =
+        cross::ensure_host_tools(&cross_targets).and_then(|()| Toolchain::ensure(Pick::Newest));
     let target_dir = util::root().join("target").join("cross");
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
