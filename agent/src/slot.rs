@@ -129,7 +129,8 @@ pub fn capacity(path: &Path) -> Result<u64> {
     capacity_of(&f, path)
 }
 
-fn capacity_of(f: &File, path: &Path) -> Result<u64> {
+/// Size in bytes of an opened slot, a block device or a regular file.
+pub(crate) fn capacity_of(f: &File, path: &Path) -> Result<u64> {
     let md = f
         .metadata()
         .kind_context(Kind::Slot, format!("slot {}", path.display()))?;

@@ -1,8 +1,13 @@
 //! Helpers shared by the unit tests: a small deterministic pseudo-random
 //! generator (xorshift64*), so a failing randomized case replays exactly,
-//! a race-free way to write executable scripts, and a plain install job.
-//! Compiled for tests only.
+//! inputs mutated from it for the parsers' never-panic tests, scratch
+//! directories, a race-free way to write executable scripts, U-Boot
+//! environments built from variables, and a plain install job. Compiled for
+//! tests only.
 
+use std::path::PathBuf;
+
+use crate::bootloader::uboot::Environment;
 use crate::hash::Sha256;
 use crate::manifest::Image;
 use crate::slot::SlotName;
@@ -59,6 +64,35 @@ impl Rng {
     }
 }
 
+/// `seed` with a few bytes replaced by interesting ones, maybe cut.
+pub(crate) fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
+    let mut v = seed.to_vec();
+    for _ in 0..1 + rng.below(6) {
+        let i = rng.below(v.len());
+        v[i] = match rng.below(6) {
+            0 => 0,
+            1 => b'=',
+            2 => 0xff,
+            3 => b' ',
+            4 => b'\n',
+            _ => rng.next() as u8,
+        };
+    }
+    if rng.below(4) == 0 {
+        v.truncate(rng.below(v.len() + 1));
+    }
+    v
+}
+
+/// An empty directory `updraft-<module>-<pid>-<name>` under the temporary
+/// directory, emptied first should an earlier run have left it behind.
+pub(crate) fn scratch_dir(module: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("updraft-{module}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
 /// Write an executable file without this process ever holding it open for
 /// writing. Tests run in parallel threads that fork; a child forked while
 /// the file is open for writing keeps it open until it execs, and running
@@ -80,4 +114,13 @@ pub(crate) fn write_executable(path: &std::path::Path, content: &str) {
         path.display()
     );
     let _ = std::fs::remove_file(&staged);
+}
+
+/// A U-Boot environment holding `vars`, in order.
+pub(crate) fn uboot_env(vars: &[(&str, &str)]) -> Environment {
+    let mut e = Environment::new();
+    for (k, v) in vars {
+        e.set(k, v).unwrap();
+    }
+    e
 }
