@@ -77,6 +77,7 @@ mod tests {
     fn the_pidfd_wakes_a_poll_when_the_child_exits() {
         let mut w =
             Watched::spawn(Command::new("sh").args(["-c", "sleep 0.3"])).expect("starting sh");
+        assert_eq!(w.try_wait().expect("try_wait"), None);
         let Some(fd) = w.fd() else {
             // An old kernel or an emulator without pidfd_open: the
             // fallback is the caller's timeout, nothing to test here.
@@ -84,12 +85,12 @@ mod tests {
             w.kill();
             return;
         };
-        assert_eq!(w.try_wait().expect("try_wait"), None);
         // A timeout far beyond the child's life: poll returns 1 only
         // because the exit made the pidfd readable.
         let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
         let n = poll(&mut fds, PollTimeout::from(30_000u16)).expect("poll");
         assert_eq!(n, 1, "the pidfd became readable");
+        drop(fds);
         let status = w.try_wait().expect("try_wait").expect("exited");
         assert!(status.success());
     }

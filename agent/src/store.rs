@@ -586,8 +586,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::Image;
-    use crate::state::{Job, Method};
+    use crate::state::Job;
 
     fn db(name: &str) -> Store {
         let d = std::env::temp_dir().join(format!("updraft-store-{}-{name}", std::process::id()));
