@@ -90,7 +90,6 @@ mod tests {
         let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
         let n = poll(&mut fds, PollTimeout::from(30_000u16)).expect("poll");
         assert_eq!(n, 1, "the pidfd became readable");
-        drop(fds);
         let status = w.try_wait().expect("try_wait").expect("exited");
         assert!(status.success());
     }

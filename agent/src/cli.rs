@@ -16,11 +16,12 @@ use crate::config::{self, Config};
 use crate::control;
 use crate::error::{Kind, Result};
 use crate::lock::StateLock;
-use crate::machine::{CheckOutcome, Machine, Mode, Next, SlotStatus, Status};
+use crate::machine::{CheckOutcome, Machine, Mode, Next};
 use crate::progress::{Progress, Ticker, mib, progress_line};
 use crate::slot::{self, SlotName};
 use crate::source::Origin;
 use crate::state::{Method, State};
+use crate::status::{SlotStatus, Status};
 use crate::store::Store;
 use crate::{bail, err};
 

@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Kind, Result};
 use crate::fsutil::ensure_dir;
-use crate::machine::Status;
 use crate::progress::Progress;
+use crate::status::Status;
 use crate::store::HistoryEntry;
 use crate::{bail, err};
 

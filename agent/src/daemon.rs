@@ -35,11 +35,12 @@ use crate::control::{self, Client, ControlServer, Reply, Request};
 use crate::err;
 use crate::error::{Error, Kind, Result};
 use crate::lock::StateLock;
-use crate::machine::{CheckOutcome, Machine, Mode, Next, Status};
+use crate::machine::{CheckOutcome, Machine, Mode, Next};
 use crate::metrics::Metrics;
 use crate::notify;
 use crate::progress::{self, Progress, Ticker};
 use crate::source::Origin;
+use crate::status::Status;
 use crate::timestamp::Timestamp;
 
 static STOP: AtomicBool = AtomicBool::new(false);

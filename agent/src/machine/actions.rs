@@ -1,0 +1,359 @@
+//! The actions of the busy states: download, install, the trial boot, the
+//! reboot and the health checks. Each runs once per step, after its state
+//! was persisted, and is safe to run again after a power cut.
+
+use super::*;
+
+impl Machine {
+    pub(super) fn download(&mut self, mut job: Job, t: &mut dyn Ticker) -> Result<Next> {
+        let m = self.job_manifest()?;
+        let target = self.slots.path(job.target).to_path_buf();
+        let booted = self.slots.path(self.booted).to_path_buf();
+        let origin = Origin::parse(&job.source, &self.cfg.server.mirrors);
+        if origin.is_remote() && self.fetcher.is_none() {
+            self.fetcher = Some(Fetcher::new(&self.cfg.server)?);
+        }
+        let mut tick = Tracker {
+            inner: t,
+            progress: &mut self.progress,
+        };
+        match job.method.clone() {
+            Method::Full => {
+                let mut writer = SlotWriter::open(&target, &booted, self.cfg.system.sync_bytes)?;
+                let frames = &m.artifact.frames;
+                let start = if job.writing || job.frames_durable > 0 {
+                    let hint = (job.frames_durable as usize).min(frames.len());
+                    let start = install::probe_frames(&target, frames, hint, &mut tick)?;
+                    log::info!(
+                        "release {} slot {}: resuming at frame {start} of {} ({} frames were durable)",
+                        job.version,
+                        job.target,
+                        frames.len(),
+                        hint
+                    );
+                    start
+                } else {
+                    0
+                };
+                // The target leaves the boot order right before the first
+                // byte is written to it, so a half-written slot can never
+                // be booted, and a download that never starts leaves it be.
+                let (boot, store, slot) = (&mut self.boot, &self.store, job.target);
+                let mut writing_job = job.clone();
+                writing_job.writing = true;
+                let mut before_write = || -> Result<()> {
+                    boot.disable(slot)?;
+                    store.forget_slot(slot)?;
+                    store.update_state(&State::Downloading(writing_job.clone()))
+                };
+                let mut durable_job = job.clone();
+                durable_job.writing = true;
+                let mut on_durable = |n: u64| -> Result<()> {
+                    durable_job.frames_durable = n;
+                    store.update_state(&State::Downloading(durable_job.clone()))
+                };
+                let mut src = Source::new(origin, self.fetcher.clone(), self.preferred);
+                let outcome = install::write_full(
+                    &mut src,
+                    &m,
+                    &mut writer,
+                    install::FullOptions {
+                        start,
+                        hash_image: !self.cfg.system.readback,
+                    },
+                    &mut tick,
+                    install::WriteHooks {
+                        before_write: &mut before_write,
+                        on_durable: &mut on_durable,
+                    },
+                )?;
+                let pref = src.preferred();
+                writer.finish()?;
+                job.frames_durable = frames.len() as u64;
+                job.bytes_downloaded += outcome.bytes_read;
+                job.stream_verified = outcome.hashed_in_stream && start == 0;
+                crate::poll::set_preferred(&self.store, &mut self.preferred, pref)?;
+            }
+            Method::Delta { url, .. } => {
+                let Some(d) = m.deltas.iter().find(|d| d.url == url).cloned() else {
+                    bail!(Store, "the job's delta {url} is not in its manifest");
+                };
+                let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
+                let mut src = Source::new(origin, self.fetcher.clone(), self.preferred);
+                let n = install::download_delta(&mut src, &d, &spool, &mut tick)?;
+                let pref = src.preferred();
+                job.bytes_downloaded += n;
+                crate::poll::set_preferred(&self.store, &mut self.preferred, pref)?;
+            }
+        }
+        let what = match job.method {
+            Method::Full => "all frames written; reading the slot back",
+            Method::Delta { .. } => "delta downloaded and verified; applying it",
+        };
+        self.enter(State::Installing(job), "verify", Some(what), vec![])?;
+        Ok(Next::Continue)
+    }
+
+    pub(super) fn install(&mut self, mut job: Job, t: &mut dyn Ticker) -> Result<Next> {
+        let m = self.job_manifest()?;
+        let target = self.slots.path(job.target).to_path_buf();
+        let booted = self.slots.path(self.booted).to_path_buf();
+        let mut tick = Tracker {
+            inner: t,
+            progress: &mut self.progress,
+        };
+        match job.method.clone() {
+            Method::Full => {
+                if self.cfg.system.readback || !job.stream_verified {
+                    install::verify_slot(&target, &m.image, &mut tick)?;
+                }
+            }
+            Method::Delta { url, .. } => {
+                let Some(d) = m.deltas.iter().find(|d| d.url == url).cloned() else {
+                    bail!(Store, "the job's delta {url} is not in its manifest");
+                };
+                let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
+                let mut writer = SlotWriter::open(&target, &booted, self.cfg.system.sync_bytes)?;
+                // Out of the boot order before the patch writes a byte.
+                self.boot.disable(job.target)?;
+                self.store.forget_slot(job.target)?;
+                install::apply_delta(
+                    &booted,
+                    d.from_size,
+                    &spool,
+                    &m.image,
+                    &mut writer,
+                    &mut tick,
+                )?;
+                writer.finish()?;
+                if self.cfg.system.readback {
+                    install::verify_slot(&target, &m.image, &mut tick)?;
+                }
+                let _ = std::fs::remove_file(&spool);
+            }
+        }
+        self.store.set_slot_record(&SlotRecord {
+            slot: job.target,
+            version: job.version.clone(),
+            sha256: m.image.sha256,
+            size: m.image.size,
+            installed: Timestamp::now(),
+        })?;
+        job.installed = Some(Timestamp::now());
+        job.boot_id = Some(self.boot_id.clone());
+        job.purpose = Some(RebootPurpose::Trial);
+        let how = match job.method {
+            Method::Full => "verified on the slot (full image)",
+            Method::Delta { .. } => "verified on the slot (delta)",
+        };
+        self.enter(State::Installed(job), "installed", Some(how), vec![])?;
+        Ok(Next::Continue)
+    }
+
+    pub(super) fn installed(&mut self, mut job: Job) -> Result<Next> {
+        self.boot.trial(job.target, self.tries())?;
+        log::info!(
+            "release {} slot {}: first in the boot order for a trial boot ({} tries)",
+            job.version,
+            job.target,
+            self.tries()
+        );
+        if self.mode == Mode::Oneshot {
+            return Ok(Next::Done);
+        }
+        job.boot_id = Some(self.boot_id.clone());
+        job.purpose = Some(RebootPurpose::Trial);
+        self.enter(
+            State::Rebooting(job),
+            "reboot",
+            Some("into the new slot for its trial boot"),
+            vec![],
+        )?;
+        Ok(Next::Continue)
+    }
+
+    pub(super) fn rebooting(&mut self, job: Job, t: &mut dyn Ticker) -> Result<Next> {
+        if job.purpose == Some(RebootPurpose::Rollback) {
+            self.boot.mark_bad(job.target)?;
+            self.boot.mark_good(job.target.other(), self.tries())?;
+        }
+        if self.mode == Mode::Oneshot {
+            return Ok(Next::Done);
+        }
+        let into = match job.purpose {
+            Some(RebootPurpose::Rollback) => job.target.other(),
+            _ => job.target,
+        };
+        match self.cfg.system.reboot {
+            RebootMode::Auto if !self.reboot_requested => {
+                log::info!(
+                    "release {} slot {}: rebooting into slot {into}",
+                    job.version,
+                    job.target
+                );
+                match run_reboot(&self.cfg.system.reboot_command, t) {
+                    Ok(()) => self.reboot_requested = true,
+                    // Asked again at the next step (the daemon steps a
+                    // waiting reboot every few minutes).
+                    Err(e) => {
+                        log::error!("release {} slot {}: {e}", job.version, job.target);
+                        self.last_error = Some(e.to_string());
+                    }
+                }
+            }
+            RebootMode::Manual if !self.waiting_logged => {
+                self.waiting_logged = true;
+                log::info!(
+                    "release {} slot {}: waiting for an operator to reboot into slot {into} (system.reboot = \"manual\")",
+                    job.version,
+                    job.target
+                );
+            }
+            _ => {}
+        }
+        Ok(Next::WaitReboot)
+    }
+
+    pub(super) fn testing(&mut self, job: Job, t: &mut dyn Ticker) -> Result<Next> {
+        if self.mode == Mode::Oneshot {
+            bail!(
+                Busy,
+                "release {} in slot {} is under test: the daemon runs its health checks (or use updraft mark-good / mark-bad)",
+                job.version,
+                job.target
+            );
+        }
+        if self.health.is_none() {
+            let previous = self
+                .store
+                .slot_record(job.target.other())?
+                .map(|r| r.version)
+                .unwrap_or_default();
+            let env = vec![
+                ("UPDRAFT_SLOT".to_string(), job.target.as_str().to_string()),
+                ("UPDRAFT_VERSION".to_string(), job.version.clone()),
+                ("UPDRAFT_PREVIOUS_VERSION".to_string(), previous),
+            ];
+            self.health = Some(HealthRun::start(
+                &self.cfg.health,
+                &self.cfg.system.state_dir,
+                env,
+            )?);
+            log::info!(
+                "release {} slot {}: running health checks",
+                job.version,
+                job.target
+            );
+        }
+        let progress = Progress {
+            phase: "health".into(),
+            ..Progress::default()
+        };
+        let verdict = loop {
+            let Some(h) = self.health.as_mut() else {
+                break Verdict::Fail("health run lost".into());
+            };
+            if let Some(v) = h.poll() {
+                break v;
+            }
+            t.tick(&progress)?;
+            // Asleep until the check exits, its time is up, or a client
+            // calls; at least once a second for the status line.
+            t.wait(h.wait_fd(), h.until_limit().min(WAIT_SLICE))?;
+        };
+        self.health = None;
+        let verdict = match verdict {
+            Verdict::Pass if self.cfg.health.check_server => self.server_reachable(t),
+            v => v,
+        };
+        match verdict {
+            Verdict::Pass => self.commit(job, "health checks passed"),
+            Verdict::Fail(reason) => {
+                self.start_rollback(job, &reason)?;
+                Ok(Next::Continue)
+            }
+        }
+    }
+
+    pub(super) fn server_reachable(&mut self, t: &mut dyn Ticker) -> Verdict {
+        let Some(f) = self.fetcher.clone() else {
+            return Verdict::Fail("health.check_server is set but no server is configured".into());
+        };
+        let url = self.cfg.server.manifest_url.clone();
+        let r = crate::worker::offload(
+            "health",
+            move || {
+                f.get_small(&url, manifest::MAX_MANIFEST_BYTES as u64, None)
+                    .map(|_| ())
+            },
+            t,
+        );
+        match r {
+            Ok(Ok(())) => Verdict::Pass,
+            Ok(Err(e)) | Err(e) => Verdict::Fail(format!("update server unreachable: {e}")),
+        }
+    }
+}
+
+/// Records the latest progress for status while forwarding ticks.
+struct Tracker<'a> {
+    inner: &'a mut dyn Ticker,
+    progress: &'a mut Option<Progress>,
+}
+
+impl Ticker for Tracker<'_> {
+    fn tick(&mut self, p: &Progress) -> Result<()> {
+        *self.progress = Some(p.clone());
+        self.inner.tick(p)
+    }
+}
+
+/// Where a delta is downloaded before it is applied.
+pub(super) fn spool_path(state_dir: &std::path::Path, sha: &Sha256) -> std::path::PathBuf {
+    state_dir.join(format!("delta-{}.partial", sha.short()))
+}
+
+/// Run the configured reboot command, bounded. The wait sleeps on the
+/// command's pidfd through the ticker, so the daemon keeps answering.
+fn run_reboot(cmd: &[String], t: &mut dyn Ticker) -> Result<()> {
+    let Some((prog, args)) = cmd.split_first() else {
+        bail!(Config, "system.reboot_command is empty");
+    };
+    let mut cmd = std::process::Command::new(prog);
+    crate::notify::scrub(&mut cmd);
+    cmd.args(args).stdin(std::process::Stdio::null());
+    let mut child =
+        Watched::spawn(&mut cmd).map_err(|e| err!(Io, "starting reboot command {prog}: {e}"))?;
+    let deadline = std::time::Instant::now() + REBOOT_COMMAND_LIMIT;
+    let progress = Progress {
+        phase: "reboot".into(),
+        ..Progress::default()
+    };
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) => bail!(Io, "reboot command {prog} failed: {status}"),
+            Ok(None) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    child.kill();
+                    bail!(
+                        Io,
+                        "reboot command {prog} did not finish within {} s",
+                        REBOOT_COMMAND_LIMIT.as_secs()
+                    );
+                }
+                // On a stop the command goes on (it is the reboot); this
+                // process does not wait for it.
+                t.tick(&progress)?;
+                t.wait(child.fd(), left.min(WAIT_SLICE))?;
+            }
+            Err(e) => {
+                return Err(Error::new(
+                    Kind::Io,
+                    format!("waiting for reboot command {prog}: {e}"),
+                ));
+            }
+        }
+    }
+}

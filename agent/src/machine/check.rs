@@ -1,0 +1,240 @@
+//! Checking for a release: a verified manifest from [`crate::poll`], then
+//! the device's own decision (already running, being installed, rejected
+//! before, outside the rollout) and the plan of the job: which slot, which
+//! method. Only a job that starts is written.
+
+use super::*;
+
+impl Machine {
+    // ---- checking -------------------------------------------------------------
+
+    /// Look for a release at `origin` (the configured server when `None`)
+    /// and start installing it when it is new and applies. `operator` marks
+    /// an explicit install: rollout and earlier rejections do not apply.
+    pub fn check(
+        &mut self,
+        origin: Option<Origin>,
+        operator: bool,
+        t: &mut dyn Ticker,
+    ) -> Result<CheckOutcome> {
+        let default_origin = origin.is_none();
+        let origin = match origin {
+            Some(o) => o,
+            None => {
+                if self.cfg.server.manifest_url.is_empty() {
+                    bail!(Config, "server.manifest_url is not set: nothing to poll");
+                }
+                Origin::parse(&self.cfg.server.manifest_url, &self.cfg.server.mirrors)
+            }
+        };
+        if origin.is_remote() && self.fetcher.is_none() {
+            self.fetcher = Some(Fetcher::new(&self.cfg.server)?);
+        }
+        self.last_check = Some(Timestamp::now());
+        let state = self.state()?;
+        // Checking is not persisted: a check that finds nothing to do
+        // writes nothing (an idle poll costs no flash writes); only what a
+        // check leads to is recorded.
+        log::debug!("checking {}", origin.to_arg());
+        let result = self.check_inner(&origin, default_origin, operator, &state, t);
+        match &result {
+            Ok(CheckOutcome::Started { .. }) => {}
+            Ok(CheckOutcome::NoChange(why)) => log::info!("check: {why}"),
+            Err(e) => {
+                self.last_error = Some(e.to_string());
+                let reports = self
+                    .reports_enabled()
+                    .then_some((self.device_id.as_str(), self.booted));
+                crate::poll::record_failure(&self.store, e, reports)?;
+            }
+        }
+        if result.is_ok() {
+            if self
+                .store
+                .get("last_check_error")?
+                .is_some_and(|e| !e.is_empty())
+            {
+                self.store.set("last_check_error", "")?;
+            }
+            self.last_error = None;
+        }
+        result
+    }
+
+    pub(super) fn check_inner(
+        &mut self,
+        origin: &Origin,
+        default_origin: bool,
+        operator: bool,
+        state: &State,
+        t: &mut dyn Ticker,
+    ) -> Result<CheckOutcome> {
+        let mut poller = Poller {
+            store: &self.store,
+            trust: &mut self.trust,
+            fetcher: self.fetcher.as_ref(),
+            preferred: &mut self.preferred,
+            compatible: &self.cfg.device.compatible,
+        };
+        let Verified {
+            manifest: m,
+            freshness,
+        } = poller.verified_manifest(origin, default_origin, t)?;
+        if let Some(job) = state.job().filter(|_| state.busy()) {
+            if job.image == m.image {
+                return Ok(CheckOutcome::NoChange(format!(
+                    "release {} is already being installed into slot {} ({})",
+                    job.version,
+                    job.target,
+                    state.name()
+                )));
+            }
+            bail!(
+                Busy,
+                "an update to {} is in progress ({}); finish it before installing {}",
+                job.version,
+                state.name(),
+                m.release.version
+            );
+        }
+        if let Some(rec) = self.store.slot_record(self.booted)? {
+            if rec.sha256 == m.image.sha256 && rec.size == m.image.size {
+                let why = match freshness {
+                    Freshness::Unchanged => format!(
+                        "manifest serial {} is unchanged; release {} is running",
+                        m.serial, m.release.version
+                    ),
+                    Freshness::New => format!(
+                        "release {} (serial {}) is already running in slot {}",
+                        m.release.version, m.serial, self.booted
+                    ),
+                };
+                return Ok(CheckOutcome::NoChange(why));
+            }
+        }
+        if let Some(reason) = self.store.rejected(&m.image.sha256)? {
+            if !operator {
+                return Ok(CheckOutcome::NoChange(format!(
+                    "release {} was rolled back before ({reason}); it is not installed again automatically",
+                    m.release.version
+                )));
+            }
+            log::info!(
+                "release {}: installing again on operator request despite an earlier rollback",
+                m.release.version
+            );
+            self.store.unreject(&m.image.sha256)?;
+        }
+        if !operator {
+            if let Some(r) = &m.release.rollout {
+                if !rollout::eligible(&self.device_id, &m.release.version, r.percent) {
+                    return Ok(CheckOutcome::NoChange(format!(
+                        "release {} is rolled out to {}% of devices; this device is not selected",
+                        m.release.version, r.percent
+                    )));
+                }
+            }
+        }
+        self.plan(origin, &m, t)
+    }
+
+    /// Choose target slot and method, and start the job.
+    pub(super) fn plan(
+        &mut self,
+        origin: &Origin,
+        m: &Manifest,
+        t: &mut dyn Ticker,
+    ) -> Result<CheckOutcome> {
+        let target = self.booted.other();
+        let target_path = self.slots.path(target).to_path_buf();
+        let booted_path = self.slots.path(self.booted).to_path_buf();
+        if slot::same_slot(&target_path, &booted_path)? {
+            bail!(
+                Slot,
+                "slot {target} ({}) is the same device as the booted slot {} ({}): refusing to write it",
+                target_path.display(),
+                self.booted,
+                booted_path.display()
+            );
+        }
+        let capacity = slot::capacity(&target_path)?;
+        if m.image.size > capacity {
+            bail!(
+                Slot,
+                "release {} image is {} bytes, slot {target} ({}) holds only {capacity}",
+                m.release.version,
+                m.image.size,
+                target_path.display()
+            );
+        }
+        let mut method = Method::Full;
+        let mut hashed: Vec<(u64, Option<Sha256>)> = Vec::new();
+        for d in &m.deltas {
+            let h = match hashed.iter().find(|(len, _)| *len == d.from_size) {
+                Some((_, h)) => *h,
+                None => {
+                    let h = install::hash_slot_prefix(&booted_path, d.from_size, t)?;
+                    hashed.push((d.from_size, h));
+                    h
+                }
+            };
+            if h == Some(d.from_sha256) {
+                method = Method::Delta {
+                    url: d.url.clone(),
+                    size: d.size,
+                };
+                break;
+            }
+        }
+        if !m.deltas.is_empty() && method == Method::Full {
+            log::info!(
+                "release {}: no delta matches the contents of slot {}; using the full image",
+                m.release.version,
+                self.booted
+            );
+        }
+        let job = Job {
+            id: report::new_key(),
+            version: m.release.version.clone(),
+            serial: m.serial,
+            image: m.image,
+            source: origin.to_arg(),
+            target,
+            method: method.clone(),
+            started: Timestamp::now(),
+            frames_durable: 0,
+            writing: false,
+            bytes_downloaded: 0,
+            boot_id: None,
+            purpose: None,
+            reason: None,
+            installed: None,
+            stream_verified: false,
+        };
+        let payload =
+            serde_json::to_string(m).map_err(|e| err!(Store, "encoding manifest: {e}"))?;
+        self.store.set("job_manifest", &payload)?;
+        let how = match &method {
+            Method::Full => format!("full image, {} bytes", m.artifact.size),
+            Method::Delta { size, .. } => format!("delta, {size} bytes"),
+        };
+        self.download_failures = 0;
+        self.enter(State::Downloading(job), "download", Some(&how), vec![])?;
+        Ok(CheckOutcome::Started {
+            version: m.release.version.clone(),
+            target,
+            delta: matches!(method, Method::Delta { .. }),
+        })
+    }
+
+    pub(super) fn job_manifest(&self) -> Result<Manifest> {
+        let text = self.store.get("job_manifest")?.ok_or_else(|| {
+            err!(
+                Store,
+                "the manifest of the current job is missing from the database"
+            )
+        })?;
+        serde_json::from_str(&text)
+            .map_err(|e| err!(Store, "stored job manifest is unreadable: {e}"))
+    }
+}

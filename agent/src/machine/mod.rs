@@ -1,0 +1,455 @@
+//! The update cycle: what each state does and where it goes next.
+//!
+//! This is the one place where the whole machine can be read. The states and
+//! the legal transitions are defined in [`crate::state`]; here every state has
+//! one action ([`Machine::step`]), and every action follows the same rule:
+//! the transition is persisted *before* the side effect it announces, and
+//! each side effect is safe to repeat. A process killed or a power cut at
+//! any instant therefore restarts in the state last written and simply runs
+//! that state's action again.
+//!
+//! ```text
+//! check ───────► Downloading ─► Installing ─► Installed ─► Rebooting ─► (reboot)
+//!   (serial, keys,  (target out of   (read back,    (trial boot    │
+//!    policy; not    boot order at    slot record)   first)         ▼
+//!    persisted)     the first write)
+//!                       stream/verify)                          on_boot: same boot id → reboot again
+//!                                                                        booted target → Testing
+//!                                                                        booted old   → RolledBack
+//! Testing ─► Committed (mark good) ─► Idle
+//!         └► Rebooting(rollback: target bad, old first) ─► (reboot) ─► RolledBack ─► Idle
+//! any failure before the switch ─► Failed(reason) ─► Idle
+//! ```
+//!
+//! The machine does not sleep, poll timers or serve sockets: it is driven by
+//! the daemon loop ([`crate::daemon`]) or by the one-shot CLI, and it calls
+//! the [`Ticker`] it is given during long work so they can.
+
+use std::time::Duration;
+
+use crate::bootloader::{self, BootState, Bootloader};
+use crate::child::Watched;
+use crate::config::{Config, RebootMode};
+use crate::error::{Error, Kind, Result};
+use crate::fetch::Fetcher;
+use crate::fsutil::ensure_dir;
+use crate::hash::Sha256;
+use crate::health::{HealthRun, Verdict};
+use crate::identity;
+use crate::install;
+use crate::manifest::{self, Freshness, Manifest};
+use crate::poll::{Poller, Verified};
+use crate::progress::{Progress, Ticker};
+use crate::reconcile::{Decision, reconcile};
+use crate::report::{self, Pending};
+use crate::rollout;
+use crate::slot::{self, SlotName, SlotPair, SlotWriter};
+use crate::source::{Origin, Source};
+use crate::state::{Job, Method, RebootPurpose, State};
+use crate::status::{self, Status};
+use crate::store::{Event, SlotRecord, Store};
+use crate::timestamp::Timestamp;
+use crate::trust::Trust;
+use crate::{bail, err};
+use actions::spool_path;
+
+mod actions;
+mod check;
+mod operator;
+
+/// How the machine is driven.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The long-running agent: reboots, runs health checks, commits.
+    Daemon,
+    /// `updraft install` without a daemon: stops once the slot is set up for
+    /// its trial boot.
+    Oneshot,
+}
+
+/// What the driver should do after a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Call [`Machine::step`] again.
+    Continue,
+    /// Nothing in progress.
+    Idle,
+    /// A reboot is pending (requested, or waiting for an operator).
+    WaitReboot,
+    /// The one-shot install reached its end state.
+    Done,
+    /// A transient failure: step again after this delay.
+    Retry(Duration),
+}
+
+/// Outcome of a check for a new release.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CheckOutcome {
+    /// An install job started (state is now Downloading).
+    Started {
+        version: String,
+        target: SlotName,
+        delta: bool,
+    },
+    /// Nothing to do, and why.
+    NoChange(String),
+}
+
+/// Consecutive transient download failures before a job is failed.
+const MAX_DOWNLOAD_RETRIES: u32 = 8;
+
+/// How long the reboot command may run before it counts as failed.
+const REBOOT_COMMAND_LIMIT: Duration = Duration::from_secs(60);
+
+/// The longest a wait for a child sleeps before the status line and the
+/// stop flag are looked at again.
+const WAIT_SLICE: Duration = Duration::from_secs(1);
+
+/// The update state machine with everything it acts on.
+pub struct Machine {
+    pub cfg: Config,
+    mode: Mode,
+    store: Store,
+    trust: Trust,
+    boot: Box<dyn Bootloader>,
+    fetcher: Option<Fetcher>,
+    slots: SlotPair,
+    booted: SlotName,
+    boot_id: String,
+    device_id: String,
+    preferred: usize,
+    health: Option<HealthRun>,
+    reboot_requested: bool,
+    waiting_logged: bool,
+    download_failures: u32,
+    /// Shown by status.
+    pub last_error: Option<String>,
+    pub last_check: Option<Timestamp>,
+    pub next_check: Option<Timestamp>,
+    pub progress: Option<Progress>,
+    /// Set when a release commits: from the start of its job to the commit.
+    pub last_install_duration: Option<Duration>,
+}
+
+impl Machine {
+    /// Open the store, trust, bootloader and identity. The caller holds the
+    /// state lock.
+    pub fn open(cfg: Config, mode: Mode) -> Result<Machine> {
+        ensure_dir(&cfg.system.state_dir, 0o755)?;
+        let store = Store::open(&cfg.db_path())?;
+        let trust = Trust::new(cfg.trust_anchor()?, store.key_document()?.as_deref())?;
+        let boot = bootloader::from_config(&cfg)?;
+        let booted = slot::booted_slot(&cfg.slots.cmdline)?;
+        let boot_id = identity::boot_id(&cfg.system.boot_id_file)?;
+        let device_id = identity::device_id(&cfg.device.id_file)?;
+        let fetcher = if cfg.server.manifest_url.is_empty() && cfg.server.report_url.is_empty() {
+            None
+        } else {
+            Some(Fetcher::new(&cfg.server)?)
+        };
+        let slots = SlotPair {
+            a: cfg.slots.a.clone(),
+            b: cfg.slots.b.clone(),
+        };
+        let preferred = store
+            .get("preferred_mirror")?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        Ok(Machine {
+            cfg,
+            mode,
+            store,
+            trust,
+            boot,
+            fetcher,
+            slots,
+            booted,
+            boot_id,
+            device_id,
+            preferred,
+            health: None,
+            reboot_requested: false,
+            waiting_logged: false,
+            download_failures: 0,
+            last_error: None,
+            last_check: None,
+            next_check: None,
+            progress: None,
+            last_install_duration: None,
+        })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn booted(&self) -> SlotName {
+        self.booted
+    }
+
+    pub fn device_id(&self) -> &str {
+        &self.device_id
+    }
+
+    pub fn fetcher(&self) -> Option<&Fetcher> {
+        self.fetcher.as_ref()
+    }
+
+    pub fn state(&self) -> Result<State> {
+        Ok(self.store.state()?.0)
+    }
+
+    /// Reports are queued only when there is somewhere to send them.
+    fn reports_enabled(&self) -> bool {
+        !self.cfg.server.report_url.is_empty()
+    }
+
+    fn tries(&self) -> u32 {
+        self.cfg.bootloader.tries
+    }
+
+    /// Persist a transition with its history line and reports, and log it.
+    fn enter(
+        &mut self,
+        next: State,
+        event: &str,
+        detail: Option<&str>,
+        extra: Vec<Pending>,
+    ) -> Result<()> {
+        let mut reports = Vec::new();
+        if self.reports_enabled() {
+            reports.push(report::state_change(&self.device_id, self.booted, &next));
+            reports.extend(extra);
+        }
+        let refs: Vec<_> = reports.iter().map(Pending::as_report).collect();
+        let job = next.job();
+        let ev = Event {
+            event,
+            release: job.map(|j| j.version.as_str()),
+            slot: job.map(|j| j.target),
+            detail,
+        };
+        // Settling back to idle is reported but not worth a history line.
+        let ev = (!event.is_empty()).then_some(&ev);
+        self.store.transition(&next, ev, &refs)?;
+        match (job, detail) {
+            (Some(j), Some(d)) => log::info!(
+                "{}: release {} slot {}: {d}",
+                next.name(),
+                j.version,
+                j.target
+            ),
+            (Some(j), None) => {
+                log::info!("{}: release {} slot {}", next.name(), j.version, j.target)
+            }
+            (None, Some(d)) => log::info!("{}: {d}", next.name()),
+            (None, None) => log::debug!("{}", next.name()),
+        }
+        Ok(())
+    }
+
+    // ---- start of a process -------------------------------------------------
+
+    /// Reconcile the persisted state with this boot (the table in
+    /// [`crate::reconcile`]) and carry out what it decides. Called once
+    /// when the process starts, before any step.
+    pub fn on_boot(&mut self) -> Result<()> {
+        let state = self.state()?;
+        match reconcile(state, self.booted, &self.boot_id) {
+            Decision::Resume => Ok(()),
+            Decision::MarkBootedGood => self
+                .boot
+                .mark_good(self.booted, self.tries())
+                .map_err(|e| e.wrap(format!("marking booted slot {} good", self.booted))),
+            Decision::Settle => self.enter(State::Idle, "check-interrupted", None, vec![]),
+            Decision::Test { job, why } => {
+                self.enter(State::Testing(job), "trial-boot", Some(why), vec![])
+            }
+            Decision::RollBack {
+                job,
+                reason,
+                reject,
+            } => self.roll_back(job, &reason, reject),
+            Decision::RetryRollback { job } => {
+                log::error!(
+                    "release {} slot {}: still booted into the rejected slot after the rollback reboot; rolling back again",
+                    job.version,
+                    job.target
+                );
+                self.enter(
+                    State::Rebooting(job),
+                    "rollback-retry",
+                    Some("still on the rejected slot"),
+                    vec![],
+                )
+            }
+            Decision::Fail { job, reason } => self.fail(job, &reason, "failed"),
+        }
+    }
+
+    /// The job is back on the old slot: `rolled_back`, with its install
+    /// result. With `reject`, the image is remembered as rejected first, so
+    /// a crash in between cannot lose the rejection.
+    fn roll_back(&mut self, mut job: Job, reason: &str, reject: bool) -> Result<()> {
+        if reject {
+            self.store.reject(&job.image.sha256, &job.version, reason)?;
+            job.reason = Some(reason.to_string());
+        }
+        let r = report::install_result(
+            &self.device_id,
+            self.booted,
+            "rolled_back",
+            &job,
+            Some(reason),
+        );
+        self.enter(State::RolledBack(job), "rolled-back", Some(reason), vec![r])
+    }
+
+    /// The attempt failed before the device changed slot: `failed` with
+    /// its install result, history `event`.
+    fn fail(&mut self, job: Job, reason: &str, event: &str) -> Result<()> {
+        let r = report::install_result(&self.device_id, self.booted, "failed", &job, Some(reason));
+        self.enter(
+            State::Failed {
+                reason: reason.to_string(),
+                job: Some(job),
+            },
+            event,
+            Some(reason),
+            vec![r],
+        )
+    }
+
+    /// The new slot is rejected (health checks, operator): remember the
+    /// image as rejected, then `rebooting` back to the old slot.
+    fn start_rollback(&mut self, mut job: Job, reason: &str) -> Result<()> {
+        self.health = None;
+        self.store.reject(&job.image.sha256, &job.version, reason)?;
+        job.reason = Some(reason.to_string());
+        job.purpose = Some(RebootPurpose::Rollback);
+        job.boot_id = Some(self.boot_id.clone());
+        self.enter(State::Rebooting(job), "rollback", Some(reason), vec![])
+    }
+
+    // ---- the state actions ------------------------------------------------------
+
+    /// Run the current state's action once.
+    pub fn step(&mut self, t: &mut dyn Ticker) -> Result<Next> {
+        let state = self.state()?;
+        match state {
+            State::Idle => Ok(Next::Idle),
+            State::Checking => {
+                self.enter(State::Idle, "check-interrupted", None, vec![])?;
+                Ok(Next::Continue)
+            }
+            State::Downloading(job) => self.guard(job, t, Machine::download),
+            State::Installing(job) => self.guard(job, t, Machine::install),
+            State::Installed(job) => self.installed(job),
+            State::Rebooting(job) => self.rebooting(job, t),
+            State::Testing(job) => self.testing(job, t),
+            State::Committed(job) => {
+                self.boot.mark_good(job.target, self.tries())?;
+                self.enter(State::Idle, "", None, vec![])?;
+                Ok(Next::Continue)
+            }
+            State::RolledBack(job) => {
+                self.boot.mark_bad(job.target)?;
+                self.boot.mark_good(self.booted, self.tries())?;
+                self.enter(State::Idle, "", None, vec![])?;
+                Ok(Next::Continue)
+            }
+            State::Failed { .. } => {
+                self.enter(State::Idle, "", None, vec![])?;
+                Ok(Next::Continue)
+            }
+        }
+    }
+
+    /// Run a download/install action; decide between retrying, stopping and
+    /// failing the job.
+    fn guard(
+        &mut self,
+        job: Job,
+        t: &mut dyn Ticker,
+        action: fn(&mut Machine, Job, &mut dyn Ticker) -> Result<Next>,
+    ) -> Result<Next> {
+        match action(self, job.clone(), t) {
+            Ok(n) => {
+                self.download_failures = 0;
+                self.progress = None;
+                Ok(n)
+            }
+            Err(e) if e.kind() == Kind::Stopped => Err(e),
+            Err(e) => {
+                let e = install::context(e, &job.version, job.target);
+                self.last_error = Some(e.to_string());
+                let transient = matches!(e.kind(), Kind::Network | Kind::Busy);
+                if self.mode == Mode::Daemon
+                    && transient
+                    && self.download_failures < MAX_DOWNLOAD_RETRIES
+                {
+                    self.download_failures += 1;
+                    log::warn!(
+                        "{e} (attempt {} of {MAX_DOWNLOAD_RETRIES}; resuming later)",
+                        self.download_failures
+                    );
+                    let delay = e.retry_after().unwrap_or_else(|| {
+                        crate::backoff::full_jitter(
+                            self.download_failures,
+                            Duration::from_secs(5),
+                            self.cfg.server.retry_max.0,
+                        )
+                    });
+                    return Ok(Next::Retry(delay));
+                }
+                if let Method::Delta { .. } = &job.method {
+                    if matches!(e.kind(), Kind::Integrity | Kind::Malformed) {
+                        // A delta that cannot produce the image (a corrupt
+                        // patch, a source that changed under it) is not the
+                        // end of the update: the full image still is.
+                        log::warn!(
+                            "release {} slot {}: the delta failed ({e}); falling back to the full image",
+                            job.version,
+                            job.target
+                        );
+                        let mut full = self.state()?.job().cloned().unwrap_or(job);
+                        if let Method::Delta { url, .. } = &full.method {
+                            if let Ok(m) = self.job_manifest() {
+                                if let Some(d) = m.deltas.iter().find(|d| &d.url == url) {
+                                    let _ = std::fs::remove_file(spool_path(
+                                        &self.cfg.system.state_dir,
+                                        &d.sha256,
+                                    ));
+                                }
+                            }
+                        }
+                        full.method = Method::Full;
+                        full.writing = true;
+                        full.frames_durable = 0;
+                        let reason = format!("delta failed: {e}");
+                        self.enter(
+                            State::Downloading(full),
+                            "delta-fallback",
+                            Some(&reason),
+                            vec![],
+                        )?;
+                        self.progress = None;
+                        return Ok(Next::Continue);
+                    }
+                }
+                let state_job = self.state()?.job().cloned().unwrap_or(job);
+                self.fail(state_job, &e.to_string(), "failed")?;
+                self.progress = None;
+                Err(e)
+            }
+        }
+    }
+
+    fn commit(&mut self, job: Job, why: &str) -> Result<Next> {
+        let took = Timestamp::now().0 - job.started.0;
+        self.last_install_duration = Some(Duration::from_secs(took.max(0) as u64));
+        let r = report::install_result(&self.device_id, self.booted, "committed", &job, None);
+        self.enter(State::Committed(job), "committed", Some(why), vec![r])?;
+        Ok(Next::Continue)
+    }
+}

@@ -1,0 +1,118 @@
+//! What an operator asks of the machine (`mark-good`, `mark-bad`), what it
+//! reports on its own (heartbeats, the outbox) and the status view.
+
+use super::*;
+
+impl Machine {
+    // ---- operator commands ----------------------------------------------------
+
+    /// `updraft mark-good`: commit a slot under test, or re-mark the running
+    /// slot good.
+    pub fn mark_good(&mut self) -> Result<String> {
+        match self.state()? {
+            State::Testing(job) => {
+                self.health = None;
+                let msg = format!(
+                    "release {} in slot {} marked good by the operator",
+                    job.version, job.target
+                );
+                self.commit(job, "marked good by the operator")?;
+                Ok(msg)
+            }
+            s if !s.busy() => {
+                self.boot.mark_good(self.booted, self.tries())?;
+                Ok(format!("slot {} marked good", self.booted))
+            }
+            s => bail!(Busy, "cannot mark good while {}", s.name()),
+        }
+    }
+
+    /// `updraft mark-bad`: fail a slot under test (roll back), or cancel an
+    /// installed release before its trial boot.
+    pub fn mark_bad(&mut self) -> Result<String> {
+        match self.state()? {
+            State::Testing(job) => {
+                let msg = format!(
+                    "release {} in slot {} marked bad; rolling back to slot {}",
+                    job.version,
+                    job.target,
+                    job.target.other()
+                );
+                self.start_rollback(job, "marked bad by the operator")?;
+                Ok(msg)
+            }
+            State::Installed(job) | State::Rebooting(job)
+                if job.purpose != Some(RebootPurpose::Rollback) =>
+            {
+                self.boot.mark_bad(job.target)?;
+                let msg = format!(
+                    "release {} in slot {}: trial boot cancelled",
+                    job.version, job.target
+                );
+                self.fail(job, "trial boot cancelled by the operator", "cancelled")?;
+                Ok(msg)
+            }
+            s => bail!(
+                Busy,
+                "nothing to mark bad: no release is under test (state {})",
+                s.name()
+            ),
+        }
+    }
+
+    /// Queue a heartbeat report.
+    pub fn heartbeat(&mut self) -> Result<()> {
+        if !self.reports_enabled() {
+            return Ok(());
+        }
+        let state = self.state()?;
+        let running = self.store.slot_record(self.booted)?.map(|r| r.version);
+        let r = report::heartbeat(&self.device_id, self.booted, &state, running.as_deref());
+        self.store.push_report(&r.as_report())
+    }
+
+    /// Deliver queued reports, if a report URL is configured.
+    pub fn deliver_reports(&mut self, t: &mut dyn Ticker) -> Result<usize> {
+        let url = self.cfg.server.report_url.clone();
+        if url.is_empty() {
+            return Ok(0);
+        }
+        let Some(f) = self.fetcher.clone() else {
+            return Ok(0);
+        };
+        report::deliver(&self.store, &f, &url, t)
+    }
+
+    // ---- status -----------------------------------------------------------------
+
+    pub fn status(&mut self) -> Result<Status> {
+        let (state, since) = self.store.state()?;
+        let (boot, boot_err) = match self.boot.read() {
+            Ok(b) => (Some(b), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let slots = status::slots(&self.store, &self.slots, self.booted, boot.as_ref())?;
+        let running = slots
+            .iter()
+            .find(|s| s.booted)
+            .and_then(|s| s.version.clone());
+        Ok(Status {
+            state: state.name().into(),
+            since,
+            device_id: self.device_id.clone(),
+            booted_slot: self.booted,
+            running_version: running,
+            slots,
+            next_boot: boot.as_ref().and_then(BootState::next_boot),
+            bootloader_error: boot_err,
+            job: state.job().cloned(),
+            progress: self.progress.clone(),
+            serial: self.store.serial()?,
+            keys_version: self.trust.version(),
+            last_check: self.last_check,
+            next_check: self.next_check,
+            last_error: self.last_error.clone(),
+            outbox: self.store.outbox_len()?,
+        })
+    }
+}
