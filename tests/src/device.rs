@@ -121,6 +121,9 @@ pub struct Device {
     pub grubenv: PathBuf,
     daemon: Option<Child>,
     boots: u32,
+    /// An `updraft` binary to run instead of the workspace's (another
+    /// release of it, see `previous.rs`).
+    binary: Option<PathBuf>,
 }
 
 /// The factory image in slot A of every new device.
@@ -153,6 +156,7 @@ impl Device {
             grubenv: disk("boot/grub/grubenv"),
             daemon: None,
             boots: 1,
+            binary: None,
             spec,
             tmp,
         };
@@ -268,9 +272,24 @@ impl Device {
         self.write_config();
     }
 
+    /// Run this `updraft` executable (natively) for every later command and
+    /// daemon start, or the workspace's again with `None`. The state, the
+    /// configuration and the slots stay as they are: this is how a test
+    /// runs another release of updraft on the same device.
+    pub fn use_binary(&mut self, exe: Option<PathBuf>) {
+        assert!(
+            self.daemon.is_none(),
+            "stop the daemon before switching binaries"
+        );
+        self.binary = exe;
+    }
+
     /// `updraft --config CONFIG ARGS…` (through the emulator when set).
     pub fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = bin::command("updraft");
+        let mut c = match &self.binary {
+            Some(exe) => Command::new(exe),
+            None => bin::command("updraft"),
+        };
         c.arg("--config").arg(&self.config).args(args);
         c
     }
