@@ -64,6 +64,7 @@ impl Backoff {
         }
     }
 
+    #[cfg(test)]
     pub fn failures(&self) -> u32 {
         self.failures
     }

@@ -198,6 +198,55 @@ impl Ticker for CliTicker {
     }
 }
 
+/// After the daemon accepted an install, show its progress until the job
+/// leaves the download and install states.
+fn follow_install(path: &std::path::Path, reply: control::Reply) -> Result<()> {
+    if reply.started != Some(true) {
+        println!("no change: {}", reply.message.unwrap_or_default());
+        return Ok(());
+    }
+    eprintln!("{}", reply.message.unwrap_or_default());
+    let mut last = String::new();
+    loop {
+        let Some(r) = control::try_request(path, &control::Request::Status)? else {
+            bail!(Io, "the daemon went away during the install");
+        };
+        let Some(st) = r.status else {
+            bail!(Io, "the daemon sent no status");
+        };
+        match st.state.as_str() {
+            "checking" | "downloading" | "installing" => {
+                if let Some(p) = &st.progress {
+                    let line = progress_line(p);
+                    if line != last {
+                        eprintln!("{line}");
+                        last = line;
+                    }
+                }
+            }
+            "failed" | "idle" => {
+                bail!(
+                    Io,
+                    "install failed: {}",
+                    st.last_error
+                        .unwrap_or_else(|| "see updraft history".into())
+                );
+            }
+            other => {
+                let job = st
+                    .job
+                    .map(|j| format!("release {} in slot {}", j.version, j.target));
+                println!(
+                    "installed {} (daemon state: {other})",
+                    job.unwrap_or_default()
+                );
+                return Ok(());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 fn install(cfg: Config, manifest: &str) -> Result<()> {
     // A local manifest is named by its absolute path: the daemon (or a
     // resumed job) does not share this process's working directory.
@@ -217,7 +266,7 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
             manifest: manifest.to_string(),
         },
     )? {
-        return control::follow_install(&cfg.system.socket, reply);
+        return follow_install(&cfg.system.socket, reply);
     }
     let _lock = StateLock::acquire(&cfg.lock_path())?;
     let mirrors = if manifest == cfg.server.manifest_url {

@@ -26,7 +26,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Kind, Result};
 use crate::fsutil::ensure_dir;
-use crate::progress::Progress;
 use crate::status::Status;
 use crate::store::HistoryEntry;
 use crate::{bail, err};
@@ -166,55 +165,6 @@ fn kind_from_str(s: &str) -> Kind {
     .into_iter()
     .find(|k| k.as_str() == s)
     .unwrap_or(Io)
-}
-
-/// After the daemon accepted an install, show its progress until the job
-/// leaves the download and install states.
-pub fn follow_install(path: &Path, reply: Reply) -> Result<()> {
-    if reply.started != Some(true) {
-        println!("no change: {}", reply.message.unwrap_or_default());
-        return Ok(());
-    }
-    eprintln!("{}", reply.message.unwrap_or_default());
-    let mut last = String::new();
-    loop {
-        let Some(r) = try_request(path, &Request::Status)? else {
-            bail!(Io, "the daemon went away during the install");
-        };
-        let Some(st) = r.status else {
-            bail!(Io, "the daemon sent no status");
-        };
-        match st.state.as_str() {
-            "checking" | "downloading" | "installing" => {
-                if let Some(p) = &st.progress {
-                    let line = crate::progress::progress_line(p);
-                    if line != last {
-                        eprintln!("{line}");
-                        last = line;
-                    }
-                }
-            }
-            "failed" | "idle" => {
-                bail!(
-                    Io,
-                    "install failed: {}",
-                    st.last_error
-                        .unwrap_or_else(|| "see updraft history".into())
-                );
-            }
-            other => {
-                let job = st
-                    .job
-                    .map(|j| format!("release {} in slot {}", j.version, j.target));
-                println!(
-                    "installed {} (daemon state: {other})",
-                    job.unwrap_or_default()
-                );
-                return Ok(());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }
 
 // ---- server -------------------------------------------------------------------
@@ -380,14 +330,6 @@ pub fn authorize(client: &Client) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Attach live progress to a status snapshot.
-pub fn with_progress(mut st: Status, p: Option<&Progress>) -> Status {
-    if let Some(p) = p {
-        st.progress = Some(p.clone());
-    }
-    st
 }
 
 #[cfg(test)]

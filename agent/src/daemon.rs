@@ -123,7 +123,7 @@ struct Watchdog {
 impl Watchdog {
     fn new() -> Watchdog {
         Watchdog {
-            every: notify::watchdog_interval().map(|d| d / 2),
+            every: notify::ping_interval(),
             last: Instant::now(),
         }
     }

@@ -8,12 +8,12 @@
 //! `keyid`: the threshold counts distinct public keys whose signature
 //! verified.
 
-use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Kind, Result};
 use crate::hash::truncate;
-use crate::trust::KeySet;
+use crate::keys::KeySet;
+pub use crate::keys::{decode_base64, encode_base64};
 
 /// At most this many signatures are examined; more is an error, not a
 /// reason to spend CPU.
@@ -48,25 +48,6 @@ pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
     out.push(b' ');
     out.extend_from_slice(payload);
     out
-}
-
-/// Decode base64 as DSSE allows it: standard or URL-safe alphabet, padded
-/// or not. Anything else is an error naming `what`.
-pub fn decode_base64(text: &str, what: &str) -> Result<Vec<u8>> {
-    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
-    for engine in [&STANDARD, &STANDARD_NO_PAD, &URL_SAFE, &URL_SAFE_NO_PAD] {
-        if let Ok(bytes) = engine.decode(text) {
-            return Ok(bytes);
-        }
-    }
-    Err(Error::new(
-        Kind::Malformed,
-        format!("{what} is not valid base64"),
-    ))
-}
-
-pub fn encode_base64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// The outcome of a successful verification.

@@ -505,13 +505,6 @@ pub struct Download {
     received: u64,
 }
 
-impl Download {
-    /// Bytes received so far.
-    pub fn received(&self) -> u64 {
-        self.received
-    }
-}
-
 impl Read for Download {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.remaining == 0 {

@@ -114,11 +114,6 @@ impl HealthRun {
         })
     }
 
-    /// Names of the checks that passed so far.
-    pub fn passed(&self) -> &[String] {
-        &self.passed
-    }
-
     /// Readable when the running check exits (`None` between checks or
     /// without pidfd support).
     pub(crate) fn wait_fd(&self) -> Option<BorrowedFd<'_>> {

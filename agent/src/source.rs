@@ -104,10 +104,6 @@ impl Source {
         }
     }
 
-    pub fn origin(&self) -> &Origin {
-        &self.origin
-    }
-
     /// Index of the base URL that last worked.
     pub fn preferred(&self) -> usize {
         self.preferred

@@ -73,6 +73,7 @@ impl Feed {
     }
 
     /// Read an already open `reader` on a helper thread.
+    #[cfg(test)]
     pub fn spawn(reader: Box<dyn Read + Send>, chunk: usize) -> Feed {
         Feed::spawn_with(chunk, move || Ok((reader, 0)))
     }
