@@ -25,6 +25,10 @@ use std::time::Instant;
 use crate::toolchain::{self, Pick, Toolchain, installed};
 use crate::util::{self, Result};
 
+/// The crates whose binaries are built for every target: the agent and
+/// the publisher.
+const BINARY_PACKAGES: [&str; 4] = ["-p", "updraft", "-p", "updraft-publish"];
+
 /// One cross target and the host tools that serve it.
 pub(crate) struct Target {
     pub(crate) short: &'static str,
@@ -217,16 +221,9 @@ fn msrv_build(targets: &[&'static Target], tc: &Toolchain) -> (f64, Result) {
             tc.release()
         );
         let mut build = cross_cargo(t, tc, &target_dir);
-        build.args([
-            "build",
-            "--locked",
-            "--target",
-            t.triple,
-            "-p",
-            "updraft",
-            "-p",
-            "updraft-publish",
-        ]);
+        build
+            .args(["build", "--locked", "--target", t.triple])
+            .args(BINARY_PACKAGES);
         if let Err(e) = util::run(&mut build) {
             result = Err(format!("{}: {e}", t.short));
             break;
@@ -262,15 +259,9 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
     );
     let start = Instant::now();
     let mut build = cross_cargo(t, tc, &target_dir);
-    build.args([
-        "build",
-        "--target",
-        t.triple,
-        "-p",
-        "updraft",
-        "-p",
-        "updraft-publish",
-    ]);
+    build
+        .args(["build", "--target", t.triple])
+        .args(BINARY_PACKAGES);
     // The binaries are built with the profile the tests use, so the
     // workspace crates compile once for both (the test profile writes to
     // target/<triple>/debug, where the tests look for the binaries).
