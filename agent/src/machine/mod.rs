@@ -2,7 +2,9 @@
 //!
 //! This is the one place where the whole machine can be read. The states and
 //! the legal transitions are defined in [`crate::state`]; here every state has
-//! one action ([`Machine::step`]), and every action follows the same rule:
+//! one action ([`Machine::step`]), every transition goes through one entry
+//! point (`enter`, and the `roll_back`, `fail` and `start_rollback` helpers
+//! built on it), and every action follows the same rule:
 //! the transition is persisted *before* the side effect it announces, and
 //! each side effect is safe to repeat. A process killed or a power cut at
 //! any instant therefore restarts in the state last written and simply runs
@@ -21,9 +23,18 @@
 //! any failure before the switch ─► Failed(reason) ─► Idle
 //! ```
 //!
-//! The machine does not sleep, poll timers or serve sockets: it is driven by
-//! the daemon loop ([`crate::daemon`]) or by the one-shot CLI, and it calls
-//! the [`Ticker`] it is given during long work so they can.
+//! The files beside this one hold the rest of the machine's methods, one
+//! concern each: `check.rs` (what a verified manifest leads to),
+//! `actions.rs` (the busy states' actions), `operator.rs` (operator
+//! commands, reports, status). What a start concludes is the pure
+//! [`crate::reconcile`]; fetching and verifying a manifest is
+//! [`crate::poll`].
+//!
+//! The machine keeps no timers and serves no sockets: it is driven by the
+//! daemon loop ([`crate::daemon`]) or by the one-shot CLI. During long work
+//! it calls the [`Ticker`] it is given, and where it must wait (a health
+//! check, the reboot command) it waits through [`Ticker::wait`], so the
+//! driver sleeps in `poll(2)` and answers clients meanwhile.
 
 use std::time::Duration;
 
