@@ -200,29 +200,48 @@ impl Ticker for Tick<'_> {
     /// Sleep in `poll(2)` on the control socket, the signal self-pipe and
     /// `fd` until one is ready, the watchdog is due, or `max` has passed.
     fn wait(&mut self, fd: Option<BorrowedFd<'_>>, max: Duration) -> Result<()> {
-        let mut max = max;
-        if let Some(w) = self.watchdog.next() {
-            max = max.min(w.saturating_duration_since(Instant::now()));
-        }
-        if STOP.load(Ordering::SeqCst) || !self.queue.is_empty() {
-            return self.serve();
-        }
-        let wake = wake_pipe()?;
-        let ms = u16::try_from(max.as_millis()).unwrap_or(u16::MAX);
-        let mut fds = vec![
-            PollFd::new(self.ctl.fd(), PollFlags::POLLIN),
-            PollFd::new(wake, PollFlags::POLLIN),
-        ];
-        if let Some(fd) = fd {
-            fds.push(PollFd::new(fd, PollFlags::POLLIN));
-        }
-        // EINTR and a timeout are both just an early or a timely return.
-        let _ = poll(&mut fds, PollTimeout::from(ms));
-        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
-            drain_wake_pipe(wake);
+        if !STOP.load(Ordering::SeqCst) && self.queue.is_empty() {
+            let until_ping = self
+                .watchdog
+                .next()
+                .map(|w| w.saturating_duration_since(Instant::now()));
+            sleep_until_event(self.ctl, fd, until_ping.map_or(max, |p| p.min(max)));
         }
         self.serve()
     }
+}
+
+/// Sleep in `poll(2)` on the control socket, the signal self-pipe and
+/// `extra` (a child's pidfd) for at most `timeout`. True when a client is
+/// waiting to be served.
+fn sleep_until_event(
+    ctl: &ControlServer,
+    extra: Option<BorrowedFd<'_>>,
+    timeout: Duration,
+) -> bool {
+    let wake = match wake_pipe() {
+        Ok(fd) => fd,
+        Err(e) => {
+            // Not reached: the pipe was made before the loop started.
+            log::warn!("{e}");
+            return false;
+        }
+    };
+    let mut fds = vec![
+        PollFd::new(ctl.fd(), PollFlags::POLLIN),
+        PollFd::new(wake, PollFlags::POLLIN),
+    ];
+    if let Some(fd) = extra {
+        fds.push(PollFd::new(fd, PollFlags::POLLIN));
+    }
+    let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+    // EINTR and a timeout are both just an early or a timely return.
+    let _ = poll(&mut fds, PollTimeout::from(ms));
+    let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
+    if ready(&fds[1]) {
+        drain_wake_pipe(wake);
+    }
+    ready(&fds[0])
 }
 
 /// Answer what can be answered now; queue the rest.
@@ -398,25 +417,7 @@ impl Daemon {
             return;
         }
         let timeout = deadline.saturating_duration_since(Instant::now());
-        let ms = timeout.as_millis().min(60_000) as u16;
-        let wake = match wake_pipe() {
-            Ok(fd) => fd,
-            Err(e) => {
-                // Not reached: the pipe was made before the loop started.
-                log::warn!("{e}");
-                return;
-            }
-        };
-        let mut fds = [
-            PollFd::new(self.ctl.fd(), PollFlags::POLLIN),
-            PollFd::new(wake, PollFlags::POLLIN),
-        ];
-        let ready = poll(&mut fds, PollTimeout::from(ms));
-        let ctl_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
-        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
-            drain_wake_pipe(wake);
-        }
-        if matches!(ready, Ok(n) if n > 0) && ctl_ready {
+        if sleep_until_event(&self.ctl, None, timeout) {
             self.serve_idle();
         }
     }

@@ -122,10 +122,15 @@ impl HealthRun {
             .and_then(|(_, child, _, _)| child.fd())
     }
 
+    /// When a check started at `started` is out of time.
+    fn limit(&self, started: Instant) -> Instant {
+        (started + self.check_timeout).min(self.deadline)
+    }
+
     /// Time until the running check, or the whole run, is out of time.
     pub(crate) fn until_limit(&self) -> Duration {
         let limit = match &self.current {
-            Some((_, _, started, _)) => (*started + self.check_timeout).min(self.deadline),
+            Some((_, _, started, _)) => self.limit(*started),
             None => self.deadline,
         };
         limit.saturating_duration_since(Instant::now())
@@ -134,7 +139,11 @@ impl HealthRun {
     /// Advance without blocking; `Some` when the run is decided.
     pub fn poll(&mut self) -> Option<Verdict> {
         let now = Instant::now();
-        if let Some((check, child, started, log)) = self.current.as_mut() {
+        let limit = self
+            .current
+            .as_ref()
+            .map(|(_, _, started, _)| self.limit(*started));
+        if let Some((check, child, _, log)) = self.current.as_mut() {
             match child.try_wait() {
                 Ok(Some(status)) => {
                     let name = check.name();
@@ -153,8 +162,7 @@ impl HealthRun {
                     }
                 }
                 Ok(None) => {
-                    let limit = (*started + self.check_timeout).min(self.deadline);
-                    if now >= limit {
+                    if limit.is_some_and(|l| now >= l) {
                         let name = check.name();
                         child.kill();
                         self.current = None;

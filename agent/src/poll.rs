@@ -71,7 +71,8 @@ impl Poller<'_> {
     ) -> Result<Verified> {
         let now = Timestamp::now();
         clock::check(now, self.store.time_floor()?)?;
-        let etag = if default_origin {
+        // Read once: the end of the poll compares against these.
+        let stored_etag = if default_origin {
             self.store.get("etag")?.filter(|e| !e.is_empty())
         } else {
             None
@@ -80,7 +81,7 @@ impl Poller<'_> {
         // again exactly as a fresh one would be, so an answer that was
         // interrupted (power cut, crash) before it was acted on is acted on
         // now.
-        let cached = if default_origin {
+        let mut cached = if default_origin {
             self.store.get("manifest_cache")?
         } else {
             None
@@ -93,11 +94,12 @@ impl Poller<'_> {
             .get("etag_time")?
             .and_then(|t| t.parse::<i64>().ok())
             .is_some_and(|t| now.0 - t < ETAG_MAX_AGE);
-        let etag = etag.filter(|_| cached.is_some() && fresh);
-        let (raw, new_etag, fetched_body) = match self.fetch_manifest(origin, etag.as_deref(), t)? {
+        let etag = stored_etag.as_deref().filter(|_| cached.is_some() && fresh);
+        let (raw, new_etag, fetched_body) = match self.fetch_manifest(origin, etag, t)? {
             Fetched::Body { bytes, etag } => (bytes, etag, true),
-            Fetched::NotModified => match cached {
-                Some(c) => (c.into_bytes(), etag, false),
+            // The cached manifest is what was fetched: nothing to compare.
+            Fetched::NotModified => match cached.take() {
+                Some(c) => (c.into_bytes(), etag.map(str::to_string), false),
                 None => match self.fetch_manifest(origin, None, t)? {
                     Fetched::Body { bytes, etag } => (bytes, etag, true),
                     Fetched::NotModified => bail!(
@@ -135,19 +137,18 @@ impl Poller<'_> {
             // Cache what was verified, for the next 304.
             match std::str::from_utf8(&raw) {
                 Ok(text) => {
-                    if self.store.get("manifest_cache")?.as_deref() != Some(text) {
+                    if fetched_body && cached.as_deref() != Some(text) {
                         self.store.set("manifest_cache", text)?;
                     }
                     // Written only when something changed: an idle poll
                     // against a server without ETags writes nothing either.
                     let new = new_etag.as_deref().unwrap_or("");
                     if fetched_body && !new.is_empty() {
-                        if self.store.get("etag")?.as_deref() != Some(new) || !fresh {
+                        if stored_etag.as_deref() != Some(new) || !fresh {
                             self.store.set("etag", new)?;
                             self.store.set("etag_time", &now.0.to_string())?;
                         }
-                    } else if fetched_body && self.store.get("etag")?.is_some_and(|e| !e.is_empty())
-                    {
+                    } else if fetched_body && stored_etag.is_some() {
                         self.store.set("etag", "")?;
                     }
                 }

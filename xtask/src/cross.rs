@@ -127,8 +127,10 @@ pub fn run(args: &[String]) -> Result {
     let opts = parse_args(args)?;
     ensure_host_tools(&opts.targets)?;
     let msrv = toolchain::workspace_msrv()?;
-    let oldest = Toolchain::ensure(Pick::Msrv)?;
-    let newest = Toolchain::ensure(Pick::Newest)?;
+    let mut picked = Toolchain::ensure_each(&[Pick::Msrv, Pick::Newest])?.into_iter();
+    let (Some(oldest), Some(newest)) = (picked.next(), picked.next()) else {
+        return Err("the MSRV and the newest toolchain were not both picked".into());
+    };
     println!(
         "cross-test: MSRV build with rustc {} (Debian {}; rust-version {msrv})",
         oldest.release(),

@@ -69,17 +69,24 @@ impl Toolchain {
     /// The toolchain `pick` chooses, downloaded and extracted if it is not
     /// cached yet, with its runtime libraries installed, and checked to run.
     pub(crate) fn ensure(pick: Pick) -> Result<Toolchain> {
+        let mut picked = Self::ensure_each(&[pick])?;
+        picked
+            .pop()
+            .ok_or_else(|| "no toolchain was picked".to_string())
+    }
+
+    /// [`Toolchain::ensure`] for each of `picks`, choosing among one listing
+    /// of the archive.
+    pub(crate) fn ensure_each(picks: &[Pick]) -> Result<Vec<Toolchain>> {
         let msrv = workspace_msrv()?;
-        let version = match published_versions() {
-            Ok(published) => choose(&published, pick, &msrv)?,
-            Err(e) => match choose(&cached_versions(), pick, &msrv) {
-                Ok(v) => {
-                    eprintln!("cross-test: {e}; using the cached toolchain {v}");
-                    v
-                }
-                Err(_) => return Err(e),
-            },
-        };
+        let versions = candidates()?;
+        picks
+            .iter()
+            .map(|&pick| Self::ensure_version(choose(&versions, pick, &msrv)?))
+            .collect()
+    }
+
+    fn ensure_version(version: String) -> Result<Toolchain> {
         let root = Self::cache_dir().join(sanitize(&version));
         let wrapper = root.join("rustc");
         let tc = Toolchain {
@@ -90,8 +97,9 @@ impl Toolchain {
         if !tc.root.join(".complete").is_file() {
             tc.fetch()?;
         }
-        tc.ensure_runtime()?;
-        tc.check_runs()?;
+        let needs = tc.runtime_depends();
+        tc.ensure_runtime(&needs)?;
+        tc.check_runs(&needs)?;
         Ok(tc)
     }
 
@@ -159,12 +167,11 @@ impl Toolchain {
 
     /// Install the host packages the runtime package depends on (the LLVM
     /// library first of all) that are not installed.
-    fn ensure_runtime(&self) -> Result {
-        let listed = std::fs::read_to_string(self.root.join("runtime-depends")).unwrap_or_default();
-        let missing: Vec<&str> = listed
-            .lines()
-            .map(str::trim)
-            .filter(|p| !p.is_empty() && !installed(p))
+    fn ensure_runtime(&self, needs: &[String]) -> Result {
+        let missing: Vec<&str> = needs
+            .iter()
+            .map(String::as_str)
+            .filter(|p| !installed(p))
             .collect();
         if missing.is_empty() {
             return Ok(());
@@ -175,8 +182,19 @@ impl Toolchain {
         )
     }
 
+    /// The host packages recorded at extraction (`runtime-depends`).
+    fn runtime_depends(&self) -> Vec<String> {
+        std::fs::read_to_string(self.root.join("runtime-depends"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Run `rustc --version`; a compiler that cannot start is one sentence.
-    fn check_runs(&self) -> Result {
+    fn check_runs(&self, needs: &[String]) -> Result {
         let out = Command::new(&self.wrapper)
             .arg("--version")
             .output()
@@ -186,8 +204,6 @@ impl Toolchain {
         }
         let stderr = String::from_utf8_lossy(&out.stderr);
         let why = stderr.lines().next().unwrap_or("no message").trim();
-        let needs = std::fs::read_to_string(self.root.join("runtime-depends")).unwrap_or_default();
-        let needs: Vec<&str> = needs.lines().filter(|l| !l.trim().is_empty()).collect();
         Err(format!(
             "rustc-web {} in {} does not start ({why}); it needs {} installed \
              (apt-get install -y {}), or remove {} to fetch it again",
@@ -201,6 +217,25 @@ impl Toolchain {
             needs.join(" "),
             self.root.display()
         ))
+    }
+}
+
+/// The versions to choose from, oldest first: what the archive publishes
+/// for every architecture, or, when apt cannot tell, what the cache holds.
+fn candidates() -> Result<Vec<String>> {
+    match published_versions() {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let cached = cached_versions();
+            if cached.is_empty() {
+                return Err(e);
+            }
+            eprintln!(
+                "cross-test: {e}; choosing among the cached toolchains {}",
+                cached.join(", ")
+            );
+            Ok(cached)
+        }
     }
 }
 
