@@ -281,8 +281,10 @@ fn note(line: &str) {
     let _ = writeln!(std::io::stderr(), "previous release: {line}");
 }
 
-/// An exclusive `flock` on a file, released when dropped.
-struct FileLock(File);
+/// An exclusive `flock` on a file, released when the file is closed (dropped).
+struct FileLock {
+    _file: File,
+}
 
 impl FileLock {
     fn take(path: &Path) -> Result<FileLock, String> {
@@ -302,14 +304,6 @@ impl FileLock {
                 std::io::Error::last_os_error()
             ));
         }
-        Ok(FileLock(f))
-    }
-}
-
-impl Drop for FileLock {
-    fn drop(&mut self) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: unlocking the descriptor this struct owns.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+        Ok(FileLock { _file: f })
     }
 }
