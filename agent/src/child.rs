@@ -39,6 +39,13 @@ impl Watched {
         self.pidfd.as_ref().map(AsFd::as_fd)
     }
 
+    /// The child itself, for its pipes and its pid. Reaping it through
+    /// this (`wait`) is the caller's business and ends what the pidfd
+    /// says.
+    pub(crate) fn child(&mut self) -> &mut Child {
+        &mut self.child
+    }
+
     /// The exit status if the child has exited (reaping it), without
     /// blocking.
     pub(crate) fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {

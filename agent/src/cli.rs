@@ -17,7 +17,7 @@ use crate::control;
 use crate::error::{Kind, Result};
 use crate::lock::StateLock;
 use crate::machine::{CheckOutcome, Machine, Mode, Next};
-use crate::progress::{Progress, Ticker, mib, progress_line};
+use crate::progress::{NoTick, Progress, Ticker, mib, progress_line};
 use crate::slot::{self, SlotName};
 use crate::source::Origin;
 use crate::state::{Method, State};
@@ -309,7 +309,7 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
                         t.done();
                         // Leave the machine idle, with the failure in history.
                         if matches!(m.state(), Ok(State::Failed { .. })) {
-                            let _ = m.step(&mut crate::progress::NoTick);
+                            let _ = m.step(&mut NoTick);
                         }
                         return Err(e);
                     }
@@ -363,9 +363,13 @@ fn mark(cfg: Config, good: bool) -> Result<()> {
     let _lock = StateLock::acquire(&cfg.lock_path())?;
     let mut m = Machine::open(cfg, Mode::Oneshot)?;
     m.on_boot()?;
-    let msg = if good { m.mark_good()? } else { m.mark_bad()? };
+    let msg = if good {
+        m.mark_good(&mut NoTick)?
+    } else {
+        m.mark_bad(&mut NoTick)?
+    };
     // Settle follow-up states (committed → idle; rollback marks the slots).
-    while let Next::Continue = m.step(&mut crate::progress::NoTick)? {}
+    while let Next::Continue = m.step(&mut NoTick)? {}
     println!("{msg}");
     Ok(())
 }

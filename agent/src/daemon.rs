@@ -10,21 +10,21 @@
 //! run on short-lived helper threads ([`crate::worker`]) so the tick keeps
 //! coming even when a server stalls.
 //!
-//! SIGTERM and SIGINT set a flag; the next tick fails with
-//! [`Kind::Stopped`], which leaves the machine in its persisted state (a
-//! download resumes at the next start) and the loop exits. The handler also
-//! writes a byte to a self-pipe that `poll(2)` watches, so a signal that
-//! lands after the loop last looked at the flag (say, while a report was
-//! being delivered) still ends the wait at once instead of up to a minute
-//! later.
+//! SIGTERM and SIGINT set a flag ([`crate::signals`]); the next tick fails
+//! with [`Kind::Stopped`], which leaves the machine in its persisted state
+//! (a download resumes at the next start) and the loop exits. Every sleep
+//! also watches the signals' self-pipe, so a signal that lands after the
+//! loop last looked at the flag (say, while a report was being delivered)
+//! still ends the wait at once instead of up to a minute later. A status
+//! request is answered from [`Front`]'s snapshot whenever building a fresh
+//! one would wait (a busy step, a slow bootloader read).
 //!
 //! This module schedules and dispatches. It never decides what an update
 //! does: that is [`crate::machine`].
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -32,87 +32,16 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use crate::backoff::{self, Backoff};
 use crate::config::Config;
 use crate::control::{self, Client, ControlServer, Reply, Request};
-use crate::err;
 use crate::error::{Error, Kind, Result};
 use crate::lock::StateLock;
 use crate::machine::{CheckOutcome, Machine, Mode, Next};
 use crate::metrics::Metrics;
 use crate::notify;
 use crate::progress::{self, Progress, Ticker};
+use crate::signals;
 use crate::source::Origin;
-use crate::status::Status;
+use crate::status::{BootView, Status};
 use crate::timestamp::Timestamp;
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-/// The self-pipe: the signal handler writes to the second end, the loop
-/// polls the first. Made once and kept for the life of the process.
-static WAKE: OnceLock<(OwnedFd, OwnedFd)> = OnceLock::new();
-
-/// The write end of [`WAKE`] as the signal handler sees it (-1: none yet).
-static WAKE_WRITE: AtomicI32 = AtomicI32::new(-1);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-    let fd = WAKE_WRITE.load(Ordering::SeqCst);
-    if fd >= 0 {
-        // SAFETY: write(2) is async-signal-safe; `fd` is the non-blocking
-        // write end of a pipe that is never closed. A full pipe (EAGAIN)
-        // already wakes the loop, so the result does not matter.
-        unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) };
-    }
-}
-
-/// The read end of the self-pipe, made on first use.
-fn wake_pipe() -> Result<BorrowedFd<'static>> {
-    if let Some((r, _)) = WAKE.get() {
-        return Ok(r.as_fd());
-    }
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: pipe2 writes two descriptors into the array we pass.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
-        return Err(err!(
-            Io,
-            "creating the signal wake-up pipe: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: both descriptors were just created and are owned by nobody
-    // else.
-    let pair = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let (r, w) = WAKE.get_or_init(|| pair);
-    WAKE_WRITE.store(w.as_raw_fd(), Ordering::SeqCst);
-    Ok(r.as_fd())
-}
-
-/// Empty the self-pipe after it woke `poll(2)`.
-fn drain_wake_pipe(fd: BorrowedFd<'_>) {
-    let mut buf = [0u8; 64];
-    // SAFETY: reads into a local buffer of the length given; the descriptor
-    // is non-blocking, so this ends with EAGAIN once the pipe is empty.
-    while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
-}
-
-fn install_signal_handlers() -> Result<()> {
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-    wake_pipe()?;
-    let action = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    for sig in [Signal::SIGTERM, Signal::SIGINT] {
-        // SAFETY: the handler only stores to an atomic.
-        unsafe { sigaction(sig, &action) }
-            .map_err(|e| err!(Io, "installing the {sig} handler: {e}"))?;
-    }
-    // A client that goes away mid-reply must not kill the daemon.
-    let ignore = SigAction::new(SigHandler::SigIgn, SaFlags::empty(), SigSet::empty());
-    // SAFETY: ignoring SIGPIPE is always sound.
-    unsafe { sigaction(Signal::SIGPIPE, &ignore) }
-        .map_err(|e| err!(Io, "ignoring SIGPIPE: {e}"))?;
-    Ok(())
-}
 
 /// Watchdog pings at half the interval systemd asked for.
 struct Watchdog {
@@ -149,29 +78,68 @@ enum Queued {
     Mark(Client, bool),
 }
 
-/// Everything the tick callback needs while the machine is busy.
+/// What faces the outside while the machine works: the control socket,
+/// the status clients are told, the requests waiting for the loop, the
+/// watchdog.
+struct Front {
+    ctl: ControlServer,
+    /// The last status built: what clients are told while the machine is
+    /// busy or a new status is being built (the bootloader may take a
+    /// while to read), with live progress.
+    snapshot: Status,
+    queue: VecDeque<Queued>,
+    watchdog: Watchdog,
+}
+
+/// The tick callback while the machine is busy.
 struct Tick<'a> {
-    ctl: &'a ControlServer,
-    snapshot: &'a mut Status,
-    queue: &'a mut VecDeque<Queued>,
-    watchdog: &'a mut Watchdog,
+    front: &'a mut Front,
     /// Operator commands interrupt this step (health checks).
     interruptible: bool,
     last_status: Instant,
+    /// Status requests waiting for the status being built; answered from
+    /// `snapshot` once [`STATUS_PATIENCE`] has passed.
+    owed: Vec<Client>,
+    owed_by: Instant,
 }
 
-impl Tick<'_> {
+/// How long a status request waits for the bootloader to be read before
+/// it is answered with the selection as last read.
+const STATUS_PATIENCE: Duration = Duration::from_millis(500);
+
+impl<'a> Tick<'a> {
+    fn new(front: &'a mut Front, interruptible: bool) -> Tick<'a> {
+        Tick {
+            front,
+            interruptible,
+            last_status: Instant::now(),
+            owed: Vec::new(),
+            owed_by: Instant::now() + STATUS_PATIENCE,
+        }
+    }
+
     /// Ping the watchdog, answer clients, and end the step on a stop
     /// request or (during health checks) an operator command.
     fn serve(&mut self) -> Result<()> {
-        self.watchdog.ping_if_due();
-        for client in self.ctl.accept_all() {
-            dispatch(client, self.snapshot, self.queue);
+        let front = &mut *self.front;
+        front.watchdog.ping_if_due();
+        if !self.owed.is_empty() && Instant::now() >= self.owed_by {
+            let reply = Reply {
+                ok: true,
+                status: Some(front.snapshot.clone()),
+                ..Reply::default()
+            };
+            for client in self.owed.drain(..) {
+                client.reply(&reply);
+            }
         }
-        if STOP.load(Ordering::SeqCst) {
+        for client in front.ctl.accept_all() {
+            dispatch(client, &front.snapshot, &mut front.queue);
+        }
+        if signals::stop_requested() {
             return Err(Error::new(Kind::Stopped, "stopping on request (SIGTERM)"));
         }
-        if self.interruptible && self.queue.iter().any(|q| matches!(q, Queued::Mark(..))) {
+        if self.interruptible && front.queue.iter().any(|q| matches!(q, Queued::Mark(..))) {
             return Err(Error::new(
                 Kind::Stopped,
                 "interrupted by an operator command",
@@ -184,12 +152,12 @@ impl Tick<'_> {
 impl Ticker for Tick<'_> {
     fn tick(&mut self, p: &Progress) -> Result<()> {
         if p.total > 0 || p.phase == "health" {
-            self.snapshot.progress = Some(p.clone());
+            self.front.snapshot.progress = Some(p.clone());
         }
         if self.last_status.elapsed() >= Duration::from_secs(5) {
             notify::status(&format!(
                 "{}: {}",
-                self.snapshot.state,
+                self.front.snapshot.state,
                 progress::progress_line(p)
             ));
             self.last_status = Instant::now();
@@ -198,28 +166,29 @@ impl Ticker for Tick<'_> {
     }
 
     /// Sleep in `poll(2)` on the control socket, the signal self-pipe and
-    /// `fd` until one is ready, the watchdog is due, or `max` has passed.
-    fn wait(&mut self, fd: Option<BorrowedFd<'_>>, max: Duration) -> Result<()> {
-        if !STOP.load(Ordering::SeqCst) && self.queue.is_empty() {
-            let until_ping = self
-                .watchdog
-                .next()
-                .map(|w| w.saturating_duration_since(Instant::now()));
-            sleep_until_event(self.ctl, fd, until_ping.map_or(max, |p| p.min(max)));
+    /// `fds` until one is ready, the watchdog is due, or `max` has passed.
+    /// A stop request or an interrupting command already pending ends the
+    /// wait before it sleeps; commands merely queued for after the step do
+    /// not, or every wait of the step would return at once.
+    fn wait(&mut self, fds: &[BorrowedFd<'_>], max: Duration) -> Result<()> {
+        self.serve()?;
+        let mut max = max;
+        if let Some(w) = self.front.watchdog.next() {
+            max = max.min(w.saturating_duration_since(Instant::now()));
         }
+        if !self.owed.is_empty() {
+            max = max.min(self.owed_by.saturating_duration_since(Instant::now()));
+        }
+        sleep_until_event(&self.front.ctl, fds, max);
         self.serve()
     }
 }
 
 /// Sleep in `poll(2)` on the control socket, the signal self-pipe and
-/// `extra` (a child's pidfd) for at most `timeout`. True when a client is
-/// waiting to be served.
-fn sleep_until_event(
-    ctl: &ControlServer,
-    extra: Option<BorrowedFd<'_>>,
-    timeout: Duration,
-) -> bool {
-    let wake = match wake_pipe() {
+/// `extra` (a child's pidfd, its pipes) for at most `timeout`. True when a
+/// client is waiting to be served.
+fn sleep_until_event(ctl: &ControlServer, extra: &[BorrowedFd<'_>], timeout: Duration) -> bool {
+    let wake = match signals::wake_pipe() {
         Ok(fd) => fd,
         Err(e) => {
             // Not reached: the pipe was made before the loop started.
@@ -231,15 +200,13 @@ fn sleep_until_event(
         PollFd::new(ctl.fd(), PollFlags::POLLIN),
         PollFd::new(wake, PollFlags::POLLIN),
     ];
-    if let Some(fd) = extra {
-        fds.push(PollFd::new(fd, PollFlags::POLLIN));
-    }
+    fds.extend(extra.iter().map(|fd| PollFd::new(*fd, PollFlags::POLLIN)));
     let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
     // EINTR and a timeout are both just an early or a timely return.
     let _ = poll(&mut fds, PollTimeout::from(ms));
     let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
     if ready(&fds[1]) {
-        drain_wake_pipe(wake);
+        signals::drain_wake_pipe(wake);
     }
     ready(&fds[0])
 }
@@ -278,11 +245,17 @@ fn dispatch(client: Client, snapshot: &Status, queue: &mut VecDeque<Queued>) {
 /// Run the daemon until SIGTERM.
 pub fn run(cfg: Config) -> Result<()> {
     let _lock = StateLock::acquire(&cfg.lock_path())?;
-    install_signal_handlers()?;
+    signals::install()?;
     let mut machine = Machine::open(cfg.clone(), Mode::Daemon)?;
     let ctl = ControlServer::bind(&cfg.system.socket, cfg.system.socket_group.as_deref())?;
+    // Before the daemon serves: reconciliation and the first status may
+    // wait for the bootloader (within its own timeouts); clients that
+    // connect meanwhile are answered once it is done, and systemd hears
+    // READY=1 only then.
     machine.on_boot()?;
-    let mut d = Daemon::new(machine, ctl, cfg);
+    let boot_view = machine.read_boot(&mut progress::NoTick);
+    let snapshot = machine.status(&boot_view)?;
+    let mut d = Daemon::new(machine, ctl, cfg, boot_view, snapshot);
     log::info!(
         "updraft {} started: booted slot {}, device {}, state {}",
         env!("CARGO_PKG_VERSION"),
@@ -299,10 +272,10 @@ pub fn run(cfg: Config) -> Result<()> {
 
 struct Daemon {
     m: Machine,
-    ctl: ControlServer,
+    front: Front,
     cfg: Config,
-    queue: VecDeque<Queued>,
-    watchdog: Watchdog,
+    /// The boot selection as last read, for the front's snapshot.
+    boot_view: BootView,
     next_poll: Option<Instant>,
     next_heartbeat: Instant,
     /// Reports are not sent before this instant: it moves only when
@@ -323,7 +296,13 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn new(m: Machine, ctl: ControlServer, cfg: Config) -> Daemon {
+    fn new(
+        m: Machine,
+        ctl: ControlServer,
+        cfg: Config,
+        boot_view: BootView,
+        snapshot: Status,
+    ) -> Daemon {
         let now = Instant::now();
         let s = &cfg.server;
         let next_poll =
@@ -341,25 +320,29 @@ impl Daemon {
             machine_active: true,
             metrics: Metrics::new(),
             downloaded_seen: 0,
-            queue: VecDeque::new(),
-            watchdog: Watchdog::new(),
+            front: Front {
+                ctl,
+                snapshot,
+                queue: VecDeque::new(),
+                watchdog: Watchdog::new(),
+            },
+            boot_view,
             m,
-            ctl,
             cfg,
         }
     }
 
     fn run(&mut self) -> Result<()> {
         loop {
-            if STOP.load(Ordering::SeqCst) {
+            if signals::stop_requested() {
                 return Ok(());
             }
-            self.watchdog.ping_if_due();
+            self.front.watchdog.ping_if_due();
             let now = Instant::now();
             if self.machine_active && now >= self.next_step {
                 match self.step() {
                     Ok(()) => {}
-                    Err(e) if e.kind() == Kind::Stopped && STOP.load(Ordering::SeqCst) => {
+                    Err(e) if e.kind() == Kind::Stopped && signals::stop_requested() => {
                         return Ok(());
                     }
                     Err(e) if e.kind() == Kind::Stopped => {}
@@ -410,35 +393,29 @@ impl Daemon {
         if self.outbox_pending() {
             deadline = deadline.min(self.next_delivery);
         }
-        if let Some(w) = self.watchdog.next() {
+        if let Some(w) = self.front.watchdog.next() {
             deadline = deadline.min(w);
         }
-        if !self.queue.is_empty() || STOP.load(Ordering::SeqCst) {
+        if !self.front.queue.is_empty() || signals::stop_requested() {
             return;
         }
         let timeout = deadline.saturating_duration_since(Instant::now());
-        if sleep_until_event(&self.ctl, None, timeout) {
+        if sleep_until_event(&self.front.ctl, &[], timeout) {
             self.serve_idle();
         }
     }
 
     /// Serve clients while the machine is idle: status is built fresh.
     fn serve_idle(&mut self) {
-        for client in self.ctl.accept_all() {
+        let mut owed = Vec::new();
+        for client in self.front.ctl.accept_all() {
             if let Err(e) = control::authorize(&client) {
                 log::warn!("control: {e}");
                 client.reply(&Reply::error(&e));
                 continue;
             }
             match client.request.clone() {
-                Request::Status => match self.status() {
-                    Ok(st) => client.reply(&Reply {
-                        ok: true,
-                        status: Some(st),
-                        ..Reply::default()
-                    }),
-                    Err(e) => client.reply(&Reply::error(&e)),
-                },
+                Request::Status => owed.push(client),
                 Request::History => match self.m.store().history(200) {
                     Ok(h) => client.reply(&Reply {
                         ok: true,
@@ -447,13 +424,17 @@ impl Daemon {
                     }),
                     Err(e) => client.reply(&Reply::error(&e)),
                 },
-                Request::Check => self.queue.push_back(Queued::Check(Some(client))),
-                Request::Install { manifest } => {
-                    self.queue.push_back(Queued::Install(client, manifest))
-                }
-                Request::MarkGood => self.queue.push_back(Queued::Mark(client, true)),
-                Request::MarkBad => self.queue.push_back(Queued::Mark(client, false)),
+                Request::Check => self.front.queue.push_back(Queued::Check(Some(client))),
+                Request::Install { manifest } => self
+                    .front
+                    .queue
+                    .push_back(Queued::Install(client, manifest)),
+                Request::MarkGood => self.front.queue.push_back(Queued::Mark(client, true)),
+                Request::MarkBad => self.front.queue.push_back(Queued::Mark(client, false)),
             }
+        }
+        if !owed.is_empty() {
+            let _ = self.refresh_status(owed);
         }
     }
 
@@ -489,24 +470,51 @@ impl Daemon {
     }
 
     fn status(&mut self) -> Result<Status> {
+        self.refresh_status(Vec::new())
+    }
+
+    /// Build a fresh status and answer `owed`, the status requests waiting
+    /// for it. What is known without the bootloader (the store as it is
+    /// now, the selection as last read) becomes the snapshot first; the
+    /// bootloader read that follows may wait (an operator's script, a
+    /// held lock), and meanwhile clients are answered from that snapshot,
+    /// `owed` too once [`STATUS_PATIENCE`] has passed.
+    fn refresh_status(&mut self, mut owed: Vec<Client>) -> Result<Status> {
         self.m.next_check = self
             .next_poll
             .map(|at| Timestamp::now().plus(at.saturating_duration_since(Instant::now())));
-        self.m.status()
+        let built = match self.m.status(&self.boot_view) {
+            Ok(known) => {
+                self.front.snapshot = known;
+                let mut tick = Tick::new(&mut self.front, false);
+                tick.owed = owed;
+                self.boot_view = self.m.read_boot(&mut tick);
+                owed = std::mem::take(&mut tick.owed);
+                self.m.status(&self.boot_view)
+            }
+            Err(e) => Err(e),
+        };
+        let reply = match &built {
+            Ok(st) => {
+                self.front.snapshot = st.clone();
+                Reply {
+                    ok: true,
+                    status: Some(st.clone()),
+                    ..Reply::default()
+                }
+            }
+            Err(e) => Reply::error(e),
+        };
+        for client in owed {
+            client.reply(&reply);
+        }
+        built
     }
 
     /// Run the machine's current action once, serving the socket meanwhile.
     fn step(&mut self) -> Result<()> {
-        let mut snapshot = self.status()?;
-        let interruptible = snapshot.state == "testing";
-        let mut tick = Tick {
-            ctl: &self.ctl,
-            snapshot: &mut snapshot,
-            queue: &mut self.queue,
-            watchdog: &mut self.watchdog,
-            interruptible,
-            last_status: Instant::now(),
-        };
+        let interruptible = self.status()?.state == "testing";
+        let mut tick = Tick::new(&mut self.front, interruptible);
         let next = self.m.step(&mut tick);
         self.update_metrics();
         match self.m.state().map(|s| s.name()) {
@@ -547,7 +555,7 @@ impl Daemon {
     }
 
     fn run_queue(&mut self) {
-        while let Some(q) = self.queue.pop_front() {
+        while let Some(q) = self.front.queue.pop_front() {
             match q {
                 Queued::Check(client) => {
                     if self.machine_active {
@@ -588,10 +596,11 @@ impl Daemon {
                     self.poll_server(Some(Origin::parse(&manifest, &mirrors)), Some(client));
                 }
                 Queued::Mark(client, good) => {
+                    let mut tick = Tick::new(&mut self.front, false);
                     let r = if good {
-                        self.m.mark_good()
+                        self.m.mark_good(&mut tick)
                     } else {
-                        self.m.mark_bad()
+                        self.m.mark_bad(&mut tick)
                     };
                     match r {
                         Ok(msg) => {
@@ -611,25 +620,15 @@ impl Daemon {
     /// manifest), answer the client that asked, and schedule the next poll.
     fn poll_server(&mut self, origin: Option<Origin>, client: Option<Client>) {
         let operator = origin.is_some();
-        let mut snapshot = match self.status() {
-            Ok(s) => s,
-            Err(e) => {
-                if let Some(c) = client {
-                    c.reply(&Reply::error(&e));
-                }
-                return;
+        if let Err(e) = self.status() {
+            if let Some(c) = client {
+                c.reply(&Reply::error(&e));
             }
-        };
-        snapshot.state = "checking".into();
+            return;
+        }
+        self.front.snapshot.state = "checking".into();
         let result = {
-            let mut tick = Tick {
-                ctl: &self.ctl,
-                snapshot: &mut snapshot,
-                queue: &mut self.queue,
-                watchdog: &mut self.watchdog,
-                interruptible: false,
-                last_status: Instant::now(),
-            };
+            let mut tick = Tick::new(&mut self.front, false);
             self.m.check(origin, operator, &mut tick)
         };
         let s = self.cfg.server.clone();
@@ -697,22 +696,12 @@ impl Daemon {
         if !self.outbox_pending() {
             return;
         }
-        let mut snapshot = match self.status() {
-            Ok(s) => s,
-            Err(e) => {
-                log::warn!("report delivery postponed: reading the status: {e}");
-                self.next_delivery = Instant::now() + Duration::from_secs(30);
-                return;
-            }
-        };
-        let mut tick = Tick {
-            ctl: &self.ctl,
-            snapshot: &mut snapshot,
-            queue: &mut self.queue,
-            watchdog: &mut self.watchdog,
-            interruptible: false,
-            last_status: Instant::now(),
-        };
+        if let Err(e) = self.status() {
+            log::warn!("report delivery postponed: reading the status: {e}");
+            self.next_delivery = Instant::now() + Duration::from_secs(30);
+            return;
+        }
+        let mut tick = Tick::new(&mut self.front, false);
         match self.m.deliver_reports(&mut tick) {
             Ok(n) => {
                 if n > 0 {

@@ -281,7 +281,7 @@ mod tests {
                 return v;
             }
             let max = r.until_limit().min(Duration::from_secs(1));
-            crate::progress::wait_readable(r.wait_fd(), max);
+            crate::progress::wait_readable(r.wait_fd().as_slice(), max);
         }
     }
 

@@ -95,8 +95,9 @@ pub struct FullOptions {
 /// What the caller does at the two moments that matter to the state machine.
 pub struct WriteHooks<'a> {
     /// Runs once, right before the first byte goes to the slot (the caller
-    /// takes the slot out of the boot order there).
-    pub before_write: &'a mut dyn FnMut() -> Result<()>,
+    /// takes the slot out of the boot order there, waiting for the
+    /// bootloader through the ticker it is given).
+    pub before_write: &'a mut dyn FnMut(&mut dyn Ticker) -> Result<()>,
     /// Runs after each durable sync point with the number of frames known
     /// to be on the medium.
     pub on_durable: &'a mut dyn FnMut(u64) -> Result<()>,
@@ -155,7 +156,7 @@ pub fn write_full(
                     h.update(&data);
                 }
                 if !prepared {
-                    before_write()?;
+                    before_write(&mut *ticker)?;
                     prepared = true;
                 }
                 let stepped = writer.write_all(&data)?;

@@ -36,6 +36,7 @@ mod progress;
 mod reconcile;
 mod report;
 pub mod rollout;
+mod signals;
 pub mod slot;
 mod source;
 mod state;

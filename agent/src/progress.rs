@@ -40,29 +40,68 @@ pub struct Progress {
 pub trait Ticker {
     fn tick(&mut self, progress: &Progress) -> Result<()>;
 
-    /// Sleep until `fd` becomes readable (a child's pidfd, see
-    /// [`crate::child`]), something the driver watches needs attention
-    /// (the daemon: a control client, a signal), or `max` has passed. The
-    /// daemon serves its socket and watchdog during the wait, so a state
-    /// that waits for a child or a deadline costs no wake-ups in between.
+    /// Sleep until one of `fds` becomes readable (a child's pidfd, see
+    /// [`crate::child`]; a pipe from it), something the driver watches
+    /// needs attention (the daemon: a control client, a signal), or `max`
+    /// has passed. The daemon serves its socket and watchdog during the
+    /// wait, so a state that waits for a child or a deadline costs no
+    /// wake-ups in between.
     ///
-    /// The default, for one-shot commands and tests, waits on `fd` alone.
-    fn wait(&mut self, fd: Option<BorrowedFd<'_>>, max: Duration) -> Result<()> {
-        wait_readable(fd, max);
+    /// The default, for one-shot commands and tests, waits on `fds` alone.
+    fn wait(&mut self, fds: &[BorrowedFd<'_>], max: Duration) -> Result<()> {
+        wait_readable(fds, max);
         Ok(())
     }
 }
 
-/// Sleep until `fd` is readable or `max` has passed (interrupted early by
-/// a signal, which the caller's loop copes with like any early return).
-pub(crate) fn wait_readable(fd: Option<BorrowedFd<'_>>, max: Duration) {
-    let Some(fd) = fd else {
+/// Sleep until one of `fds` is readable or hung up, or `max` has passed
+/// (interrupted early by a signal, which the caller's loop copes with like
+/// any early return).
+pub(crate) fn wait_readable(fds: &[BorrowedFd<'_>], max: Duration) {
+    if fds.is_empty() {
         std::thread::sleep(max);
         return;
-    };
+    }
     let ms = u16::try_from(max.as_millis()).unwrap_or(u16::MAX);
-    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-    let _ = poll(&mut fds, PollTimeout::from(ms));
+    let mut polled: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+        .collect();
+    let _ = poll(&mut polled, PollTimeout::from(ms));
+}
+
+/// The waits of an operation that must run to its end once started: a
+/// bootloader command, the bootloader's lock. A boot selection half
+/// written because a stop request arrived is worse than a stop that waits
+/// for the operation's own bounded timeout, so these waits serve the
+/// driver through its ticker until the driver asks to stop or to
+/// interrupt, and from then on sleep on their descriptors alone; the
+/// request is acted on at the next tick, after the operation.
+pub struct Uninterrupted<'a> {
+    ticker: &'a mut dyn Ticker,
+    serving: bool,
+}
+
+impl<'a> Uninterrupted<'a> {
+    pub fn new(ticker: &'a mut dyn Ticker) -> Uninterrupted<'a> {
+        Uninterrupted {
+            ticker,
+            serving: true,
+        }
+    }
+
+    /// As [`Ticker::wait`], never failing. After the driver's first
+    /// request to end the step the ticker is no longer called (it would
+    /// return at once every time, a spin).
+    pub fn wait(&mut self, fds: &[BorrowedFd<'_>], max: Duration) {
+        if self.serving {
+            if self.ticker.wait(fds, max).is_err() {
+                self.serving = false;
+            }
+            return;
+        }
+        wait_readable(fds, max);
+    }
 }
 
 /// A ticker that does nothing (tests, tools).

@@ -86,6 +86,38 @@ pub struct Job {
     pub stream_verified: bool,
 }
 
+impl Job {
+    /// A job starting now: nothing fetched, written or booted yet.
+    pub fn new(
+        id: String,
+        version: String,
+        serial: u64,
+        image: Image,
+        source: String,
+        target: SlotName,
+        method: Method,
+    ) -> Job {
+        Job {
+            id,
+            version,
+            serial,
+            image,
+            source,
+            target,
+            method,
+            started: Timestamp::now(),
+            frames_durable: 0,
+            writing: false,
+            bytes_downloaded: 0,
+            boot_id: None,
+            purpose: None,
+            reason: None,
+            installed: None,
+            stream_verified: false,
+        }
+    }
+}
+
 /// The persisted state of the update cycle.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(tag = "state", rename_all = "snake_case")]

@@ -34,6 +34,9 @@ pub struct SlotStatus {
     pub tries_left: Option<u32>,
 }
 
+/// The boot selection as read for a status, or why it could not be read.
+pub type BootView = std::result::Result<BootState, String>;
+
 /// Everything `updraft status` shows.
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct Status {

@@ -2,11 +2,13 @@
 //! generator (xorshift64*), so a failing randomized case replays exactly,
 //! inputs mutated from it for the parsers' never-panic tests, scratch
 //! directories, a race-free way to write executable scripts, U-Boot
-//! environments built from variables, and a plain install job. Compiled for
+//! environments built from variables, a plain install job, and the first
+//! moves of the boot model every backend must make alike. Compiled for
 //! tests only.
 
 use std::path::PathBuf;
 
+use crate::bootloader::Bootloader;
 use crate::bootloader::uboot::Environment;
 use crate::hash::Sha256;
 use crate::manifest::Image;
@@ -14,29 +16,40 @@ use crate::slot::SlotName;
 use crate::state::{Job, Method};
 use crate::timestamp::Timestamp;
 
+/// Take slot B out of the order, check that only A boots, then put B up
+/// for a trial boot with 3 tries and check that B boots next: what every
+/// backend must do the same way before it writes an image into B.
+pub(crate) fn disable_then_trial_b(bl: &mut dyn Bootloader) {
+    bl.disable(SlotName::B).unwrap();
+    let s = bl.read().unwrap();
+    assert_eq!(s.order, vec![SlotName::A]);
+    assert!(!s.b.bootable);
+    assert_eq!(s.next_boot(), Some(SlotName::A));
+    bl.trial(SlotName::B, 3).unwrap();
+    let s = bl.read().unwrap();
+    assert_eq!(s.order, vec![SlotName::B, SlotName::A]);
+    assert_eq!(s.next_boot(), Some(SlotName::B));
+    assert_eq!(s.b.tries_left, 3);
+}
+
 /// A full-image job of release 2.0 (serial 2) into `target`, nothing
 /// written yet, no reboot requested.
 pub(crate) fn job_into(target: SlotName) -> Job {
+    let image = Image {
+        size: 1,
+        sha256: Sha256::of(b"i"),
+    };
     Job {
-        id: "j1".into(),
-        version: "2.0".into(),
-        serial: 2,
-        image: Image {
-            size: 1,
-            sha256: Sha256::of(b"i"),
-        },
-        source: "m.json".into(),
-        target,
-        method: Method::Full,
         started: Timestamp(1),
-        frames_durable: 0,
-        writing: false,
-        bytes_downloaded: 0,
-        boot_id: None,
-        purpose: None,
-        reason: None,
-        installed: None,
-        stream_verified: false,
+        ..Job::new(
+            "j1".into(),
+            "2.0".into(),
+            2,
+            image,
+            "m.json".into(),
+            target,
+            Method::Full,
+        )
     }
 }
 

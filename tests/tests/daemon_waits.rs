@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use updraft::slot::SlotName;
 use updraft_tests::activity::{self, Activity};
-use updraft_tests::device::{Device, DeviceSpec};
+use updraft_tests::device::{BootSpec, Device, DeviceSpec};
 use updraft_tests::publisher::{KeyPair, image, keygen};
 use updraft_tests::server::UpdateServer;
 use updraft_tests::tmp::TempDir;
@@ -164,5 +164,97 @@ fn a_daemon_running_a_slow_health_check_sleeps_and_answers() {
     assert_asleep(&r.dev, "testing, health check running");
     assert_status_answers(&r.dev, "testing");
     // Stopping ends the check with the daemon (the run kills its child).
+    r.dev.stop_daemon();
+}
+
+/// A `script` bootloader keeping the selection in `state`, whose `verb`
+/// (from the file `hang`, when it exists) first touches `started-VERB` and
+/// then takes `secs` seconds, as a script waiting on slow flash or a
+/// wedged tool would.
+fn slow_boot_script(dev: &Device, secs: u32) -> String {
+    let state = dev.path("boot-select.state");
+    let hang = dev.path("hang");
+    let started = dev.path("started");
+    format!(
+        r#"#!/bin/sh
+set -e
+O="A"; A=3; B=0
+[ -f {state:?} ] && . {state:?}
+if [ "$(cat {hang:?} 2>/dev/null)" = "$1" ]; then
+    touch {started:?}-"$1"
+    sleep {secs}
+fi
+without() {{ r=""; for s in $O; do [ "$s" = "$1" ] || r="$r $s"; done; echo $r; }}
+other() {{ [ "$1" = A ] && echo B || echo A; }}
+save() {{ printf 'O="%s"\nA=%s\nB=%s\n' "$O" "$A" "$B" > {state:?}.new; mv {state:?}.new {state:?}; }}
+case "$1" in
+read) printf 'BOOT_ORDER=%s\nBOOT_A_LEFT=%s\nBOOT_B_LEFT=%s\n' "$O" "$A" "$B" ;;
+disable) O=$(without "$2"); eval "$2=0"; save ;;
+trial|good) O="$2 $(without "$2")"; eval "$2=$3"; save ;;
+bad) O=$(other "$2"); eval "$2=0"; save ;;
+*) echo "unknown verb $1" >&2; exit 2 ;;
+esac
+"#
+    )
+}
+
+/// Switch the rig's device to [`slow_boot_script`], hanging in `verb`.
+fn use_slow_boot_script(r: &mut Rig, verb: &str, secs: u32) {
+    let script = r.dev.path("boot-select");
+    updraft_tests::tmp::write_executable(&script, &slow_boot_script(&r.dev, secs));
+    std::fs::write(r.dev.path("hang"), verb).expect("writing the hang marker");
+    r.dev.reconfigure(|s| {
+        s.boot = BootSpec::Custom(format!("kind = \"script\"\nscript = {script:?}\n"))
+    });
+}
+
+fn wait_for_file(dev: &Device, path: &std::path::Path) {
+    let t = Instant::now();
+    while !path.exists() {
+        assert!(
+            t.elapsed() < WAIT,
+            "{} did not appear within {WAIT:?}\nlog:\n{}",
+            path.display(),
+            dev.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_daemon_whose_bootloader_script_hangs_in_a_write_sleeps_answers_and_finishes_it() {
+    let mut r = rig("script-trial-hangs");
+    use_slow_boot_script(&mut r, "trial", 20);
+    r.dev.start_daemon();
+    wait_for_file(&r.dev, &r.dev.path("started-trial"));
+    assert_status_answers(&r.dev, "installed");
+    assert_asleep(&r.dev, "installed, bootloader script hanging in trial");
+    assert_status_answers(&r.dev, "installed");
+    // A stop request does not cut the write short: the daemon waits for
+    // the script, and the trial boot it was setting up is in place.
+    r.dev.stop_daemon();
+    let state = std::fs::read_to_string(r.dev.path("boot-select.state"))
+        .expect("the script's state after the trial");
+    assert!(
+        state.contains("O=\"B A\"") && state.contains("B=3"),
+        "the trial write was not completed:\n{state}\nlog:\n{}",
+        r.dev.log_tail()
+    );
+}
+
+#[test]
+fn a_daemon_whose_bootloader_script_hangs_in_a_read_answers_status() {
+    let mut r = rig("script-read-hangs");
+    // Nothing to install: the daemon stays idle and a status request is
+    // what makes it read the bootloader.
+    r.dev.reconfigure(|s| s.server = String::new());
+    use_slow_boot_script(&mut r, "none yet", 15);
+    r.dev.start_daemon();
+    assert_status_answers(&r.dev, "idle");
+    std::fs::write(r.dev.path("hang"), "read").expect("writing the hang marker");
+    assert_status_answers(&r.dev, "idle");
+    wait_for_file(&r.dev, &r.dev.path("started-read"));
+    // While that read goes on, later requests are answered too.
+    assert_status_answers(&r.dev, "idle");
     r.dev.stop_daemon();
 }

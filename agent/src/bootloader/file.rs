@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use super::{BootState, Bootloader, SlotBoot, model};
 use crate::error::{Context, Kind, Result};
 use crate::fsutil::atomic_write;
+use crate::progress::Ticker;
 use crate::slot::SlotName;
 use crate::{bail, err};
 
@@ -124,7 +125,7 @@ impl Bootloader for FileBootloader {
         format!("file {}", self.path.display())
     }
 
-    fn read(&mut self) -> Result<BootState> {
+    fn read_with(&mut self, _: &mut dyn Ticker) -> Result<BootState> {
         let (order, a, b) = self.load()?;
         let boot = |s: SlotName, left: u32| SlotBoot {
             bootable: order.contains(&s) && left > 0,
@@ -137,28 +138,28 @@ impl Bootloader for FileBootloader {
         })
     }
 
-    fn disable(&mut self, slot: SlotName) -> Result<()> {
+    fn disable_with(&mut self, slot: SlotName, _: &mut dyn Ticker) -> Result<()> {
         self.update(|order, a, b| {
             *order = model::without(order, slot);
             *left_of(slot, a, b) = 0;
         })
     }
 
-    fn trial(&mut self, slot: SlotName, tries: u32) -> Result<()> {
+    fn trial_with(&mut self, slot: SlotName, tries: u32, _: &mut dyn Ticker) -> Result<()> {
         self.update(|order, a, b| {
             *order = model::first(order, slot);
             *left_of(slot, a, b) = tries;
         })
     }
 
-    fn mark_good(&mut self, slot: SlotName, tries: u32) -> Result<()> {
+    fn mark_good_with(&mut self, slot: SlotName, tries: u32, _: &mut dyn Ticker) -> Result<()> {
         self.update(|order, a, b| {
             *order = model::first(order, slot);
             *left_of(slot, a, b) = tries;
         })
     }
 
-    fn mark_bad(&mut self, slot: SlotName) -> Result<()> {
+    fn mark_bad_with(&mut self, slot: SlotName, _: &mut dyn Ticker) -> Result<()> {
         self.update(|order, a, b| {
             *order = model::first(&model::without(order, slot), slot.other());
             *left_of(slot, a, b) = 0;
@@ -182,16 +183,7 @@ mod tests {
     fn trial_then_good_then_bad() {
         let p = tmp("cycle");
         let mut bl = FileBootloader::new(p.clone());
-        bl.disable(SlotName::B).unwrap();
-        let s = bl.read().unwrap();
-        assert_eq!(s.order, vec![SlotName::A]);
-        assert!(!s.b.bootable);
-        assert_eq!(s.next_boot(), Some(SlotName::A));
-        bl.trial(SlotName::B, 3).unwrap();
-        let s = bl.read().unwrap();
-        assert_eq!(s.order, vec![SlotName::B, SlotName::A]);
-        assert_eq!(s.next_boot(), Some(SlotName::B));
-        assert_eq!(s.b.tries_left, 3);
+        crate::test_support::disable_then_trial_b(&mut bl);
         bl.mark_bad(SlotName::B).unwrap();
         let s = bl.read().unwrap();
         assert_eq!(s.next_boot(), Some(SlotName::A));

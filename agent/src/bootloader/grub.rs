@@ -29,6 +29,7 @@ use std::path::PathBuf;
 use super::{BootState, Bootloader, SlotBoot, model};
 use crate::error::{Context, Error, Kind, Result};
 use crate::fsutil::atomic_write;
+use crate::progress::Ticker;
 use crate::slot::SlotName;
 use crate::{bail, err};
 
@@ -429,7 +430,7 @@ impl Bootloader for GrubBootloader {
         format!("grub {}", self.path.display())
     }
 
-    fn read(&mut self) -> Result<BootState> {
+    fn read_with(&mut self, _: &mut dyn Ticker) -> Result<BootState> {
         let env = self.load()?;
         let boot = Boot::from_env(&env).kind_context(
             Kind::Bootloader,
@@ -449,7 +450,7 @@ impl Bootloader for GrubBootloader {
         })
     }
 
-    fn disable(&mut self, slot: SlotName) -> Result<()> {
+    fn disable_with(&mut self, slot: SlotName, _: &mut dyn Ticker) -> Result<()> {
         self.update_boot(|b| {
             b.order = model::without(&b.order, slot);
             b.ok[index(slot)] = false;
@@ -458,7 +459,7 @@ impl Bootloader for GrubBootloader {
     }
 
     /// GRUB gives one try whatever `tries` says.
-    fn trial(&mut self, slot: SlotName, _tries: u32) -> Result<()> {
+    fn trial_with(&mut self, slot: SlotName, _tries: u32, _: &mut dyn Ticker) -> Result<()> {
         self.update_boot(|b| {
             b.order = model::first(&b.order, slot);
             b.ok[index(slot)] = true;
@@ -466,7 +467,7 @@ impl Bootloader for GrubBootloader {
         })
     }
 
-    fn mark_good(&mut self, slot: SlotName, _tries: u32) -> Result<()> {
+    fn mark_good_with(&mut self, slot: SlotName, _tries: u32, _: &mut dyn Ticker) -> Result<()> {
         self.update_boot(|b| {
             b.order = model::first(&b.order, slot);
             b.ok[index(slot)] = true;
@@ -474,7 +475,7 @@ impl Bootloader for GrubBootloader {
         })
     }
 
-    fn mark_bad(&mut self, slot: SlotName) -> Result<()> {
+    fn mark_bad_with(&mut self, slot: SlotName, _: &mut dyn Ticker) -> Result<()> {
         self.update_boot(|b| {
             b.order = model::first(&model::without(&b.order, slot), slot.other());
             b.ok[index(slot)] = false;

@@ -27,6 +27,7 @@ use std::fmt;
 use crate::config::{BootloaderKind, Config};
 use crate::err;
 use crate::error::Result;
+use crate::progress::{NoTick, Ticker};
 use crate::slot::SlotName;
 
 /// Per-slot boot status.
@@ -81,28 +82,62 @@ impl fmt::Display for BootState {
 }
 
 /// What updraft asks of a bootloader.
+///
+/// Each operation takes the driver's [`Ticker`]: a backend that has to wait
+/// (for the environment's lock, for an operator's script) waits through it
+/// with [`Uninterrupted`](crate::progress::Uninterrupted), so the daemon
+/// keeps answering its socket and pinging the watchdog meanwhile, and the
+/// operation is never abandoned halfway. Every such wait is bounded by the
+/// backend's own timeout. The methods without `_with` are the same
+/// operations for callers with nothing to serve (one-shot commands, tools,
+/// tests).
 pub trait Bootloader {
     /// A short name for logs ("uboot /etc/fw_env.config").
     fn describe(&self) -> String;
 
     /// Read the current selection. Fails when the environment is corrupt.
-    fn read(&mut self) -> Result<BootState>;
+    fn read_with(&mut self, t: &mut dyn Ticker) -> Result<BootState>;
 
     /// Take `slot` out of the boot order entirely (not bootable, no attempts)
     /// so a half-written slot can never be booted, not even by a boot script
     /// that resets counters when nothing is bootable.
-    fn disable(&mut self, slot: SlotName) -> Result<()>;
+    fn disable_with(&mut self, slot: SlotName, t: &mut dyn Ticker) -> Result<()>;
 
     /// Put `slot` first for a counted trial boot with `tries` attempts. The
     /// other slot stays in the order as the fallback.
-    fn trial(&mut self, slot: SlotName, tries: u32) -> Result<()>;
+    fn trial_with(&mut self, slot: SlotName, tries: u32, t: &mut dyn Ticker) -> Result<()>;
 
     /// Mark `slot` good: first in the order, bootable, attempts reset to
     /// `tries`. Writes nothing when that is already the state.
-    fn mark_good(&mut self, slot: SlotName, tries: u32) -> Result<()>;
+    fn mark_good_with(&mut self, slot: SlotName, tries: u32, t: &mut dyn Ticker) -> Result<()>;
 
     /// Mark `slot` bad: out of the order, the other slot first.
-    fn mark_bad(&mut self, slot: SlotName) -> Result<()>;
+    fn mark_bad_with(&mut self, slot: SlotName, t: &mut dyn Ticker) -> Result<()>;
+
+    /// [`Bootloader::read_with`], serving nothing while it waits.
+    fn read(&mut self) -> Result<BootState> {
+        self.read_with(&mut NoTick)
+    }
+
+    /// [`Bootloader::disable_with`], serving nothing while it waits.
+    fn disable(&mut self, slot: SlotName) -> Result<()> {
+        self.disable_with(slot, &mut NoTick)
+    }
+
+    /// [`Bootloader::trial_with`], serving nothing while it waits.
+    fn trial(&mut self, slot: SlotName, tries: u32) -> Result<()> {
+        self.trial_with(slot, tries, &mut NoTick)
+    }
+
+    /// [`Bootloader::mark_good_with`], serving nothing while it waits.
+    fn mark_good(&mut self, slot: SlotName, tries: u32) -> Result<()> {
+        self.mark_good_with(slot, tries, &mut NoTick)
+    }
+
+    /// [`Bootloader::mark_bad_with`], serving nothing while it waits.
+    fn mark_bad(&mut self, slot: SlotName) -> Result<()> {
+        self.mark_bad_with(slot, &mut NoTick)
+    }
 }
 
 /// Build the backend the configuration names.

@@ -21,12 +21,16 @@
 //!
 //! Every run is bounded: the script is killed (with its process group)
 //! after [`DEFAULT_TIMEOUT`], and at most [`MAX_OUTPUT`] bytes of each
-//! output stream are kept. This module must never block on the script
+//! output stream are kept. The wait sleeps in `poll(2)` on the script's
+//! pipes and pidfd through the driver's ticker, so the daemon answers its
+//! socket while a script runs (and a stop request waits for the script to
+//! end rather than cutting a bootloader write short). This module must
+//! never block on the script
 //! without a deadline, never pass anything through a shell, and never take
 //! output it could not parse as a state.
 
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
@@ -34,7 +38,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{BootState, Bootloader, SlotBoot, model};
+use crate::child::Watched;
 use crate::error::{Context, Error, Kind, Result};
+use crate::progress::{Ticker, Uninterrupted};
 use crate::slot::SlotName;
 use crate::{bail, err};
 
@@ -43,6 +49,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Bytes kept of each of the script's output streams.
 pub const MAX_OUTPUT: usize = 64 * 1024;
+
+/// Without a pidfd (kernels before 5.3), how often a script that closed
+/// its output is checked for having exited.
+const NO_PIDFD_SLICE: Duration = Duration::from_millis(100);
 
 /// Bytes of standard error quoted in an error message.
 const STDERR_QUOTE: usize = 1000;
@@ -224,11 +234,12 @@ impl ScriptBootloader {
         s
     }
 
-    /// Run the script with `args`; its standard output on success.
-    fn run(&self, args: &[&str]) -> Result<Vec<u8>> {
+    /// Run the script with `args`; its standard output on success. The
+    /// wait for it goes through `t` (see [`Uninterrupted`]).
+    fn run(&self, args: &[&str], t: &mut dyn Ticker) -> Result<Vec<u8>> {
         let cmd = self.command_line(args);
         let f = self
-            .spawn_and_wait(args)
+            .spawn_and_wait(args, t)
             .map_err(|e| e.wrap(format!("bootloader script `{cmd}`")))?;
         if !f.status.success() {
             let how = match (f.status.code(), f.status.signal()) {
@@ -251,33 +262,35 @@ impl ScriptBootloader {
         Ok(f.stdout.bytes)
     }
 
-    fn spawn_and_wait(&self, args: &[&str]) -> Result<Finished> {
+    fn spawn_and_wait(&self, args: &[&str], t: &mut dyn Ticker) -> Result<Finished> {
         let mut cmd = Command::new(&self.script);
         // The script must not talk to systemd as if it were the daemon.
         crate::notify::scrub(&mut cmd);
-        let mut child = cmd
-            .args(args)
+        cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .current_dir("/")
-            .process_group(0)
-            .spawn()
-            .kind_context(Kind::Bootloader, "starting it")?;
-        let result = self.collect(&mut child);
+            .process_group(0);
+        let mut child = Watched::spawn(&mut cmd).kind_context(Kind::Bootloader, "starting it")?;
+        let result = self.collect(&mut child, &mut Uninterrupted::new(t));
         if result.is_err() {
-            kill(&mut child);
+            kill(child.child());
         }
         result
     }
 
-    fn collect(&self, child: &mut Child) -> Result<Finished> {
+    /// Gather the script's output until it exits, sleeping in `poll(2)` on
+    /// its pipes and its pidfd (without one, on an old kernel, waking
+    /// every [`NO_PIDFD_SLICE`] once both pipes are closed).
+    fn collect(&self, child: &mut Watched, wait: &mut Uninterrupted<'_>) -> Result<Finished> {
         let io_err = |e: io::Error| {
             Error::from(e)
                 .wrap("reading its output")
                 .with_kind(Kind::Bootloader)
         };
-        let (Some(mut out_pipe), Some(mut err_pipe)) = (child.stdout.take(), child.stderr.take())
+        let (Some(mut out_pipe), Some(mut err_pipe)) =
+            (child.child().stdout.take(), child.child().stderr.take())
         else {
             bail!(Bootloader, "its output pipes are missing");
         };
@@ -293,48 +306,6 @@ impl ScriptBootloader {
         };
         let deadline = Instant::now() + self.timeout;
         loop {
-            let now = Instant::now();
-            if now >= deadline {
-                // The caller kills the script's process group.
-                bail!(
-                    Bootloader,
-                    "still running after {} ms: killed it; {}",
-                    self.timeout.as_millis(),
-                    quote_stderr(&stderr.bytes)
-                );
-            }
-            let slice = (deadline - now).min(Duration::from_millis(50));
-            let mut fds = Vec::with_capacity(2);
-            if stdout.open {
-                fds.push(libc::pollfd {
-                    fd: out_pipe.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-            }
-            if stderr.open {
-                fds.push(libc::pollfd {
-                    fd: err_pipe.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-            }
-            // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries.
-            let rc = unsafe {
-                libc::poll(
-                    fds.as_mut_ptr(),
-                    fds.len() as libc::nfds_t,
-                    slice.as_millis() as i32,
-                )
-            };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(io_err(e));
-                }
-            }
-            stdout.drain(&mut out_pipe).map_err(io_err)?;
-            stderr.drain(&mut err_pipe).map_err(io_err)?;
             if let Some(status) = child
                 .try_wait()
                 .kind_context(Kind::Bootloader, "waiting for it")?
@@ -349,11 +320,39 @@ impl ScriptBootloader {
                     stderr,
                 });
             }
+            let now = Instant::now();
+            if now >= deadline {
+                // The caller kills the script's process group.
+                bail!(
+                    Bootloader,
+                    "still running after {} ms: killed it; {}",
+                    self.timeout.as_millis(),
+                    quote_stderr(&stderr.bytes)
+                );
+            }
+            let mut left = deadline - now;
+            // A closed pipe polls as hung up at once: only open ones are
+            // watched, so the wait sleeps until there is something to do.
+            let mut fds = Vec::with_capacity(3);
+            if stdout.open {
+                fds.push(out_pipe.as_fd());
+            }
+            if stderr.open {
+                fds.push(err_pipe.as_fd());
+            }
+            match child.fd() {
+                Some(fd) => fds.push(fd),
+                None if fds.is_empty() => left = left.min(NO_PIDFD_SLICE),
+                None => {}
+            }
+            wait.wait(&fds, left);
+            stdout.drain(&mut out_pipe).map_err(io_err)?;
+            stderr.drain(&mut err_pipe).map_err(io_err)?;
         }
     }
 
-    fn read_state(&self) -> Result<BootState> {
-        let out = self.run(&["read"])?;
+    fn read_state(&self, t: &mut dyn Ticker) -> Result<BootState> {
+        let out = self.run(&["read"], t)?;
         parse_state(&out).kind_context(
             Kind::Bootloader,
             format!(
@@ -369,33 +368,33 @@ impl Bootloader for ScriptBootloader {
         format!("script {}", self.script.display())
     }
 
-    fn read(&mut self) -> Result<BootState> {
-        self.read_state()
+    fn read_with(&mut self, t: &mut dyn Ticker) -> Result<BootState> {
+        self.read_state(t)
     }
 
-    fn disable(&mut self, slot: SlotName) -> Result<()> {
-        self.run(&["disable", slot.as_str()]).map(|_| ())
+    fn disable_with(&mut self, slot: SlotName, t: &mut dyn Ticker) -> Result<()> {
+        self.run(&["disable", slot.as_str()], t).map(|_| ())
     }
 
-    fn trial(&mut self, slot: SlotName, tries: u32) -> Result<()> {
-        self.run(&["trial", slot.as_str(), &tries.to_string()])
+    fn trial_with(&mut self, slot: SlotName, tries: u32, t: &mut dyn Ticker) -> Result<()> {
+        self.run(&["trial", slot.as_str(), &tries.to_string()], t)
             .map(|_| ())
     }
 
-    fn mark_good(&mut self, slot: SlotName, tries: u32) -> Result<()> {
-        let s = self.read_state()?;
+    fn mark_good_with(&mut self, slot: SlotName, tries: u32, t: &mut dyn Ticker) -> Result<()> {
+        let s = self.read_state(t)?;
         if s.order.first() == Some(&slot)
             && s.slot(slot).bootable
             && s.slot(slot).tries_left == tries
         {
             return Ok(());
         }
-        self.run(&["good", slot.as_str(), &tries.to_string()])
+        self.run(&["good", slot.as_str(), &tries.to_string()], t)
             .map(|_| ())
     }
 
-    fn mark_bad(&mut self, slot: SlotName) -> Result<()> {
-        self.run(&["bad", slot.as_str()]).map(|_| ())
+    fn mark_bad_with(&mut self, slot: SlotName, t: &mut dyn Ticker) -> Result<()> {
+        self.run(&["bad", slot.as_str()], t).map(|_| ())
     }
 }
 
@@ -480,7 +479,10 @@ printf 'BOOT_ORDER=%s\nBOOT_A_LEFT=%s\nBOOT_B_LEFT=%s\n' "$BOOT_ORDER" "$BOOT_A_
         );
         let bl = ScriptBootloader::new(p).unwrap();
         let e = bl
-            .run(&["trial", "B; touch /tmp/x", "$(id)"])
+            .run(
+                &["trial", "B; touch /tmp/x", "$(id)"],
+                &mut crate::progress::NoTick,
+            )
             .unwrap_err()
             .to_string();
         assert!(e.contains("trial|B; touch /tmp/x|$(id)|"), "{e}");

@@ -41,8 +41,8 @@ impl Machine {
                 let (boot, store, slot) = (&mut self.boot, &self.store, job.target);
                 let mut writing_job = job.clone();
                 writing_job.writing = true;
-                let mut before_write = || -> Result<()> {
-                    boot.disable(slot)?;
+                let mut before_write = |t: &mut dyn Ticker| -> Result<()> {
+                    boot.disable_with(slot, t)?;
                     store.forget_slot(slot)?;
                     store.update_state(&State::Downloading(writing_job.clone()))
                 };
@@ -115,7 +115,7 @@ impl Machine {
                 let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
                 let mut writer = SlotWriter::open(&target, &booted, self.cfg.system.sync_bytes)?;
                 // Out of the boot order before the patch writes a byte.
-                self.boot.disable(job.target)?;
+                self.boot.disable_with(job.target, &mut tick)?;
                 self.store.forget_slot(job.target)?;
                 install::apply_delta(
                     &booted,
@@ -150,8 +150,8 @@ impl Machine {
         Ok(Next::Continue)
     }
 
-    pub(super) fn installed(&mut self, mut job: Job) -> Result<Next> {
-        self.boot.trial(job.target, self.tries())?;
+    pub(super) fn installed(&mut self, mut job: Job, t: &mut dyn Ticker) -> Result<Next> {
+        self.boot.trial_with(job.target, self.tries(), t)?;
         log::info!(
             "release {} slot {}: first in the boot order for a trial boot ({} tries)",
             job.version,
@@ -174,8 +174,9 @@ impl Machine {
 
     pub(super) fn rebooting(&mut self, job: Job, t: &mut dyn Ticker) -> Result<Next> {
         if job.purpose == Some(RebootPurpose::Rollback) {
-            self.boot.mark_bad(job.target)?;
-            self.boot.mark_good(job.target.other(), self.tries())?;
+            self.boot.mark_bad_with(job.target, t)?;
+            self.boot
+                .mark_good_with(job.target.other(), self.tries(), t)?;
         }
         if self.mode == Mode::Oneshot {
             return Ok(Next::Done);
@@ -259,7 +260,7 @@ impl Machine {
             t.tick(&progress)?;
             // Asleep until the check exits, its time is up, or a client
             // calls; at least once a second for the status line.
-            t.wait(h.wait_fd(), h.until_limit().min(WAIT_SLICE))?;
+            t.wait(h.wait_fd().as_slice(), h.until_limit().min(WAIT_SLICE))?;
         };
         self.health = None;
         let verdict = match verdict {
@@ -346,7 +347,7 @@ fn run_reboot(cmd: &[String], t: &mut dyn Ticker) -> Result<()> {
                 // On a stop the command goes on (it is the reboot); this
                 // process does not wait for it.
                 t.tick(&progress)?;
-                t.wait(child.fd(), left.min(WAIT_SLICE))?;
+                t.wait(child.fd().as_slice(), left.min(WAIT_SLICE))?;
             }
             Err(e) => {
                 return Err(Error::new(

@@ -193,24 +193,15 @@ impl Machine {
                 self.booted
             );
         }
-        let job = Job {
-            id: report::new_key(),
-            version: m.release.version.clone(),
-            serial: m.serial,
-            image: m.image,
-            source: origin.to_arg(),
+        let job = Job::new(
+            report::new_key(),
+            m.release.version.clone(),
+            m.serial,
+            m.image,
+            origin.to_arg(),
             target,
-            method: method.clone(),
-            started: Timestamp::now(),
-            frames_durable: 0,
-            writing: false,
-            bytes_downloaded: 0,
-            boot_id: None,
-            purpose: None,
-            reason: None,
-            installed: None,
-            stream_verified: false,
-        };
+            method.clone(),
+        );
         let payload =
             serde_json::to_string(m).map_err(|e| err!(Store, "encoding manifest: {e}"))?;
         self.store.set("job_manifest", &payload)?;

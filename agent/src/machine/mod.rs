@@ -6,7 +6,10 @@
 //! point (`enter`, and the `roll_back`, `fail` and `start_rollback` helpers
 //! built on it), and every action follows the same rule:
 //! the transition is persisted *before* the side effect it announces, and
-//! each side effect is safe to repeat. A process killed or a power cut at
+//! each side effect is safe to repeat. Within a state, the job's progress
+//! (frames known durable, the slot being written) is recorded by
+//! `Store::update_state`, which refuses anything but the same state: a
+//! change of state never bypasses `enter`. A process killed or a power cut at
 //! any instant therefore restarts in the state last written and simply runs
 //! that state's action again.
 //!
@@ -33,8 +36,9 @@
 //! The machine keeps no timers and serves no sockets: it is driven by the
 //! daemon loop ([`crate::daemon`]) or by the one-shot CLI. During long work
 //! it calls the [`Ticker`] it is given, and where it must wait (a health
-//! check, the reboot command) it waits through [`Ticker::wait`], so the
-//! driver sleeps in `poll(2)` and answers clients meanwhile.
+//! check, the reboot command, the bootloader) it waits through
+//! [`Ticker::wait`], so the driver sleeps in `poll(2)` and answers clients
+//! meanwhile.
 
 use std::time::Duration;
 
@@ -57,7 +61,7 @@ use crate::rollout;
 use crate::slot::{self, SlotName, SlotPair, SlotWriter};
 use crate::source::{Origin, Source};
 use crate::state::{Job, Method, RebootPurpose, State};
-use crate::status::{self, Status};
+use crate::status::{self, BootView, Status};
 use crate::store::{Event, SlotRecord, Store};
 use crate::timestamp::Timestamp;
 use crate::trust::Trust;
@@ -355,17 +359,17 @@ impl Machine {
             }
             State::Downloading(job) => self.guard(job, t, Machine::download),
             State::Installing(job) => self.guard(job, t, Machine::install),
-            State::Installed(job) => self.installed(job),
+            State::Installed(job) => self.installed(job, t),
             State::Rebooting(job) => self.rebooting(job, t),
             State::Testing(job) => self.testing(job, t),
             State::Committed(job) => {
-                self.boot.mark_good(job.target, self.tries())?;
+                self.boot.mark_good_with(job.target, self.tries(), t)?;
                 self.enter(State::Idle, "", None, vec![])?;
                 Ok(Next::Continue)
             }
             State::RolledBack(job) => {
-                self.boot.mark_bad(job.target)?;
-                self.boot.mark_good(self.booted, self.tries())?;
+                self.boot.mark_bad_with(job.target, t)?;
+                self.boot.mark_good_with(self.booted, self.tries(), t)?;
                 self.enter(State::Idle, "", None, vec![])?;
                 Ok(Next::Continue)
             }

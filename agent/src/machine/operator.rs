@@ -8,7 +8,7 @@ impl Machine {
 
     /// `updraft mark-good`: commit a slot under test, or re-mark the running
     /// slot good.
-    pub fn mark_good(&mut self) -> Result<String> {
+    pub fn mark_good(&mut self, t: &mut dyn Ticker) -> Result<String> {
         match self.state()? {
             State::Testing(job) => {
                 self.health = None;
@@ -20,7 +20,7 @@ impl Machine {
                 Ok(msg)
             }
             s if !s.busy() => {
-                self.boot.mark_good(self.booted, self.tries())?;
+                self.boot.mark_good_with(self.booted, self.tries(), t)?;
                 Ok(format!("slot {} marked good", self.booted))
             }
             s => bail!(Busy, "cannot mark good while {}", s.name()),
@@ -29,7 +29,7 @@ impl Machine {
 
     /// `updraft mark-bad`: fail a slot under test (roll back), or cancel an
     /// installed release before its trial boot.
-    pub fn mark_bad(&mut self) -> Result<String> {
+    pub fn mark_bad(&mut self, t: &mut dyn Ticker) -> Result<String> {
         match self.state()? {
             State::Testing(job) => {
                 let msg = format!(
@@ -44,7 +44,7 @@ impl Machine {
             State::Installed(job) | State::Rebooting(job)
                 if job.purpose != Some(RebootPurpose::Rollback) =>
             {
-                self.boot.mark_bad(job.target)?;
+                self.boot.mark_bad_with(job.target, t)?;
                 let msg = format!(
                     "release {} in slot {}: trial boot cancelled",
                     job.version, job.target
@@ -85,11 +85,21 @@ impl Machine {
 
     // ---- status -----------------------------------------------------------------
 
-    pub fn status(&mut self) -> Result<Status> {
+    /// The boot selection for the status view, or why it could not be
+    /// read. This is the part of a status that may wait (an operator's
+    /// script, a held lock); it waits through `t`.
+    pub fn read_boot(&mut self, t: &mut dyn Ticker) -> BootView {
+        self.boot.read_with(t).map_err(|e| e.to_string())
+    }
+
+    /// The status view: the store as it is now, with `boot` as the boot
+    /// selection (see [`Machine::read_boot`]). Never waits for the
+    /// bootloader.
+    pub fn status(&mut self, boot: &BootView) -> Result<Status> {
         let (state, since) = self.store.state()?;
-        let (boot, boot_err) = match self.boot.read() {
-            Ok(b) => (Some(b), None),
-            Err(e) => (None, Some(e.to_string())),
+        let (boot, boot_err) = match boot {
+            Ok(b) => (Some(b.clone()), None),
+            Err(e) => (None, Some(e.clone())),
         };
         let slots = status::slots(&self.store, &self.slots, self.booted, boot.as_ref())?;
         let running = slots

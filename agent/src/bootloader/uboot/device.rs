@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use super::config::EnvLocation;
 use crate::error::{Context, Error, Kind, Result};
+use crate::progress::{Ticker, Uninterrupted};
 use crate::{bail, err, slot};
 
 /// The lock libubootenv takes around every access to the environment.
@@ -52,7 +53,12 @@ pub(super) struct EnvLock {
     _file: Option<File>,
 }
 
-pub(super) fn take_lock(path: &Path, timeout: Duration) -> Result<EnvLock> {
+/// How often a held lock is tried again (flock has no descriptor to poll).
+const LOCK_RETRY: Duration = Duration::from_millis(50);
+
+/// Take the lock, waiting at most `timeout` for another holder; the
+/// driver is served through `t` meanwhile.
+pub(super) fn take_lock(path: &Path, timeout: Duration, t: &mut dyn Ticker) -> Result<EnvLock> {
     let file = match OpenOptions::new()
         .write(true)
         .create(true)
@@ -81,6 +87,7 @@ pub(super) fn take_lock(path: &Path, timeout: Duration) -> Result<EnvLock> {
         }
     };
     let start = Instant::now();
+    let mut wait = Uninterrupted::new(t);
     loop {
         // SAFETY: flock on a descriptor we own.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
@@ -98,7 +105,7 @@ pub(super) fn take_lock(path: &Path, timeout: Duration) -> Result<EnvLock> {
                         timeout.as_millis()
                     );
                 }
-                std::thread::sleep(Duration::from_millis(20));
+                wait.wait(&[], LOCK_RETRY.min(timeout.saturating_sub(start.elapsed())));
             }
             _ => {
                 return Err(Error::from(e)

@@ -52,6 +52,7 @@ pub use env::{
 
 use super::{BootState, Bootloader, SlotBoot, model};
 use crate::error::{Context, Kind, Result};
+use crate::progress::{NoTick, Ticker};
 use crate::slot::SlotName;
 use crate::{bail, err};
 use config::read_fw_env_config;
@@ -139,8 +140,8 @@ impl UbootBootloader {
         }
     }
 
-    fn lock(&self) -> Result<EnvLock> {
-        take_lock(&self.lock_file, self.lock_timeout)
+    fn lock(&self, t: &mut dyn Ticker) -> Result<EnvLock> {
+        take_lock(&self.lock_file, self.lock_timeout, t)
     }
 
     /// Read the current environment (the caller holds the lock).
@@ -196,15 +197,24 @@ impl UbootBootloader {
 
     /// Read the environment under libubootenv's lock.
     pub fn load(&self) -> Result<LoadedEnv> {
-        let _lock = self.lock()?;
+        self.load_with(&mut NoTick)
+    }
+
+    /// [`UbootBootloader::load`], waiting for the lock through `t`.
+    fn load_with(&self, t: &mut dyn Ticker) -> Result<LoadedEnv> {
+        let _lock = self.lock(t)?;
         self.load_locked()
     }
 
     /// Change the environment with `f` and write it as one write to the
     /// inactive copy (or the only one). Nothing is written when `f` leaves
     /// the variables as they were. The lock is held from read to write.
-    fn update(&mut self, f: impl FnOnce(&mut Environment) -> Result<()>) -> Result<()> {
-        let _lock = self.lock()?;
+    fn update(
+        &mut self,
+        t: &mut dyn Ticker,
+        f: impl FnOnce(&mut Environment) -> Result<()>,
+    ) -> Result<()> {
+        let _lock = self.lock(t)?;
         let loaded = self.load_locked()?;
         let mut env = loaded.env.clone();
         f(&mut env)?;
@@ -235,9 +245,9 @@ impl UbootBootloader {
         Ok(())
     }
 
-    fn update_boot(&mut self, f: impl FnOnce(&mut Boot)) -> Result<()> {
+    fn update_boot(&mut self, t: &mut dyn Ticker, f: impl FnOnce(&mut Boot)) -> Result<()> {
         let source = self.source.clone();
-        self.update(|env| {
+        self.update(t, |env| {
             let mut boot = Boot::from_env(env).kind_context(Kind::Bootloader, &source)?;
             f(&mut boot);
             if boot.order.is_empty() {
@@ -327,8 +337,8 @@ impl Bootloader for UbootBootloader {
         format!("uboot {}", self.source)
     }
 
-    fn read(&mut self) -> Result<BootState> {
-        let loaded = self.load()?;
+    fn read_with(&mut self, t: &mut dyn Ticker) -> Result<BootState> {
+        let loaded = self.load_with(t)?;
         let boot = Boot::from_env(&loaded.env).kind_context(Kind::Bootloader, &self.source)?;
         let slot = |s: SlotName| SlotBoot {
             bootable: boot.order.contains(&s) && boot.left[index(s)] > 0,
@@ -341,31 +351,31 @@ impl Bootloader for UbootBootloader {
         })
     }
 
-    fn disable(&mut self, slot: SlotName) -> Result<()> {
-        self.update_boot(|b| {
+    fn disable_with(&mut self, slot: SlotName, t: &mut dyn Ticker) -> Result<()> {
+        self.update_boot(t, |b| {
             b.order = model::without(&b.order, slot);
             b.left[index(slot)] = 0;
         })
     }
 
-    fn trial(&mut self, slot: SlotName, tries: u32) -> Result<()> {
+    fn trial_with(&mut self, slot: SlotName, tries: u32, t: &mut dyn Ticker) -> Result<()> {
         check_tries(tries)?;
-        self.update_boot(|b| {
+        self.update_boot(t, |b| {
             b.order = model::first(&b.order, slot);
             b.left[index(slot)] = tries;
         })
     }
 
-    fn mark_good(&mut self, slot: SlotName, tries: u32) -> Result<()> {
+    fn mark_good_with(&mut self, slot: SlotName, tries: u32, t: &mut dyn Ticker) -> Result<()> {
         check_tries(tries)?;
-        self.update_boot(|b| {
+        self.update_boot(t, |b| {
             b.order = model::first(&b.order, slot);
             b.left[index(slot)] = tries;
         })
     }
 
-    fn mark_bad(&mut self, slot: SlotName) -> Result<()> {
-        self.update_boot(|b| {
+    fn mark_bad_with(&mut self, slot: SlotName, t: &mut dyn Ticker) -> Result<()> {
+        self.update_boot(t, |b| {
             b.order = model::first(&model::without(&b.order, slot), slot.other());
             b.left[index(slot)] = 0;
         })
@@ -502,15 +512,7 @@ mod tests {
     fn model_operations() {
         let d = scratch_dir("uboot", "model");
         let (mut bl, dev) = backend(&d, 512, 1, &Environment::new());
-        bl.disable(SlotName::B).unwrap();
-        let s = bl.read().unwrap();
-        assert_eq!(s.order, vec![SlotName::A]);
-        assert!(!s.b.bootable);
-        assert_eq!(s.next_boot(), Some(SlotName::A));
-        bl.trial(SlotName::B, 3).unwrap();
-        let s = bl.read().unwrap();
-        assert_eq!(s.order, vec![SlotName::B, SlotName::A]);
-        assert_eq!(s.next_boot(), Some(SlotName::B));
+        crate::test_support::disable_then_trial_b(&mut bl);
         bl.mark_good(SlotName::B, 3).unwrap();
         // Mark the padding (updraft writes zeros there) to see whether the
         // copy is rewritten.
