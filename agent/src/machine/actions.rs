@@ -75,9 +75,7 @@ impl Machine {
                 crate::poll::set_preferred(&self.store, &mut self.preferred, pref)?;
             }
             Method::Delta { url, .. } => {
-                let Some(d) = m.deltas.iter().find(|d| d.url == url).cloned() else {
-                    bail!(Store, "the job's delta {url} is not in its manifest");
-                };
+                let d = job_delta(&m, &url)?;
                 let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
                 let mut src = Source::new(origin, self.fetcher.clone(), self.preferred);
                 let n = install::download_delta(&mut src, &d, &spool, &mut tick)?;
@@ -109,9 +107,7 @@ impl Machine {
                 }
             }
             Method::Delta { url, .. } => {
-                let Some(d) = m.deltas.iter().find(|d| d.url == url).cloned() else {
-                    bail!(Store, "the job's delta {url} is not in its manifest");
-                };
+                let d = job_delta(&m, &url)?;
                 let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
                 let mut writer = SlotWriter::open(&target, &booted, self.cfg.system.sync_bytes)?;
                 // Out of the boot order before the patch writes a byte.

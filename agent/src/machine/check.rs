@@ -229,3 +229,12 @@ impl Machine {
             .map_err(|e| err!(Store, "stored job manifest is unreadable: {e}"))
     }
 }
+
+/// The delta a job's method names (by its URL), from the job's manifest.
+pub(super) fn job_delta(m: &Manifest, url: &str) -> Result<manifest::Delta> {
+    m.deltas
+        .iter()
+        .find(|d| d.url == url)
+        .cloned()
+        .ok_or_else(|| err!(Store, "the job's delta {url} is not in its manifest"))
+}

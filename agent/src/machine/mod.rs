@@ -67,6 +67,7 @@ use crate::timestamp::Timestamp;
 use crate::trust::Trust;
 use crate::{bail, err};
 use actions::spool_path;
+use check::job_delta;
 
 mod actions;
 mod check;
@@ -429,13 +430,9 @@ impl Machine {
                         );
                         let mut full = self.state()?.job().cloned().unwrap_or(job);
                         if let Method::Delta { url, .. } = &full.method {
-                            if let Ok(m) = self.job_manifest() {
-                                if let Some(d) = m.deltas.iter().find(|d| &d.url == url) {
-                                    let _ = std::fs::remove_file(spool_path(
-                                        &self.cfg.system.state_dir,
-                                        &d.sha256,
-                                    ));
-                                }
+                            if let Ok(d) = self.job_manifest().and_then(|m| job_delta(&m, url)) {
+                                let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
+                                let _ = std::fs::remove_file(spool);
                             }
                         }
                         full.method = Method::Full;
