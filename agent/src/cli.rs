@@ -18,11 +18,12 @@ use crate::error::{Kind, Result};
 use crate::lock::StateLock;
 use crate::machine::{CheckOutcome, Machine, Mode, Next};
 use crate::progress::{Progress, Ticker, mib, progress_line};
-use crate::slot::{self, SlotName};
+use crate::slot::{self, SlotPair};
 use crate::source::Origin;
 use crate::state::{Method, State};
-use crate::status::{SlotStatus, Status};
+use crate::status::{self, LastInstall, Status};
 use crate::store::Store;
+use crate::timestamp::Timestamp;
 use crate::{bail, err};
 
 pub const USAGE: &str = "usage: updraft [--config FILE] <command>
@@ -384,7 +385,7 @@ fn status(cfg: &Config, json: bool) -> Result<()> {
             serde_json::to_string_pretty(&st).map_err(|e| err!(Io, "encoding status: {e}"))?;
         println!("{text}");
     } else {
-        print!("{}", render_status(&st));
+        print!("{}", render_status(&st, Timestamp::now()));
     }
     Ok(())
 }
@@ -398,23 +399,11 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         Ok(b) => (Some(b), None),
         Err(e) => (None, Some(e.to_string())),
     };
-    let mut slots = Vec::new();
-    for s in [SlotName::A, SlotName::B] {
-        let rec = store.slot_record(s)?;
-        let b = boot.as_ref().map(|b| b.slot(s));
-        slots.push(SlotStatus {
-            slot: s,
-            path: match s {
-                SlotName::A => cfg.slots.a.display().to_string(),
-                SlotName::B => cfg.slots.b.display().to_string(),
-            },
-            version: rec.as_ref().map(|r| r.version.clone()),
-            sha256: rec.as_ref().map(|r| r.sha256),
-            booted: s == booted,
-            bootable: b.map(|b| b.bootable),
-            tries_left: b.map(|b| b.tries_left),
-        });
-    }
+    let pair = SlotPair {
+        a: cfg.slots.a.clone(),
+        b: cfg.slots.b.clone(),
+    };
+    let slots = status::slots(&store, &pair, booted, boot.as_ref())?;
     let device_id = std::fs::read_to_string(&cfg.device.id_file)
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
@@ -448,13 +437,14 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         next_check: None,
         last_error,
         outbox: store.outbox_len()?,
+        last_install: status::last_install(&store)?,
     })
 }
 
-/// Human-readable status.
-pub fn render_status(st: &Status) -> String {
+/// Human-readable status, with ages relative to `now`.
+pub(crate) fn render_status(st: &Status, now: Timestamp) -> String {
     let mut out = String::new();
-    let mut line = |k: &str, v: String| out.push_str(&format!("{k:<13}{v}\n"));
+    let mut line = |k: &str, v: String| out.push_str(&format!("{k:<14}{v}\n"));
     line("state:", format!("{} (since {})", st.state, st.since));
     line(
         "booted slot:",
@@ -500,7 +490,17 @@ pub fn render_status(st: &Status) -> String {
         }
     }
     if let Some(p) = &st.progress {
-        line("progress:", progress_line(p));
+        // Phases without a byte count (health checks, the reboot command)
+        // have nothing to measure.
+        let text = if p.total == 0 {
+            format!("{} running", p.phase)
+        } else {
+            progress_line(p)
+        };
+        line("progress:", text);
+    }
+    if let Some(l) = &st.last_install {
+        line("last install:", last_install_line(l, now));
     }
     if let Some(t) = st.last_check {
         line("last check:", t.to_string());
@@ -524,6 +524,38 @@ pub fn render_status(st: &Status) -> String {
     line("device id:", st.device_id.clone());
     line("outbox:", format!("{} report(s) queued", st.outbox));
     out
+}
+
+/// `release 1.2 rolled back in slot A at 2026-11-30T01:39:48Z (4 min ago): why`
+fn last_install_line(l: &LastInstall, now: Timestamp) -> String {
+    let result = match l.result.as_str() {
+        "rolled_back" => "rolled back",
+        other => other,
+    };
+    let mut s = format!("release {} {result}", l.release);
+    if let Some(slot) = l.slot {
+        s.push_str(&format!(" in slot {slot}"));
+    }
+    s.push_str(&format!(" at {}", l.time));
+    if let Some(age) = ago(l.time, now) {
+        s.push_str(&format!(" ({age})"));
+    }
+    if let Some(r) = &l.reason {
+        s.push_str(&format!(": {r}"));
+    }
+    s
+}
+
+/// `42 s ago`, `5 min ago`, `3 h ago`, `2 days ago`; `None` for a time
+/// after `now` (a clock that was stepped back).
+fn ago(then: Timestamp, now: Timestamp) -> Option<String> {
+    let s = now.0.checked_sub(then.0).filter(|s| *s >= 0)?;
+    Some(match s {
+        0..60 => format!("{s} s ago"),
+        60..3600 => format!("{} min ago", s / 60),
+        3600..172_800 => format!("{} h ago", s / 3600),
+        _ => format!("{} days ago", s / 86_400),
+    })
 }
 
 fn history(cfg: &Config, json: bool) -> Result<()> {
@@ -551,6 +583,8 @@ fn history(cfg: &Config, json: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::progress::Progress;
+    use crate::slot::SlotName;
 
     fn p(args: &[&str]) -> std::result::Result<Args, String> {
         parse(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
@@ -583,5 +617,160 @@ mod tests {
         assert!(p(&["status", "--yaml"]).is_err());
         assert!(p(&["frobnicate"]).is_err());
         assert!(p(&["--config"]).is_err());
+    }
+
+    fn sample() -> Status {
+        Status {
+            state: "idle".into(),
+            since: Timestamp(1_796_000_000),
+            device_id: "d1".into(),
+            booted_slot: SlotName::A,
+            running_version: Some("2.0".into()),
+            slots: Vec::new(),
+            next_boot: Some(SlotName::A),
+            bootloader_error: None,
+            job: None,
+            progress: None,
+            serial: Some(2),
+            keys_version: 0,
+            last_check: None,
+            next_check: None,
+            last_error: None,
+            outbox: 0,
+            last_install: Some(LastInstall {
+                release: "2.0".into(),
+                result: "committed".into(),
+                reason: Some("health checks passed".into()),
+                time: Timestamp(1_796_000_000),
+                slot: Some(SlotName::A),
+            }),
+        }
+    }
+
+    fn line<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+        text.lines().find(|l| l.starts_with(key))
+    }
+
+    #[test]
+    fn status_shows_how_the_last_install_ended_and_when() {
+        let mut st = sample();
+        let t = st.last_install.as_ref().unwrap().time;
+        let text = render_status(&st, Timestamp(t.0 + 300));
+        assert_eq!(
+            line(&text, "last install:"),
+            Some(
+                "last install: release 2.0 committed in slot A at 2026-11-30T00:53:20Z (5 min ago): health checks passed"
+            ),
+            "{text}"
+        );
+        st.last_install = Some(LastInstall {
+            release: "3.0".into(),
+            result: "rolled_back".into(),
+            reason: Some("health check 20-payment failed (exit status: 1)".into()),
+            time: t,
+            slot: Some(SlotName::B),
+        });
+        let text = render_status(&st, Timestamp(t.0 + 7300));
+        assert_eq!(
+            line(&text, "last install:"),
+            Some(
+                "last install: release 3.0 rolled back in slot B at 2026-11-30T00:53:20Z (2 h ago): health check 20-payment failed (exit status: 1)"
+            ),
+            "{text}"
+        );
+        st.last_install = None;
+        let text = render_status(&st, t);
+        assert_eq!(line(&text, "last install:"), None, "{text}");
+        // Every line keeps the value column, also the longest key.
+        assert!(
+            text.lines()
+                .all(|l| l.len() > 14 && l.as_bytes()[13] == b' '),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn status_shows_a_jobs_progress_with_rate_and_time_left() {
+        let mut st = sample();
+        st.state = "downloading".into();
+        st.job = Some(crate::test_support::job_into(SlotName::B));
+        st.progress = Some(Progress {
+            phase: "download".into(),
+            done: 3 * 1_048_576,
+            total: 12 * 1_048_576,
+            rate: 1_048_576,
+            eta: Some(9),
+        });
+        let text = render_status(&st, st.since);
+        assert_eq!(
+            line(&text, "job:"),
+            Some("job:          release 2.0 -> slot B (full image)")
+        );
+        assert_eq!(
+            line(&text, "progress:"),
+            Some("progress:     download 25% 3.0 MiB of 12.0 MiB, 1.0 MiB/s, 9 s left"),
+            "{text}"
+        );
+        st.progress = Some(Progress {
+            phase: "health".into(),
+            ..Progress::default()
+        });
+        let text = render_status(&st, st.since);
+        assert_eq!(
+            line(&text, "progress:"),
+            Some("progress:     health running")
+        );
+    }
+
+    #[test]
+    fn ages_read_like_a_person_says_them() {
+        let at = |s: i64| ago(Timestamp(1000), Timestamp(1000 + s));
+        assert_eq!(at(0).as_deref(), Some("0 s ago"));
+        assert_eq!(at(59).as_deref(), Some("59 s ago"));
+        assert_eq!(at(60).as_deref(), Some("1 min ago"));
+        assert_eq!(at(3599).as_deref(), Some("59 min ago"));
+        assert_eq!(at(3600).as_deref(), Some("1 h ago"));
+        assert_eq!(at(47 * 3600).as_deref(), Some("47 h ago"));
+        assert_eq!(at(3 * 86_400).as_deref(), Some("3 days ago"));
+        assert_eq!(at(-5), None);
+    }
+
+    #[test]
+    fn last_install_in_the_wire_form_is_additive() {
+        let st = sample();
+        let v = serde_json::to_value(&st).unwrap();
+        assert_eq!(
+            v["last_install"],
+            serde_json::json!({
+                "release": "2.0",
+                "result": "committed",
+                "reason": "health checks passed",
+                "time": "2026-11-30T00:53:20Z",
+                "slot": "A",
+            })
+        );
+        // A daemon without the field (older), and one with fields this
+        // version does not know (newer), are both understood.
+        let mut old = v.clone();
+        old.as_object_mut().unwrap().remove("last_install");
+        let parsed: Status = serde_json::from_value(old).unwrap();
+        assert_eq!(parsed.last_install, None);
+        let mut new = v.clone();
+        new["last_install"]["duration_s"] = serde_json::json!(42);
+        new["future_field"] = serde_json::json!({"x": 1});
+        let parsed: Status = serde_json::from_value(new).unwrap();
+        assert_eq!(parsed.last_install, st.last_install);
+        // Without the optional parts, they are left out.
+        let mut bare = sample();
+        bare.last_install = Some(LastInstall {
+            reason: None,
+            slot: None,
+            ..st.last_install.clone().unwrap()
+        });
+        let v = serde_json::to_value(&bare).unwrap();
+        assert_eq!(
+            v["last_install"],
+            serde_json::json!({"release": "2.0", "result": "committed", "time": "2026-11-30T00:53:20Z"})
+        );
     }
 }
