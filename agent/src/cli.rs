@@ -7,6 +7,11 @@
 //! commands (`check`, `install`, `mark-good`, `mark-bad`) are handed to the
 //! daemon when it runs, and otherwise take the state lock and act directly.
 //! Exit status: 0 success, 1 failure (stderr says why), 2 usage.
+//!
+//! Every command's usage, options and examples are in one table,
+//! [`PROGRAM`]: the parser accepts exactly the options listed there, and
+//! `--help`, `help COMMAND` and `completions bash` print from it (the
+//! formatting is [`crate::help`]'s).
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -15,6 +20,7 @@ use std::time::{Duration, Instant};
 use crate::config::{self, Config};
 use crate::control;
 use crate::error::{Kind, Result};
+use crate::help::{self, Opt, Program};
 use crate::lock::StateLock;
 use crate::machine::{CheckOutcome, Machine, Mode, Next};
 use crate::progress::{Progress, Ticker, mib, progress_line};
@@ -26,20 +32,125 @@ use crate::store::Store;
 use crate::timestamp::Timestamp;
 use crate::{bail, err};
 
-pub const USAGE: &str = "usage: updraft [--config FILE] <command>
+/// `--config FILE`, accepted anywhere on the line.
+const CONFIG: Opt = Opt {
+    name: "--config",
+    short: "-c",
+    value: "FILE",
+    help: "configuration file (default /etc/updraft/updraft.toml)",
+};
 
-commands:
-  daemon                    run the update agent (normally started by systemd)
-  status [--json]           state, slots, progress and last error
-  check                     poll the update server now
-  install MANIFEST          install from a manifest URL or a local manifest.json
-  mark-good                 commit the release under test (or re-mark the booted slot good)
-  mark-bad                  reject the release under test and roll back
-  history [--json]          past installs and state changes
+const JSON: Opt = Opt {
+    name: "--json",
+    short: "",
+    value: "",
+    help: "print JSON instead of text (fields: docs/cli.md)",
+};
 
-options:
-  --config FILE             configuration (default /etc/updraft/updraft.toml)
-  --version                 print the version";
+/// Every command: usage, options, examples. The parser accepts exactly the
+/// options listed here.
+pub const PROGRAM: Program = Program {
+    name: "updraft",
+    version: env!("CARGO_PKG_VERSION"),
+    summary: "over-the-air A/B updates for this device",
+    usage: "updraft [--config FILE] COMMAND [OPTIONS]",
+    common: &[CONFIG],
+    commands: &[
+        help::Command {
+            name: "daemon",
+            summary: "run the update agent (normally started by systemd)",
+            usage: "updraft [--config FILE] daemon",
+            about: "Polls the update server, installs, reboots, runs the health checks and\n\
+                    commits or rolls back, until SIGTERM. Log level: UPDRAFT_LOG=debug.",
+            options: &[],
+            words: &[],
+            examples: &["UPDRAFT_LOG=debug updraft --config /etc/updraft/updraft.toml daemon"],
+        },
+        help::Command {
+            name: "status",
+            summary: "the state, the slots, the last install and a job's progress",
+            usage: "updraft [--config FILE] status [--json]",
+            about: "Asks the daemon; without one, reads the database and the bootloader.",
+            options: &[JSON],
+            words: &[],
+            examples: &["updraft status", "updraft status --json | jq .last_install"],
+        },
+        help::Command {
+            name: "check",
+            summary: "ask the daemon to poll the update server now",
+            usage: "updraft [--config FILE] check",
+            about: "Prints what the check found; fails when no daemon runs (use install).",
+            options: &[],
+            words: &[],
+            examples: &["updraft check"],
+        },
+        help::Command {
+            name: "install",
+            summary: "install from a manifest URL or a local manifest.json",
+            usage: "updraft [--config FILE] install MANIFEST_URL_OR_PATH",
+            about: "Hands the job to the daemon and follows it; without a daemon, installs\n\
+                    in this process and stops before the reboot. Ignores the staged\n\
+                    rollout and installs a release that was rolled back before.",
+            options: &[],
+            words: &[],
+            examples: &[
+                "updraft install /media/usb/site/manifest.json",
+                "updraft install https://updates.example.com/stable/manifest.json",
+            ],
+        },
+        help::Command {
+            name: "mark-good",
+            summary: "commit the release under test, or mark the booted slot good again",
+            usage: "updraft [--config FILE] mark-good",
+            about: "",
+            options: &[],
+            words: &[],
+            examples: &["updraft mark-good"],
+        },
+        help::Command {
+            name: "mark-bad",
+            summary: "reject the release under test and roll back, or cancel its trial boot",
+            usage: "updraft [--config FILE] mark-bad",
+            about: "",
+            options: &[],
+            words: &[],
+            examples: &["updraft mark-bad"],
+        },
+        help::Command {
+            name: "history",
+            summary: "past installs and state changes, oldest first",
+            usage: "updraft [--config FILE] history [--json]",
+            about: "The newest 200 entries: time, event, release, slot, detail.",
+            options: &[JSON],
+            words: &[],
+            examples: &["updraft history", "updraft history --json | jq '.[-1]'"],
+        },
+        help::Command {
+            name: "help",
+            summary: "describe a command",
+            usage: "updraft help [COMMAND]",
+            about: "",
+            options: &[],
+            words: &[],
+            examples: &["updraft help install"],
+        },
+        help::Command {
+            name: "completions",
+            summary: "print the bash completion script",
+            usage: "updraft completions bash",
+            about: "",
+            options: &[],
+            words: &["bash"],
+            examples: &[
+                "updraft completions bash > /usr/share/bash-completion/completions/updraft",
+            ],
+        },
+    ],
+    examples: &[
+        "updraft status",
+        "updraft install /media/usb/site/manifest.json",
+    ],
+};
 
 /// A parsed command line.
 #[derive(Debug, PartialEq, Eq)]
@@ -51,73 +162,137 @@ pub struct Args {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
     Daemon,
-    Status { json: bool },
+    Status {
+        json: bool,
+    },
     Check,
-    Install { manifest: String },
+    Install {
+        manifest: String,
+    },
     MarkGood,
     MarkBad,
-    History { json: bool },
+    History {
+        json: bool,
+    },
     Version,
-    Help,
+    /// The overview, or one command's help.
+    Help(Option<&'static str>),
+    /// The bash completion script.
+    Completions,
 }
 
-/// Parse arguments (without the program name). `Err` is a usage error.
-pub fn parse(args: &[String]) -> std::result::Result<Args, String> {
+/// A usage error (exit status 2), with the command it concerns.
+#[derive(Debug, PartialEq, Eq)]
+pub struct UsageError {
+    pub message: String,
+    pub command: Option<&'static str>,
+}
+
+impl UsageError {
+    fn new(command: Option<&'static str>, message: impl Into<String>) -> UsageError {
+        UsageError {
+            message: message.into(),
+            command,
+        }
+    }
+
+    /// What goes to stderr: the message, the synopsis, where to read more.
+    pub fn text(&self) -> String {
+        let c = self.command.and_then(|c| PROGRAM.command(c));
+        format!("updraft: {}\n{}", self.message, PROGRAM.usage_hint(c))
+    }
+}
+
+/// Parse arguments (without the program name).
+pub fn parse(args: &[String]) -> std::result::Result<Args, UsageError> {
     let mut config = PathBuf::from(config::DEFAULT_PATH);
     let mut rest: Vec<&str> = Vec::new();
+    let (mut help, mut version) = (false, false);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--config" | "-c" => {
-                config = PathBuf::from(it.next().ok_or("--config needs a file")?);
+            s if CONFIG.is(s) => {
+                let file = it
+                    .next()
+                    .ok_or_else(|| UsageError::new(None, "--config needs a file"))?;
+                config = PathBuf::from(file);
             }
             s if s.starts_with("--config=") => config = PathBuf::from(&s["--config=".len()..]),
-            "--version" | "-V" => {
-                return Ok(Args {
-                    config,
-                    command: Command::Version,
-                });
-            }
-            "--help" | "-h" | "help" => {
-                return Ok(Args {
-                    config,
-                    command: Command::Help,
-                });
-            }
+            s if help::VERSION.is(s) => version = true,
+            s if help::is_help(s) => help = true,
             s => rest.push(s),
         }
     }
-    let (cmd, opts) = rest.split_first().ok_or("no command given")?;
-    let json = |opts: &[&str]| -> std::result::Result<bool, String> {
-        match opts {
-            [] => Ok(false),
-            ["--json"] => Ok(true),
-            other => Err(format!("unexpected arguments {other:?}")),
-        }
+    let find = |name: &str| {
+        PROGRAM
+            .command(name)
+            .ok_or_else(|| UsageError::new(None, format!("unknown command {name:?}")))
     };
-    let none = |opts: &[&str]| -> std::result::Result<(), String> {
-        if opts.is_empty() {
-            Ok(())
+    let args = |command| {
+        Ok(Args {
+            config: config.clone(),
+            command,
+        })
+    };
+    if help {
+        return match rest.first() {
+            None => args(Command::Help(None)),
+            Some(name) => args(Command::Help(Some(find(name)?.name))),
+        };
+    }
+    if version {
+        return args(Command::Version);
+    }
+    let (name, opts) = rest
+        .split_first()
+        .ok_or_else(|| UsageError::new(None, "no command given"))?;
+    let c = find(name)?;
+    let usage = |m: String| UsageError::new(Some(c.name), m);
+    // Every option of a command is a switch; anything else is an argument.
+    let mut switches = Vec::new();
+    let mut words = Vec::new();
+    for o in opts {
+        if o.starts_with('-') && *o != "-" {
+            let opt = c
+                .options
+                .iter()
+                .find(|x| x.is(o))
+                .ok_or_else(|| usage(format!("unknown option {o} for {}", c.name)))?;
+            switches.push(opt.name);
         } else {
-            Err(format!("unexpected arguments {opts:?}"))
+            words.push(*o);
         }
+    }
+    let json = switches.contains(&JSON.name);
+    let none = |cmd: Command| match words.first() {
+        None => Ok(cmd),
+        Some(w) => Err(usage(format!("{} takes no argument {w:?}", c.name))),
     };
-    let command = match *cmd {
-        "daemon" => none(opts).map(|_| Command::Daemon)?,
-        "status" => Command::Status { json: json(opts)? },
-        "history" => Command::History { json: json(opts)? },
-        "check" => none(opts).map(|_| Command::Check)?,
-        "mark-good" => none(opts).map(|_| Command::MarkGood)?,
-        "mark-bad" => none(opts).map(|_| Command::MarkBad)?,
-        "install" => match opts {
+    let command = match c.name {
+        "daemon" => none(Command::Daemon)?,
+        "status" => none(Command::Status { json })?,
+        "history" => none(Command::History { json })?,
+        "check" => none(Command::Check)?,
+        "mark-good" => none(Command::MarkGood)?,
+        "mark-bad" => none(Command::MarkBad)?,
+        "install" => match words.as_slice() {
             [m] => Command::Install {
                 manifest: (*m).to_string(),
             },
-            _ => return Err("install takes one manifest URL or path".into()),
+            _ => return Err(usage("install takes one manifest URL or path".into())),
         },
-        other => return Err(format!("unknown command {other:?}")),
+        "help" => match words.as_slice() {
+            [] => Command::Help(None),
+            [name] => Command::Help(Some(find(name).map_err(|e| usage(e.message))?.name)),
+            _ => return Err(usage("help takes one command name".into())),
+        },
+        "completions" => match words.as_slice() {
+            ["bash"] => Command::Completions,
+            _ => return Err(usage("completions takes one shell name: bash".into())),
+        },
+        other => return Err(usage(format!("unknown command {other:?}"))),
     };
-    Ok(Args { config, command })
+    args(command)
 }
 
 /// Run a parsed command; returns the exit status.
@@ -127,8 +302,19 @@ pub fn run(args: Args) -> i32 {
             println!("updraft {}", env!("CARGO_PKG_VERSION"));
             return 0;
         }
-        Command::Help => {
-            println!("{USAGE}");
+        Command::Help(None) => {
+            print!("{}", PROGRAM.overview());
+            return 0;
+        }
+        Command::Help(Some(name)) => {
+            match PROGRAM.command(name) {
+                Some(c) => print!("{}", PROGRAM.help(c)),
+                None => print!("{}", PROGRAM.overview()),
+            }
+            return 0;
+        }
+        Command::Completions => {
+            print!("{}", PROGRAM.bash_completion());
             return 0;
         }
         Command::Daemon => Config::load(&args.config).and_then(crate::daemon::run),
@@ -586,7 +772,7 @@ mod tests {
     use crate::progress::Progress;
     use crate::slot::SlotName;
 
-    fn p(args: &[&str]) -> std::result::Result<Args, String> {
+    fn p(args: &[&str]) -> std::result::Result<Args, UsageError> {
         parse(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
     }
 
@@ -603,6 +789,10 @@ mod tests {
             PathBuf::from("/x.toml")
         );
         assert_eq!(
+            p(&["status", "-c", "/y.toml"]).unwrap().config,
+            PathBuf::from("/y.toml")
+        );
+        assert_eq!(
             p(&["install", "https://h/m.json"]).unwrap().command,
             Command::Install {
                 manifest: "https://h/m.json".into()
@@ -612,11 +802,74 @@ mod tests {
             p(&["history", "--json"]).unwrap().command,
             Command::History { json: true }
         );
+        assert_eq!(p(&["--version"]).unwrap().command, Command::Version);
+        assert_eq!(
+            p(&["completions", "bash"]).unwrap().command,
+            Command::Completions
+        );
         assert!(p(&[]).is_err());
         assert!(p(&["install"]).is_err());
-        assert!(p(&["status", "--yaml"]).is_err());
+        assert!(p(&["install", "a", "b"]).is_err());
+        assert!(p(&["check", "now"]).is_err());
         assert!(p(&["frobnicate"]).is_err());
         assert!(p(&["--config"]).is_err());
+        assert!(p(&["completions", "zsh"]).is_err());
+    }
+
+    #[test]
+    fn every_command_answers_help_in_every_spelling() {
+        for c in PROGRAM.commands {
+            for args in [
+                vec![c.name, "--help"],
+                vec![c.name, "-h"],
+                vec!["--help", c.name],
+                vec!["-c", "/x.toml", c.name, "--json", "-h"],
+                vec!["help", c.name],
+            ] {
+                assert_eq!(
+                    p(&args).map(|a| a.command),
+                    Ok(Command::Help(Some(c.name))),
+                    "{args:?}"
+                );
+            }
+            let text = PROGRAM.help(c);
+            assert!(
+                text.contains("usage: updraft ") && text.contains(c.name),
+                "{text}"
+            );
+            assert!(text.contains("\nexample"), "{} has no example", c.name);
+            assert!(
+                c.examples
+                    .iter()
+                    .all(|e| e.contains("updraft ") && e.contains(c.name)),
+                "an example of {} does not run it: {:?}",
+                c.name,
+                c.examples
+            );
+        }
+        assert_eq!(p(&["--help"]).unwrap().command, Command::Help(None));
+        assert_eq!(p(&["help"]).unwrap().command, Command::Help(None));
+        assert!(p(&["help", "frobnicate"]).is_err());
+        assert!(p(&["frobnicate", "--help"]).is_err());
+    }
+
+    #[test]
+    fn an_unknown_option_is_named_with_the_commands_usage() {
+        let e = p(&["status", "--yaml"]).unwrap_err();
+        assert_eq!(e.message, "unknown option --yaml for status");
+        assert_eq!(e.command, Some("status"));
+        let text = e.text();
+        assert!(
+            text.starts_with("updraft: unknown option --yaml for status\nusage: updraft [--config FILE] status [--json]\n"),
+            "{text}"
+        );
+        assert!(text.contains("updraft status --help"), "{text}");
+        let e = p(&["mark-good", "-x"]).unwrap_err();
+        assert_eq!(e.message, "unknown option -x for mark-good");
+        // An unknown command names itself and points at the overview.
+        let e = p(&["frobnicate"]).unwrap_err();
+        assert!(e.text().contains("\"frobnicate\""), "{}", e.text());
+        assert!(e.text().contains("`updraft --help`"), "{}", e.text());
     }
 
     fn sample() -> Status {
