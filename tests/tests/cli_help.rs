@@ -2,7 +2,8 @@
 //! program and on every subcommand print that command's usage, options and
 //! an example on stdout and exit 0, without reading a configuration;
 //! unknown options are usage errors (exit 2) that name the option; the
-//! bash completion scripts complete commands and options.
+//! bash completion scripts complete commands and options, and the copies in
+//! `contrib/bash-completion/` that packages install are current.
 
 use std::process::Output;
 
@@ -336,4 +337,21 @@ fn bash_completion_completes_commands_and_their_options() {
         complete("updraft-publish", &["verify", "--key", "x", "--"]),
         ["--pub", "--threshold", "--help"]
     );
+}
+
+#[test]
+fn the_shipped_completion_scripts_are_what_the_binaries_print() {
+    for program in ["updraft", "updraft-publish"] {
+        let path = updraft_tests::repo_root()
+            .join("contrib/bash-completion")
+            .join(program);
+        let shipped = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        assert_eq!(
+            shipped,
+            help_of(program, &["completions", "bash"]),
+            "{} is stale: regenerate it with `{program} completions bash`",
+            path.display()
+        );
+    }
 }
