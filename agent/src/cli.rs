@@ -7,6 +7,11 @@
 //! commands (`check`, `install`, `mark-good`, `mark-bad`) are handed to the
 //! daemon when it runs, and otherwise take the state lock and act directly.
 //! Exit status: 0 success, 1 failure (stderr says why), 2 usage.
+//!
+//! Every command's usage, options and examples are in one table,
+//! [`PROGRAM`]: the parser accepts exactly the options listed there, and
+//! `--help`, `help COMMAND` and `completions bash` print from it (the
+//! formatting is [`crate::help`]'s).
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -15,30 +20,137 @@ use std::time::{Duration, Instant};
 use crate::config::{self, Config};
 use crate::control;
 use crate::error::{Kind, Result};
+use crate::help::{self, Opt, Program};
 use crate::lock::StateLock;
 use crate::machine::{CheckOutcome, Machine, Mode, Next};
 use crate::progress::{NoTick, Progress, Ticker, mib, progress_line};
-use crate::slot::{self, SlotName};
+use crate::slot::{self, SlotPair};
 use crate::source::Origin;
 use crate::state::{Method, State};
-use crate::status::{SlotStatus, Status};
+use crate::status::{self, LastInstall, Status};
 use crate::store::Store;
+use crate::timestamp::Timestamp;
 use crate::{bail, err};
 
-pub const USAGE: &str = "usage: updraft [--config FILE] <command>
+/// `--config FILE`, accepted anywhere on the line.
+const CONFIG: Opt = Opt {
+    name: "--config",
+    short: "-c",
+    value: "FILE",
+    help: "configuration file (default /etc/updraft/updraft.toml)",
+};
 
-commands:
-  daemon                    run the update agent (normally started by systemd)
-  status [--json]           state, slots, progress and last error
-  check                     poll the update server now
-  install MANIFEST          install from a manifest URL or a local manifest.json
-  mark-good                 commit the release under test (or re-mark the booted slot good)
-  mark-bad                  reject the release under test and roll back
-  history [--json]          past installs and state changes
+const JSON: Opt = Opt {
+    name: "--json",
+    short: "",
+    value: "",
+    help: "print JSON instead of text (fields: docs/cli.md)",
+};
 
-options:
-  --config FILE             configuration (default /etc/updraft/updraft.toml)
-  --version                 print the version";
+/// Every command: usage, options, examples. The parser accepts exactly the
+/// options listed here.
+pub const PROGRAM: Program = Program {
+    name: "updraft",
+    version: env!("CARGO_PKG_VERSION"),
+    summary: "over-the-air A/B updates for this device",
+    usage: "updraft [--config FILE] COMMAND [OPTIONS]",
+    common: &[CONFIG],
+    commands: &[
+        help::Command {
+            name: "daemon",
+            summary: "run the update agent (normally started by systemd)",
+            usage: "updraft [--config FILE] daemon",
+            about: "Polls the update server, installs, reboots, runs the health checks and\n\
+                    commits or rolls back, until SIGTERM. Log level: UPDRAFT_LOG=debug.",
+            options: &[],
+            words: &[],
+            examples: &["UPDRAFT_LOG=debug updraft --config /etc/updraft/updraft.toml daemon"],
+        },
+        help::Command {
+            name: "status",
+            summary: "the state, the slots, the last install and a job's progress",
+            usage: "updraft [--config FILE] status [--json]",
+            about: "Asks the daemon; without one, reads the database and the bootloader.",
+            options: &[JSON],
+            words: &[],
+            examples: &["updraft status", "updraft status --json | jq .last_install"],
+        },
+        help::Command {
+            name: "check",
+            summary: "ask the daemon to poll the update server now",
+            usage: "updraft [--config FILE] check",
+            about: "Prints what the check found; fails when no daemon runs (use install).",
+            options: &[],
+            words: &[],
+            examples: &["updraft check"],
+        },
+        help::Command {
+            name: "install",
+            summary: "install from a manifest URL or a local manifest.json",
+            usage: "updraft [--config FILE] install MANIFEST_URL_OR_PATH",
+            about: "Hands the job to the daemon and follows it; without a daemon, installs\n\
+                    in this process and stops before the reboot. Ignores the staged\n\
+                    rollout and installs a release that was rolled back before.",
+            options: &[],
+            words: &[],
+            examples: &[
+                "updraft install /media/usb/site/manifest.json",
+                "updraft install https://updates.example.com/stable/manifest.json",
+            ],
+        },
+        help::Command {
+            name: "mark-good",
+            summary: "commit the release under test, or mark the booted slot good again",
+            usage: "updraft [--config FILE] mark-good",
+            about: "",
+            options: &[],
+            words: &[],
+            examples: &["updraft mark-good"],
+        },
+        help::Command {
+            name: "mark-bad",
+            summary: "reject the release under test and roll back, or cancel its trial boot",
+            usage: "updraft [--config FILE] mark-bad",
+            about: "",
+            options: &[],
+            words: &[],
+            examples: &["updraft mark-bad"],
+        },
+        help::Command {
+            name: "history",
+            summary: "past installs and state changes, oldest first",
+            usage: "updraft [--config FILE] history [--json]",
+            about: "The newest 200 entries: time, event, release, slot, detail.",
+            options: &[JSON],
+            words: &[],
+            examples: &["updraft history", "updraft history --json | jq '.[-1]'"],
+        },
+        help::Command {
+            name: "help",
+            summary: "describe a command",
+            usage: "updraft help [COMMAND]",
+            about: "",
+            options: &[],
+            words: &[],
+            examples: &["updraft help install"],
+        },
+        help::Command {
+            name: "completions",
+            summary: "print the bash completion script",
+            usage: "updraft completions bash",
+            about: "",
+            options: &[],
+            words: &["bash"],
+            examples: &[
+                "updraft completions bash > /usr/share/bash-completion/completions/updraft",
+            ],
+        },
+    ],
+    examples: &[
+        "updraft status",
+        "updraft install /media/usb/site/manifest.json",
+    ],
+};
 
 /// A parsed command line.
 #[derive(Debug, PartialEq, Eq)]
@@ -50,73 +162,137 @@ pub struct Args {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
     Daemon,
-    Status { json: bool },
+    Status {
+        json: bool,
+    },
     Check,
-    Install { manifest: String },
+    Install {
+        manifest: String,
+    },
     MarkGood,
     MarkBad,
-    History { json: bool },
+    History {
+        json: bool,
+    },
     Version,
-    Help,
+    /// The overview, or one command's help.
+    Help(Option<&'static str>),
+    /// The bash completion script.
+    Completions,
 }
 
-/// Parse arguments (without the program name). `Err` is a usage error.
-pub fn parse(args: &[String]) -> std::result::Result<Args, String> {
+/// A usage error (exit status 2), with the command it concerns.
+#[derive(Debug, PartialEq, Eq)]
+pub struct UsageError {
+    pub message: String,
+    pub command: Option<&'static str>,
+}
+
+impl UsageError {
+    fn new(command: Option<&'static str>, message: impl Into<String>) -> UsageError {
+        UsageError {
+            message: message.into(),
+            command,
+        }
+    }
+
+    /// What goes to stderr: the message, the synopsis, where to read more.
+    pub fn text(&self) -> String {
+        let c = self.command.and_then(|c| PROGRAM.command(c));
+        format!("updraft: {}\n{}", self.message, PROGRAM.usage_hint(c))
+    }
+}
+
+/// Parse arguments (without the program name).
+pub fn parse(args: &[String]) -> std::result::Result<Args, UsageError> {
     let mut config = PathBuf::from(config::DEFAULT_PATH);
     let mut rest: Vec<&str> = Vec::new();
+    let (mut help, mut version) = (false, false);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--config" | "-c" => {
-                config = PathBuf::from(it.next().ok_or("--config needs a file")?);
+            s if CONFIG.is(s) => {
+                let file = it
+                    .next()
+                    .ok_or_else(|| UsageError::new(None, "--config needs a file"))?;
+                config = PathBuf::from(file);
             }
             s if s.starts_with("--config=") => config = PathBuf::from(&s["--config=".len()..]),
-            "--version" | "-V" => {
-                return Ok(Args {
-                    config,
-                    command: Command::Version,
-                });
-            }
-            "--help" | "-h" | "help" => {
-                return Ok(Args {
-                    config,
-                    command: Command::Help,
-                });
-            }
+            s if help::VERSION.is(s) => version = true,
+            s if help::is_help(s) => help = true,
             s => rest.push(s),
         }
     }
-    let (cmd, opts) = rest.split_first().ok_or("no command given")?;
-    let json = |opts: &[&str]| -> std::result::Result<bool, String> {
-        match opts {
-            [] => Ok(false),
-            ["--json"] => Ok(true),
-            other => Err(format!("unexpected arguments {other:?}")),
-        }
+    let find = |name: &str| {
+        PROGRAM
+            .command(name)
+            .ok_or_else(|| UsageError::new(None, format!("unknown command {name:?}")))
     };
-    let none = |opts: &[&str]| -> std::result::Result<(), String> {
-        if opts.is_empty() {
-            Ok(())
+    let args = |command| {
+        Ok(Args {
+            config: config.clone(),
+            command,
+        })
+    };
+    if help {
+        return match rest.first() {
+            None => args(Command::Help(None)),
+            Some(name) => args(Command::Help(Some(find(name)?.name))),
+        };
+    }
+    if version {
+        return args(Command::Version);
+    }
+    let (name, opts) = rest
+        .split_first()
+        .ok_or_else(|| UsageError::new(None, "no command given"))?;
+    let c = find(name)?;
+    let usage = |m: String| UsageError::new(Some(c.name), m);
+    // Every option of a command is a switch; anything else is an argument.
+    let mut switches = Vec::new();
+    let mut words = Vec::new();
+    for o in opts {
+        if o.starts_with('-') && *o != "-" {
+            let opt = c
+                .options
+                .iter()
+                .find(|x| x.is(o))
+                .ok_or_else(|| usage(format!("unknown option {o} for {}", c.name)))?;
+            switches.push(opt.name);
         } else {
-            Err(format!("unexpected arguments {opts:?}"))
+            words.push(*o);
         }
+    }
+    let json = switches.contains(&JSON.name);
+    let none = |cmd: Command| match words.first() {
+        None => Ok(cmd),
+        Some(w) => Err(usage(format!("{} takes no argument {w:?}", c.name))),
     };
-    let command = match *cmd {
-        "daemon" => none(opts).map(|_| Command::Daemon)?,
-        "status" => Command::Status { json: json(opts)? },
-        "history" => Command::History { json: json(opts)? },
-        "check" => none(opts).map(|_| Command::Check)?,
-        "mark-good" => none(opts).map(|_| Command::MarkGood)?,
-        "mark-bad" => none(opts).map(|_| Command::MarkBad)?,
-        "install" => match opts {
+    let command = match c.name {
+        "daemon" => none(Command::Daemon)?,
+        "status" => none(Command::Status { json })?,
+        "history" => none(Command::History { json })?,
+        "check" => none(Command::Check)?,
+        "mark-good" => none(Command::MarkGood)?,
+        "mark-bad" => none(Command::MarkBad)?,
+        "install" => match words.as_slice() {
             [m] => Command::Install {
                 manifest: (*m).to_string(),
             },
-            _ => return Err("install takes one manifest URL or path".into()),
+            _ => return Err(usage("install takes one manifest URL or path".into())),
         },
-        other => return Err(format!("unknown command {other:?}")),
+        "help" => match words.as_slice() {
+            [] => Command::Help(None),
+            [name] => Command::Help(Some(find(name).map_err(|e| usage(e.message))?.name)),
+            _ => return Err(usage("help takes one command name".into())),
+        },
+        "completions" => match words.as_slice() {
+            ["bash"] => Command::Completions,
+            _ => return Err(usage("completions takes one shell name: bash".into())),
+        },
+        other => return Err(usage(format!("unknown command {other:?}"))),
     };
-    Ok(Args { config, command })
+    args(command)
 }
 
 /// Run a parsed command; returns the exit status.
@@ -126,8 +302,19 @@ pub fn run(args: Args) -> i32 {
             println!("updraft {}", env!("CARGO_PKG_VERSION"));
             return 0;
         }
-        Command::Help => {
-            println!("{USAGE}");
+        Command::Help(None) => {
+            print!("{}", PROGRAM.overview());
+            return 0;
+        }
+        Command::Help(Some(name)) => {
+            match PROGRAM.command(name) {
+                Some(c) => print!("{}", PROGRAM.help(c)),
+                None => print!("{}", PROGRAM.overview()),
+            }
+            return 0;
+        }
+        Command::Completions => {
+            print!("{}", PROGRAM.bash_completion());
             return 0;
         }
         Command::Daemon => Config::load(&args.config).and_then(crate::daemon::run),
@@ -388,7 +575,7 @@ fn status(cfg: &Config, json: bool) -> Result<()> {
             serde_json::to_string_pretty(&st).map_err(|e| err!(Io, "encoding status: {e}"))?;
         println!("{text}");
     } else {
-        print!("{}", render_status(&st));
+        print!("{}", render_status(&st, Timestamp::now()));
     }
     Ok(())
 }
@@ -402,23 +589,11 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         Ok(b) => (Some(b), None),
         Err(e) => (None, Some(e.to_string())),
     };
-    let mut slots = Vec::new();
-    for s in [SlotName::A, SlotName::B] {
-        let rec = store.slot_record(s)?;
-        let b = boot.as_ref().map(|b| b.slot(s));
-        slots.push(SlotStatus {
-            slot: s,
-            path: match s {
-                SlotName::A => cfg.slots.a.display().to_string(),
-                SlotName::B => cfg.slots.b.display().to_string(),
-            },
-            version: rec.as_ref().map(|r| r.version.clone()),
-            sha256: rec.as_ref().map(|r| r.sha256),
-            booted: s == booted,
-            bootable: b.map(|b| b.bootable),
-            tries_left: b.map(|b| b.tries_left),
-        });
-    }
+    let pair = SlotPair {
+        a: cfg.slots.a.clone(),
+        b: cfg.slots.b.clone(),
+    };
+    let slots = status::slots(&store, &pair, booted, boot.as_ref())?;
     let device_id = std::fs::read_to_string(&cfg.device.id_file)
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
@@ -452,13 +627,14 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         next_check: None,
         last_error,
         outbox: store.outbox_len()?,
+        last_install: status::last_install(&store)?,
     })
 }
 
-/// Human-readable status.
-pub fn render_status(st: &Status) -> String {
+/// Human-readable status, with ages relative to `now`.
+pub(crate) fn render_status(st: &Status, now: Timestamp) -> String {
     let mut out = String::new();
-    let mut line = |k: &str, v: String| out.push_str(&format!("{k:<13}{v}\n"));
+    let mut line = |k: &str, v: String| out.push_str(&format!("{k:<14}{v}\n"));
     line("state:", format!("{} (since {})", st.state, st.since));
     line(
         "booted slot:",
@@ -504,7 +680,17 @@ pub fn render_status(st: &Status) -> String {
         }
     }
     if let Some(p) = &st.progress {
-        line("progress:", progress_line(p));
+        // Phases without a byte count (health checks, the reboot command)
+        // have nothing to measure.
+        let text = if p.total == 0 {
+            format!("{} running", p.phase)
+        } else {
+            progress_line(p)
+        };
+        line("progress:", text);
+    }
+    if let Some(l) = &st.last_install {
+        line("last install:", last_install_line(l, now));
     }
     if let Some(t) = st.last_check {
         line("last check:", t.to_string());
@@ -528,6 +714,38 @@ pub fn render_status(st: &Status) -> String {
     line("device id:", st.device_id.clone());
     line("outbox:", format!("{} report(s) queued", st.outbox));
     out
+}
+
+/// `release 1.2 rolled back in slot A at 2026-11-30T01:39:48Z (4 min ago): why`
+fn last_install_line(l: &LastInstall, now: Timestamp) -> String {
+    let result = match l.result.as_str() {
+        "rolled_back" => "rolled back",
+        other => other,
+    };
+    let mut s = format!("release {} {result}", l.release);
+    if let Some(slot) = l.slot {
+        s.push_str(&format!(" in slot {slot}"));
+    }
+    s.push_str(&format!(" at {}", l.time));
+    if let Some(age) = ago(l.time, now) {
+        s.push_str(&format!(" ({age})"));
+    }
+    if let Some(r) = &l.reason {
+        s.push_str(&format!(": {r}"));
+    }
+    s
+}
+
+/// `42 s ago`, `5 min ago`, `3 h ago`, `2 days ago`; `None` for a time
+/// after `now` (a clock that was stepped back).
+fn ago(then: Timestamp, now: Timestamp) -> Option<String> {
+    let s = now.0.checked_sub(then.0).filter(|s| *s >= 0)?;
+    Some(match s {
+        0..60 => format!("{s} s ago"),
+        60..3600 => format!("{} min ago", s / 60),
+        3600..172_800 => format!("{} h ago", s / 3600),
+        _ => format!("{} days ago", s / 86_400),
+    })
 }
 
 fn history(cfg: &Config, json: bool) -> Result<()> {
@@ -555,8 +773,10 @@ fn history(cfg: &Config, json: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::progress::Progress;
+    use crate::slot::SlotName;
 
-    fn p(args: &[&str]) -> std::result::Result<Args, String> {
+    fn p(args: &[&str]) -> std::result::Result<Args, UsageError> {
         parse(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
     }
 
@@ -573,6 +793,10 @@ mod tests {
             PathBuf::from("/x.toml")
         );
         assert_eq!(
+            p(&["status", "-c", "/y.toml"]).unwrap().config,
+            PathBuf::from("/y.toml")
+        );
+        assert_eq!(
             p(&["install", "https://h/m.json"]).unwrap().command,
             Command::Install {
                 manifest: "https://h/m.json".into()
@@ -582,10 +806,228 @@ mod tests {
             p(&["history", "--json"]).unwrap().command,
             Command::History { json: true }
         );
+        assert_eq!(p(&["--version"]).unwrap().command, Command::Version);
+        assert_eq!(
+            p(&["completions", "bash"]).unwrap().command,
+            Command::Completions
+        );
         assert!(p(&[]).is_err());
         assert!(p(&["install"]).is_err());
-        assert!(p(&["status", "--yaml"]).is_err());
+        assert!(p(&["install", "a", "b"]).is_err());
+        assert!(p(&["check", "now"]).is_err());
         assert!(p(&["frobnicate"]).is_err());
         assert!(p(&["--config"]).is_err());
+        assert!(p(&["completions", "zsh"]).is_err());
+    }
+
+    #[test]
+    fn every_command_answers_help_in_every_spelling() {
+        for c in PROGRAM.commands {
+            for args in [
+                vec![c.name, "--help"],
+                vec![c.name, "-h"],
+                vec!["--help", c.name],
+                vec!["-c", "/x.toml", c.name, "--json", "-h"],
+                vec!["help", c.name],
+            ] {
+                assert_eq!(
+                    p(&args).map(|a| a.command),
+                    Ok(Command::Help(Some(c.name))),
+                    "{args:?}"
+                );
+            }
+            let text = PROGRAM.help(c);
+            assert!(
+                text.contains("usage: updraft ") && text.contains(c.name),
+                "{text}"
+            );
+            assert!(text.contains("\nexample"), "{} has no example", c.name);
+            assert!(
+                c.examples
+                    .iter()
+                    .all(|e| e.contains("updraft ") && e.contains(c.name)),
+                "an example of {} does not run it: {:?}",
+                c.name,
+                c.examples
+            );
+        }
+        assert_eq!(p(&["--help"]).unwrap().command, Command::Help(None));
+        assert_eq!(p(&["help"]).unwrap().command, Command::Help(None));
+        assert!(p(&["help", "frobnicate"]).is_err());
+        assert!(p(&["frobnicate", "--help"]).is_err());
+    }
+
+    #[test]
+    fn an_unknown_option_is_named_with_the_commands_usage() {
+        let e = p(&["status", "--yaml"]).unwrap_err();
+        assert_eq!(e.message, "unknown option --yaml for status");
+        assert_eq!(e.command, Some("status"));
+        let text = e.text();
+        assert!(
+            text.starts_with("updraft: unknown option --yaml for status\nusage: updraft [--config FILE] status [--json]\n"),
+            "{text}"
+        );
+        assert!(text.contains("updraft status --help"), "{text}");
+        let e = p(&["mark-good", "-x"]).unwrap_err();
+        assert_eq!(e.message, "unknown option -x for mark-good");
+        // An unknown command names itself and points at the overview.
+        let e = p(&["frobnicate"]).unwrap_err();
+        assert!(e.text().contains("\"frobnicate\""), "{}", e.text());
+        assert!(e.text().contains("`updraft --help`"), "{}", e.text());
+    }
+
+    fn sample() -> Status {
+        Status {
+            state: "idle".into(),
+            since: Timestamp(1_796_000_000),
+            device_id: "d1".into(),
+            booted_slot: SlotName::A,
+            running_version: Some("2.0".into()),
+            slots: Vec::new(),
+            next_boot: Some(SlotName::A),
+            bootloader_error: None,
+            job: None,
+            progress: None,
+            serial: Some(2),
+            keys_version: 0,
+            last_check: None,
+            next_check: None,
+            last_error: None,
+            outbox: 0,
+            last_install: Some(LastInstall {
+                release: "2.0".into(),
+                result: "committed".into(),
+                reason: Some("health checks passed".into()),
+                time: Timestamp(1_796_000_000),
+                slot: Some(SlotName::A),
+            }),
+        }
+    }
+
+    fn line<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+        text.lines().find(|l| l.starts_with(key))
+    }
+
+    #[test]
+    fn status_shows_how_the_last_install_ended_and_when() {
+        let mut st = sample();
+        let t = st.last_install.as_ref().unwrap().time;
+        let text = render_status(&st, Timestamp(t.0 + 300));
+        assert_eq!(
+            line(&text, "last install:"),
+            Some(
+                "last install: release 2.0 committed in slot A at 2026-11-30T00:53:20Z (5 min ago): health checks passed"
+            ),
+            "{text}"
+        );
+        st.last_install = Some(LastInstall {
+            release: "3.0".into(),
+            result: "rolled_back".into(),
+            reason: Some("health check 20-payment failed (exit status: 1)".into()),
+            time: t,
+            slot: Some(SlotName::B),
+        });
+        let text = render_status(&st, Timestamp(t.0 + 7300));
+        assert_eq!(
+            line(&text, "last install:"),
+            Some(
+                "last install: release 3.0 rolled back in slot B at 2026-11-30T00:53:20Z (2 h ago): health check 20-payment failed (exit status: 1)"
+            ),
+            "{text}"
+        );
+        st.last_install = None;
+        let text = render_status(&st, t);
+        assert_eq!(line(&text, "last install:"), None, "{text}");
+        // Every line keeps the value column, also the longest key.
+        assert!(
+            text.lines()
+                .all(|l| l.len() > 14 && l.as_bytes()[13] == b' '),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn status_shows_a_jobs_progress_with_rate_and_time_left() {
+        let mut st = sample();
+        st.state = "downloading".into();
+        st.job = Some(crate::test_support::job_into(SlotName::B));
+        st.progress = Some(Progress {
+            phase: "download".into(),
+            done: 3 * 1_048_576,
+            total: 12 * 1_048_576,
+            rate: 1_048_576,
+            eta: Some(9),
+        });
+        let text = render_status(&st, st.since);
+        assert_eq!(
+            line(&text, "job:"),
+            Some("job:          release 2.0 -> slot B (full image)")
+        );
+        assert_eq!(
+            line(&text, "progress:"),
+            Some("progress:     download 25% 3.0 MiB of 12.0 MiB, 1.0 MiB/s, 9 s left"),
+            "{text}"
+        );
+        st.progress = Some(Progress {
+            phase: "health".into(),
+            ..Progress::default()
+        });
+        let text = render_status(&st, st.since);
+        assert_eq!(
+            line(&text, "progress:"),
+            Some("progress:     health running")
+        );
+    }
+
+    #[test]
+    fn ages_read_like_a_person_says_them() {
+        let at = |s: i64| ago(Timestamp(1000), Timestamp(1000 + s));
+        assert_eq!(at(0).as_deref(), Some("0 s ago"));
+        assert_eq!(at(59).as_deref(), Some("59 s ago"));
+        assert_eq!(at(60).as_deref(), Some("1 min ago"));
+        assert_eq!(at(3599).as_deref(), Some("59 min ago"));
+        assert_eq!(at(3600).as_deref(), Some("1 h ago"));
+        assert_eq!(at(47 * 3600).as_deref(), Some("47 h ago"));
+        assert_eq!(at(3 * 86_400).as_deref(), Some("3 days ago"));
+        assert_eq!(at(-5), None);
+    }
+
+    #[test]
+    fn last_install_in_the_wire_form_is_additive() {
+        let st = sample();
+        let v = serde_json::to_value(&st).unwrap();
+        assert_eq!(
+            v["last_install"],
+            serde_json::json!({
+                "release": "2.0",
+                "result": "committed",
+                "reason": "health checks passed",
+                "time": "2026-11-30T00:53:20Z",
+                "slot": "A",
+            })
+        );
+        // A daemon without the field (older), and one with fields this
+        // version does not know (newer), are both understood.
+        let mut old = v.clone();
+        old.as_object_mut().unwrap().remove("last_install");
+        let parsed: Status = serde_json::from_value(old).unwrap();
+        assert_eq!(parsed.last_install, None);
+        let mut new = v.clone();
+        new["last_install"]["duration_s"] = serde_json::json!(42);
+        new["future_field"] = serde_json::json!({"x": 1});
+        let parsed: Status = serde_json::from_value(new).unwrap();
+        assert_eq!(parsed.last_install, st.last_install);
+        // Without the optional parts, they are left out.
+        let mut bare = sample();
+        bare.last_install = Some(LastInstall {
+            reason: None,
+            slot: None,
+            ..st.last_install.clone().unwrap()
+        });
+        let v = serde_json::to_value(&bare).unwrap();
+        assert_eq!(
+            v["last_install"],
+            serde_json::json!({"release": "2.0", "result": "committed", "time": "2026-11-30T00:53:20Z"})
+        );
     }
 }

@@ -22,6 +22,7 @@ mod fetch;
 mod fsutil;
 pub mod hash;
 mod health;
+pub mod help;
 mod identity;
 mod install;
 pub mod keys;

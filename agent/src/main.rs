@@ -7,8 +7,8 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = match updraft::cli::parse(&args) {
         Ok(a) => updraft::cli::run(a),
-        Err(msg) => {
-            eprintln!("updraft: {msg}\n\n{}", updraft::cli::USAGE);
+        Err(e) => {
+            eprintln!("{}", e.text());
             2
         }
     };

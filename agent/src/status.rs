@@ -1,6 +1,7 @@
 //! The status view: what `updraft status` shows and the control socket
 //! carries, as one serde type, so the CLI, the socket and the daemon's
-//! snapshot cannot disagree about its fields.
+//! snapshot cannot disagree about its fields. It includes how the last
+//! install ended ([`LastInstall`]), read back from the history.
 //!
 //! The wire form is part of the contract (`docs/cli.md`): fields are only
 //! ever added, and optional ones are left out when empty, so an older CLI
@@ -65,6 +66,52 @@ pub struct Status {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     pub outbox: u64,
+    /// How the newest finished install ended; absent before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_install: Option<LastInstall>,
+}
+
+/// How the newest finished install job ended.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct LastInstall {
+    /// The release the job installed.
+    pub release: String,
+    /// `committed`, `rolled_back` or `failed`: the `result` of its install
+    /// report.
+    pub result: String,
+    /// Why: the health checks passed, what failed, who cancelled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When it ended.
+    pub time: Timestamp,
+    /// The slot the job wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<SlotName>,
+}
+
+/// History events that end an install job, and the result each stands for.
+const JOB_ENDS: [(&str, &str); 4] = [
+    ("committed", "committed"),
+    ("rolled-back", "rolled_back"),
+    ("failed", "failed"),
+    ("cancelled", "failed"),
+];
+
+/// The last install's outcome, from the newest history line that ends a
+/// job (the history keeps the newest 1000 lines).
+pub(crate) fn last_install(store: &Store) -> Result<Option<LastInstall>> {
+    let events = JOB_ENDS.map(|(event, _)| event);
+    Ok(store.newest_event(&events)?.map(|e| LastInstall {
+        result: JOB_ENDS
+            .iter()
+            .find(|(event, _)| *event == e.event)
+            .map_or("failed", |(_, result)| result)
+            .to_string(),
+        release: e.release.unwrap_or_default(),
+        reason: e.detail,
+        time: e.time,
+        slot: e.slot.as_deref().and_then(SlotName::parse),
+    }))
 }
 
 /// Both slots as the store and the bootloader (when it could be read)
@@ -91,4 +138,58 @@ pub(crate) fn slots(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Event;
+
+    #[test]
+    fn the_last_install_is_the_newest_end_of_a_job() {
+        let d = std::env::temp_dir().join(format!("updraft-status-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let store = Store::open(&d.join("updraft.db")).unwrap();
+        assert_eq!(last_install(&store).unwrap(), None);
+        let add = |event, release, detail| {
+            store
+                .add_history(&Event {
+                    event,
+                    release: Some(release),
+                    slot: Some(SlotName::B),
+                    detail: Some(detail),
+                })
+                .unwrap()
+        };
+        add("committed", "1.0", "health checks passed");
+        add("rollback", "2.0", "health check 20-app failed");
+        add("rolled-back", "2.0", "health check 20-app failed");
+        let l = last_install(&store).unwrap().unwrap();
+        assert_eq!(
+            (
+                l.release.as_str(),
+                l.result.as_str(),
+                l.reason.as_deref(),
+                l.slot
+            ),
+            (
+                "2.0",
+                "rolled_back",
+                Some("health check 20-app failed"),
+                Some(SlotName::B)
+            )
+        );
+        // Starting the next job does not hide how the last one ended.
+        add("download", "3.0", "full image");
+        assert_eq!(last_install(&store).unwrap().unwrap().release, "2.0");
+        // A cancelled trial boot is a failed install, as its report says.
+        add("cancelled", "3.0", "trial boot cancelled by the operator");
+        let l = last_install(&store).unwrap().unwrap();
+        assert_eq!((l.release.as_str(), l.result.as_str()), ("3.0", "failed"));
+        add("failed", "4.0", "artifact sha256 mismatch");
+        let l = last_install(&store).unwrap().unwrap();
+        assert_eq!((l.release.as_str(), l.result.as_str()), ("4.0", "failed"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }

@@ -492,18 +492,21 @@ impl Store {
             "SELECT id, time, event, release, slot, detail FROM
                (SELECT * FROM history ORDER BY id DESC LIMIT ?1) ORDER BY id",
         )?;
-        let rows = stmt.query_map(params![limit as i64], |r| {
-            Ok(HistoryEntry {
-                id: r.get(0)?,
-                time: Timestamp(r.get(1)?),
-                event: r.get(2)?,
-                release: r.get(3)?,
-                slot: r.get(4)?,
-                detail: r.get(5)?,
-            })
-        })?;
+        let rows = stmt.query_map(params![limit as i64], history_row)?;
         rows.collect::<std::result::Result<Vec<_>, _>>()
             .map_err(Error::from)
+    }
+
+    /// The newest history line whose event is one of `events`.
+    pub fn newest_event(&self, events: &[&str]) -> Result<Option<HistoryEntry>> {
+        let marks = vec!["?"; events.len()].join(", ");
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT id, time, event, release, slot, detail FROM history
+             WHERE event IN ({marks}) ORDER BY id DESC LIMIT 1"
+        ))?;
+        Ok(stmt
+            .query_row(rusqlite::params_from_iter(events), history_row)
+            .optional()?)
     }
 
     // ---- outbox ------------------------------------------------------------
@@ -583,6 +586,18 @@ impl Store {
     }
 }
 
+/// A `history` row selected as `id, time, event, release, slot, detail`.
+fn history_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<HistoryEntry> {
+    Ok(HistoryEntry {
+        id: r.get(0)?,
+        time: Timestamp(r.get(1)?),
+        event: r.get(2)?,
+        release: r.get(3)?,
+        slot: r.get(4)?,
+        detail: r.get(5)?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -630,6 +645,37 @@ mod tests {
         .unwrap();
         assert_eq!(s.state().unwrap().0, State::Downloading(job()));
         assert_eq!(s.history(10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn newest_event_picks_the_latest_of_the_named_events() {
+        let s = db("newest");
+        assert!(s.newest_event(&["committed"]).unwrap().is_none());
+        for (event, release) in [
+            ("committed", "1.0"),
+            ("download", "2.0"),
+            ("rolled-back", "2.0"),
+            ("download", "3.0"),
+        ] {
+            s.add_history(&Event {
+                event,
+                release: Some(release),
+                slot: Some(SlotName::B),
+                detail: Some("why"),
+            })
+            .unwrap();
+        }
+        let e = s
+            .newest_event(&["committed", "rolled-back"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (e.event.as_str(), e.release.as_deref()),
+            ("rolled-back", Some("2.0"))
+        );
+        let e = s.newest_event(&["committed"]).unwrap().unwrap();
+        assert_eq!(e.release.as_deref(), Some("1.0"));
+        assert_eq!(e.slot.as_deref(), Some("B"));
     }
 
     #[test]

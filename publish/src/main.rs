@@ -1,23 +1,197 @@
 //! `updraft-publish`: keys, key documents, releases and their checks.
+//!
+//! Arguments are parsed by hand against one table, [`PROGRAM`]: every
+//! subcommand's usage, options and examples. A subcommand accepts exactly
+//! the options listed there, `--help` prints its entry and `completions
+//! bash` is made from it (see [`updraft::help`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use updraft::help::{self, Command, Opt, Program};
 use updraft_publish::keys::{self, Key, KeyDocSpec};
 use updraft_publish::release::{self, DEFAULT_FRAME_SIZE, ReleaseSpec};
 use updraft_publish::verify;
 
-const USAGE: &str = "usage:
-  updraft-publish keygen --out PREFIX
-  updraft-publish keys --root-key R.key [--root-key R2.key]... --release-pub K.pub [--release-pub K2.pub]...
-                       [--threshold N] [--root-pub NEWROOT.pub]... [--root-threshold N] --version N --out DIR
-  updraft-publish release --key K.key [--key K2.key]... --version V --compatible HW [--compatible HW2]...
-                       --image NEW.img [--from OLD.img]... [--serial N] [--expires 30d] [--rollout PERCENT]
-                       [--frame-size BYTES] [--level N] [--threads N] --out DIR
-  updraft-publish verify --pub K.pub [--pub K2.pub]... [--threshold N] DIR/manifest.json
-  updraft-publish inspect [--json] DIR/manifest.json";
+const fn opt(name: &'static str, value: &'static str, help: &'static str) -> Opt {
+    Opt {
+        name,
+        short: "",
+        value,
+        help,
+    }
+}
 
-/// Flags of one subcommand: repeated values collected in order.
+/// Every subcommand: usage, options, examples.
+const PROGRAM: Program = Program {
+    name: "updraft-publish",
+    version: env!("CARGO_PKG_VERSION"),
+    summary: "keys, key documents and signed releases for updraft devices",
+    usage: "updraft-publish COMMAND [OPTIONS]",
+    common: &[],
+    commands: &[
+        Command {
+            name: "keygen",
+            summary: "make an ed25519 key pair: PREFIX.key (mode 0600) and PREFIX.pub",
+            usage: "updraft-publish keygen --out PREFIX",
+            about: "Refuses to overwrite an existing file; creates the directory.",
+            options: &[opt(
+                "--out",
+                "PREFIX",
+                "write PREFIX.key and PREFIX.pub (required)",
+            )],
+            words: &[],
+            examples: &["updraft-publish keygen --out keys/release"],
+        },
+        Command {
+            name: "keys",
+            summary: "write a key document, DIR/keys/N.json, signed by root keys",
+            usage: "updraft-publish keys --root-key R.key [--root-key R2.key]... \\
+      --release-pub K.pub [--release-pub K2.pub]... [--threshold N] \\
+      [--root-pub NEWROOT.pub]... [--root-threshold N] --version N --out DIR",
+            about: "",
+            options: &[
+                opt(
+                    "--root-key",
+                    "R.key",
+                    "root key that signs the document (repeatable, required)",
+                ),
+                opt(
+                    "--release-pub",
+                    "K.pub",
+                    "release key the document lists (repeatable, required)",
+                ),
+                opt("--threshold", "N", "release key threshold (default 1)"),
+                opt(
+                    "--root-pub",
+                    "NEWROOT.pub",
+                    "root key the document lists (repeatable; default: the signers)",
+                ),
+                opt("--root-threshold", "N", "root key threshold (default 1)"),
+                opt("--version", "N", "document version, 1 or more (required)"),
+                opt("--out", "DIR", "release directory (required)"),
+            ],
+            words: &[],
+            examples: &[
+                "updraft-publish keys --root-key keys/root.key --release-pub keys/release.pub --version 1 --out site",
+            ],
+        },
+        Command {
+            name: "release",
+            summary: "sign a release: framed artifact, deltas and DIR/manifest.json",
+            usage: "updraft-publish release --key K.key [--key K2.key]... --version V \\
+      --compatible HW [--compatible HW2]... --image NEW.img [--from OLD.img]... \\
+      [--serial N] [--expires 30d] [--rollout PERCENT] [--frame-size BYTES] \\
+      [--level N] [--threads N] --out DIR",
+            about: "",
+            options: &[
+                opt(
+                    "--key",
+                    "K.key",
+                    "release key that signs the manifest (repeatable, required)",
+                ),
+                opt("--version", "V", "the release version (required)"),
+                opt(
+                    "--compatible",
+                    "HW",
+                    "hardware id or comma-separated ids (repeatable, required)",
+                ),
+                opt("--image", "NEW.img", "the new slot image (required)"),
+                opt(
+                    "--from",
+                    "OLD.img",
+                    "an older image to make a delta from (repeatable)",
+                ),
+                opt(
+                    "--serial",
+                    "N",
+                    "manifest serial (default: the one in DIR plus 1, or 1)",
+                ),
+                opt(
+                    "--expires",
+                    "DURATION",
+                    "validity from now: 30d, 12h, 1w (default 30d)",
+                ),
+                opt(
+                    "--rollout",
+                    "PERCENT",
+                    "share of devices that install it, 0 to 100",
+                ),
+                opt(
+                    "--frame-size",
+                    "BYTES",
+                    "decoded bytes per frame, 1 to 8 MiB (default 4 MiB)",
+                ),
+                opt("--level", "N", "zstd level (default 19)"),
+                opt(
+                    "--threads",
+                    "N",
+                    "frames compressed in parallel (default: the CPUs)",
+                ),
+                opt("--out", "DIR", "release directory (required)"),
+            ],
+            words: &[],
+            examples: &[
+                "updraft-publish release --key keys/release.key --version 1.1 --compatible rpi4 \\
+      --image rootfs-1.1.ext4 --from rootfs-1.0.ext4 --out site",
+            ],
+        },
+        Command {
+            name: "verify",
+            summary: "check a release as a device would: signatures, payload, artifacts",
+            usage: "updraft-publish verify --pub K.pub [--pub K2.pub]... [--threshold N] DIR/manifest.json",
+            about: "",
+            options: &[
+                opt(
+                    "--pub",
+                    "K.pub",
+                    "release public key (repeatable, required)",
+                ),
+                opt("--threshold", "N", "signatures needed (default 1)"),
+            ],
+            words: &[],
+            examples: &["updraft-publish verify --pub keys/release.pub site/manifest.json"],
+        },
+        Command {
+            name: "inspect",
+            summary: "print what a manifest or key document says, without verifying it",
+            usage: "updraft-publish inspect [--json] DIR/manifest.json",
+            about: "",
+            options: &[opt("--json", "", "print the payload as JSON")],
+            words: &[],
+            examples: &[
+                "updraft-publish inspect site/manifest.json",
+                "updraft-publish inspect --json site/keys/1.json",
+            ],
+        },
+        Command {
+            name: "help",
+            summary: "describe a command",
+            usage: "updraft-publish help [COMMAND]",
+            about: "",
+            options: &[],
+            words: &[],
+            examples: &["updraft-publish help release"],
+        },
+        Command {
+            name: "completions",
+            summary: "print the bash completion script",
+            usage: "updraft-publish completions bash",
+            about: "",
+            options: &[],
+            words: &["bash"],
+            examples: &[
+                "updraft-publish completions bash > /usr/share/bash-completion/completions/updraft-publish",
+            ],
+        },
+    ],
+    examples: &[
+        "updraft-publish keygen --out keys/release",
+        "updraft-publish release --key keys/release.key --version 1.0 --compatible rpi4 --image rootfs.ext4 --out site",
+    ],
+};
+
+/// Options of one subcommand: repeated values collected in order.
 struct Flags {
     values: Vec<(String, String)>,
     switches: Vec<String>,
@@ -25,7 +199,10 @@ struct Flags {
 }
 
 impl Flags {
-    fn parse(args: &[String], with_value: &[&str], switches: &[&str]) -> Result<Flags, String> {
+    /// Parse against the options `cmd` lists (`--name value`,
+    /// `--name=value`, switches); anything else starting with `-` is an
+    /// unknown option.
+    fn parse(args: &[String], cmd: &Command) -> Result<Flags, String> {
         let mut f = Flags {
             values: Vec::new(),
             switches: Vec::new(),
@@ -33,24 +210,28 @@ impl Flags {
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
-            if let Some(name) = a.strip_prefix("--") {
-                let (name, inline) = match name.split_once('=') {
-                    Some((n, v)) => (n, Some(v.to_string())),
-                    None => (name, None),
-                };
-                if with_value.contains(&name) {
-                    let v = match inline {
-                        Some(v) => v,
-                        None => it.next().ok_or(format!("--{name} needs a value"))?.clone(),
-                    };
-                    f.values.push((name.to_string(), v));
-                } else if switches.contains(&name) && inline.is_none() {
-                    f.switches.push(name.to_string());
-                } else {
-                    return Err(format!("unknown option --{name}"));
-                }
-            } else {
+            if !a.starts_with('-') || a == "-" {
                 f.positional.push(a.clone());
+                continue;
+            }
+            let (flag, inline) = match a.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (a.as_str(), None),
+            };
+            let Some(o) = cmd.options.iter().find(|o| o.is(flag)) else {
+                return Err(format!("unknown option {flag} for {}", cmd.name));
+            };
+            let name = o.name.trim_start_matches('-').to_string();
+            if !o.value.is_empty() {
+                let v = match inline {
+                    Some(v) => v,
+                    None => it.next().ok_or(format!("{flag} needs a value"))?.clone(),
+                };
+                f.values.push((name, v));
+            } else if inline.is_some() {
+                return Err(format!("{flag} takes no value"));
+            } else {
+                f.switches.push(name);
             }
         }
         Ok(f)
@@ -90,8 +271,11 @@ impl Flags {
     }
 }
 
+/// How a command ends when it does not succeed.
 enum Failure {
-    Usage(String),
+    /// Exit 2: a usage error, with the command it concerns once known.
+    Usage(Option<&'static Command>, String),
+    /// Exit 1.
     Failed(String),
 }
 
@@ -102,41 +286,58 @@ impl From<String> for Failure {
 }
 
 fn usage<T>(r: Result<T, String>) -> Result<T, Failure> {
-    r.map_err(Failure::Usage)
+    r.map_err(|m| Failure::Usage(None, m))
+}
+
+fn bad(msg: &str) -> Failure {
+    Failure::Usage(None, msg.to_string())
 }
 
 fn run(args: &[String]) -> Result<(), Failure> {
-    let (cmd, rest) = args
-        .split_first()
-        .ok_or(Failure::Usage("no command given".into()))?;
-    match cmd.as_str() {
+    let Some((cmd, rest)) = args.split_first() else {
+        return Err(bad("no command given"));
+    };
+    if help::is_help(cmd) {
+        print!("{}", PROGRAM.overview());
+        return Ok(());
+    }
+    if help::VERSION.is(cmd) {
+        println!("updraft-publish {}", env!("CARGO_PKG_VERSION"));
+        return Ok(());
+    }
+    let c = PROGRAM
+        .command(cmd)
+        .ok_or_else(|| bad(&format!("unknown command {cmd:?}")))?;
+    if rest.iter().any(|a| help::is_help(a)) {
+        print!("{}", PROGRAM.help(c));
+        return Ok(());
+    }
+    command(c, rest).map_err(|f| match f {
+        Failure::Usage(None, m) => Failure::Usage(Some(c), m),
+        f => f,
+    })
+}
+
+fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
+    let f = usage(Flags::parse(rest, c))?;
+    let takes_args = !matches!(c.name, "keygen" | "keys" | "release");
+    if let Some(first) = f.positional.first().filter(|_| !takes_args) {
+        return Err(bad(&format!("{} takes no argument {first:?}", c.name)));
+    }
+    match c.name {
         "keygen" => {
-            let f = usage(Flags::parse(rest, &["out"], &[]))?;
             let out = usage(f.required("out"))?;
             let (k, p) = keys::keygen(&PathBuf::from(out))?;
             println!("wrote {} and {}", k.display(), p.display());
         }
         "keys" => {
-            let f = usage(Flags::parse(
-                rest,
-                &[
-                    "root-key",
-                    "release-pub",
-                    "threshold",
-                    "root-pub",
-                    "root-threshold",
-                    "version",
-                    "out",
-                ],
-                &[],
-            ))?;
             let signers = f
                 .all("root-key")
                 .iter()
                 .map(|p| Key::load(&PathBuf::from(p)))
                 .collect::<Result<Vec<_>, _>>()?;
             if signers.is_empty() {
-                return Err(Failure::Usage("--root-key is required".into()));
+                return Err(Failure::Usage(None, "--root-key is required".into()));
             }
             let release_keys = f
                 .all("release-pub")
@@ -144,7 +345,7 @@ fn run(args: &[String]) -> Result<(), Failure> {
                 .map(|p| keys::load_pub(&PathBuf::from(p)))
                 .collect::<Result<Vec<_>, _>>()?;
             if release_keys.is_empty() {
-                return Err(Failure::Usage("--release-pub is required".into()));
+                return Err(Failure::Usage(None, "--release-pub is required".into()));
             }
             let root_pubs = f.all("root-pub");
             let root = if root_pubs.is_empty() {
@@ -156,7 +357,7 @@ fn run(args: &[String]) -> Result<(), Failure> {
                     .collect::<Result<Vec<_>, _>>()?
             };
             let version: u64 = usage(f.number("version"))?
-                .ok_or(Failure::Usage("--version is required".into()))?;
+                .ok_or(Failure::Usage(None, "--version is required".into()))?;
             let out = PathBuf::from(usage(f.required("out"))?);
             let spec = KeyDocSpec {
                 version,
@@ -175,31 +376,13 @@ fn run(args: &[String]) -> Result<(), Failure> {
             println!("wrote {}", path.display());
         }
         "release" => {
-            let f = usage(Flags::parse(
-                rest,
-                &[
-                    "key",
-                    "version",
-                    "compatible",
-                    "image",
-                    "from",
-                    "serial",
-                    "expires",
-                    "rollout",
-                    "out",
-                    "frame-size",
-                    "level",
-                    "threads",
-                ],
-                &[],
-            ))?;
             let keys = f
                 .all("key")
                 .iter()
                 .map(|p| Key::load(&PathBuf::from(p)))
                 .collect::<Result<Vec<_>, _>>()?;
             if keys.is_empty() {
-                return Err(Failure::Usage("--key is required".into()));
+                return Err(Failure::Usage(None, "--key is required".into()));
             }
             let compatible: Vec<String> = f
                 .all("compatible")
@@ -209,17 +392,20 @@ fn run(args: &[String]) -> Result<(), Failure> {
                 .filter(|c| !c.is_empty())
                 .collect();
             if compatible.is_empty() {
-                return Err(Failure::Usage("--compatible is required".into()));
+                return Err(Failure::Usage(None, "--compatible is required".into()));
             }
-            let expires = match f.one("expires").map_err(Failure::Usage)? {
+            let expires = match usage(f.one("expires"))? {
                 Some(e) => updraft::timestamp::parse_duration(e)
-                    .map_err(|e| Failure::Usage(format!("--expires: {e}")))?,
+                    .map_err(|e| Failure::Usage(None, format!("--expires: {e}")))?,
                 None => std::time::Duration::from_secs(30 * 86_400),
             };
             let rollout: Option<f64> = usage(f.number("rollout"))?;
             if let Some(r) = rollout {
                 if !(0.0..=100.0).contains(&r) {
-                    return Err(Failure::Usage("--rollout must be between 0 and 100".into()));
+                    return Err(Failure::Usage(
+                        None,
+                        "--rollout must be between 0 and 100".into(),
+                    ));
                 }
             }
             let threads = usage(f.number("threads"))?.unwrap_or_else(|| {
@@ -259,17 +445,19 @@ fn run(args: &[String]) -> Result<(), Failure> {
             }
         }
         "verify" => {
-            let f = usage(Flags::parse(rest, &["pub", "threshold"], &[]))?;
             let pubs = f
                 .all("pub")
                 .iter()
                 .map(|p| keys::load_pub(&PathBuf::from(p)))
                 .collect::<Result<Vec<_>, _>>()?;
             if pubs.is_empty() {
-                return Err(Failure::Usage("--pub is required".into()));
+                return Err(Failure::Usage(None, "--pub is required".into()));
             }
             let [manifest] = f.positional.as_slice() else {
-                return Err(Failure::Usage("verify takes one manifest path".into()));
+                return Err(Failure::Usage(
+                    None,
+                    "verify takes one manifest path".into(),
+                ));
             };
             for line in verify::verify(
                 &PathBuf::from(manifest),
@@ -280,9 +468,11 @@ fn run(args: &[String]) -> Result<(), Failure> {
             }
         }
         "inspect" => {
-            let f = usage(Flags::parse(rest, &[], &["json"]))?;
             let [manifest] = f.positional.as_slice() else {
-                return Err(Failure::Usage("inspect takes one manifest path".into()));
+                return Err(Failure::Usage(
+                    None,
+                    "inspect takes one manifest path".into(),
+                ));
             };
             print!(
                 "{}",
@@ -292,9 +482,21 @@ fn run(args: &[String]) -> Result<(), Failure> {
                 println!();
             }
         }
-        "-h" | "--help" | "help" => println!("{USAGE}"),
-        "--version" => println!("updraft-publish {}", env!("CARGO_PKG_VERSION")),
-        other => return Err(Failure::Usage(format!("unknown command {other:?}"))),
+        "help" => match f.positional.as_slice() {
+            [] => print!("{}", PROGRAM.overview()),
+            [name] => {
+                let h = PROGRAM
+                    .command(name)
+                    .ok_or_else(|| bad(&format!("unknown command {name:?}")))?;
+                print!("{}", PROGRAM.help(h));
+            }
+            _ => return Err(bad("help takes one command name")),
+        },
+        "completions" => match f.positional.as_slice() {
+            [shell] if shell == "bash" => print!("{}", PROGRAM.bash_completion()),
+            _ => return Err(bad("completions takes one shell name: bash")),
+        },
+        other => return Err(bad(&format!("unknown command {other:?}"))),
     }
     Ok(())
 }
@@ -303,8 +505,8 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Usage(m)) => {
-            eprintln!("updraft-publish: {m}\n\n{USAGE}");
+        Err(Failure::Usage(c, m)) => {
+            eprintln!("updraft-publish: {m}\n{}", PROGRAM.usage_hint(c));
             ExitCode::from(2)
         }
         Err(Failure::Failed(m)) => {

@@ -12,6 +12,7 @@
 //! usr/lib/sysusers.d/updraft.conf
 //! etc/updraft/updraft.toml             (the default configuration)
 //! etc/updraft/health.d/
+//! usr/share/bash-completion/completions/updraft   (and updraft-publish)
 //! usr/share/doc/updraft/               (README and docs)
 //! ```
 //!
@@ -110,6 +111,14 @@ fn stage_tree(stage: &Path, bins: &[PathBuf]) -> Result {
     for b in bins {
         let name = b.file_name().ok_or("binary without a name")?;
         copy(b, &stage.join("usr/bin").join(name), 0o755)?;
+        // What `NAME completions bash` prints, kept in the tree.
+        copy(
+            &r.join("contrib/bash-completion").join(name),
+            &stage
+                .join("usr/share/bash-completion/completions")
+                .join(name),
+            0o644,
+        )?;
     }
     copy(
         &r.join("systemd/updraft.service"),

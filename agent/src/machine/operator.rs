@@ -1,5 +1,6 @@
 //! What an operator asks of the machine (`mark-good`, `mark-bad`), what it
-//! reports on its own (heartbeats, the outbox) and the status view.
+//! reports on its own (heartbeats, the outbox) and the status view the
+//! daemon serves (the one-shot CLI builds the same view in `cli.rs`).
 
 use super::*;
 
@@ -123,6 +124,7 @@ impl Machine {
             next_check: self.next_check,
             last_error: self.last_error.clone(),
             outbox: self.store.outbox_len()?,
+            last_install: status::last_install(&self.store)?,
         })
     }
 }

@@ -27,6 +27,8 @@ require updraft-crates.inc
 S = "${UNPACKDIR}/${BP}"
 
 inherit cargo systemd useradd
+# Packages the completion script as ${PN}-bash-completion.
+inherit bash-completion
 
 # Build the device binary only; the workspace also holds build-host tools.
 CARGO_BUILD_FLAGS:append = " --package updraft --bin updraft"
@@ -62,6 +64,10 @@ do_install:append() {
 
     install -d ${D}${docdir}/${PN}
     install -m 0644 ${S}/systemd/updraft.service.d/50-health-checks.conf.example ${D}${docdir}/${PN}/
+
+    # The script `updraft completions bash` prints.
+    install -d ${D}${datadir}/bash-completion/completions
+    install -m 0644 ${S}/contrib/bash-completion/updraft ${D}${datadir}/bash-completion/completions/updraft
 
     install -d ${D}${sysconfdir}/updraft/health.d ${D}${sysconfdir}/updraft/keys
     install -m 0644 ${UNPACKDIR}/updraft.toml ${D}${sysconfdir}/updraft/updraft.toml
