@@ -74,8 +74,11 @@ fn a_mounted_slot_is_refused() {
     let paths = (a.path.clone(), b.path.clone());
     dev.reconfigure(|s| s.slot_paths = Some(paths));
     dev.init();
+    // Tables and journal initialised now: with lazy init the kernel would
+    // go on writing them after the mount, and the slot's bytes would
+    // change with nobody but the filesystem writing.
     let mkfs = Command::new("mkfs.ext4")
-        .args(["-q", "-F"])
+        .args(["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"])
         .arg(&b.path)
         .status()
         .expect("mkfs.ext4 (e2fsprogs)");

@@ -22,8 +22,9 @@ use super::fuse::FuseFs;
 
 /// Where the fuse control filesystem lives; `<conn>/abort` ends a connection.
 const FUSECTL: &str = "/sys/fs/fuse/connections";
-/// How long an unmounted session may take to notice its connection is gone.
-const SESSION_END: Duration = Duration::from_secs(10);
+/// How long an unmounted session may take to notice its connection is gone
+/// (seconds under qemu-user on a loaded machine).
+const SESSION_END: Duration = Duration::from_secs(30);
 
 /// Add what was being done to an OS error, keeping its kind.
 fn context(err: io::Error, what: impl std::fmt::Display) -> io::Error {
