@@ -14,6 +14,7 @@ pub mod collector;
 pub mod device;
 pub mod nginx;
 pub mod powerfs;
+pub mod prereq;
 pub mod previous;
 pub mod proxy;
 pub mod publisher;
