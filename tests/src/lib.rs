@@ -20,6 +20,7 @@ pub mod proxy;
 pub mod publisher;
 pub mod server;
 pub mod skip;
+pub mod static_server;
 pub mod tmp;
 
 /// The workspace root: the repository checkout the tests run from (for
