@@ -133,12 +133,19 @@ pub fn unavailable(items: &[&str]) -> Option<String> {
         Some(p) => p.describe(),
         None => format!("not listed in {PATH}"),
     };
-    let what = item
-        .strip_prefix("py:")
+    Some(format!(
+        "{} is not installed ({package})",
+        describe_item(item)
+    ))
+}
+
+/// A PROVIDES item for people: `the Python module prometheus_client`,
+/// `faketime/libfaketime.so.1`, `fw_printenv`.
+pub fn describe_item(item: &str) -> String {
+    item.strip_prefix("py:")
         .map(|m| format!("the Python module {m}"))
         .or_else(|| item.strip_prefix("lib:").map(str::to_string))
-        .unwrap_or_else(|| item.to_string());
-    Some(format!("{what} is not installed ({package})"))
+        .unwrap_or_else(|| item.to_string())
 }
 
 /// True when `item` (a PROVIDES entry) is found here.
