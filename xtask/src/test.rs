@@ -128,7 +128,11 @@ fn provision(opts: &Options) {
         prereq::PATH
     );
     for (p, item) in &missing {
-        println!("  {} (no {})", p.describe(), prereq::describe_item(item));
+        println!(
+            "  {}: {} not found",
+            p.describe(),
+            prereq::describe_item(item)
+        );
     }
     let packages: Vec<&Prerequisite> = missing.iter().map(|(p, _)| p).collect();
     let skip_note = "the tests that need them skip";
@@ -167,7 +171,13 @@ fn provision(opts: &Options) {
     }
     let still: Vec<String> = prereq::missing()
         .into_iter()
-        .map(|(p, item)| format!("{} (no {})", p.describe(), prereq::describe_item(&item)))
+        .map(|(p, item)| {
+            format!(
+                "{} ({} not found)",
+                p.describe(),
+                prereq::describe_item(&item)
+            )
+        })
         .collect();
     if still.is_empty() {
         println!(
