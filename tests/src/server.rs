@@ -114,7 +114,7 @@ impl Choice {
 
 /// The HTTPS server in front of a [`Site`].
 pub enum Http {
-    Nginx(Nginx),
+    Nginx(Box<Nginx>),
     Embedded(StaticServer),
 }
 
@@ -228,10 +228,9 @@ impl Site {
             if let Some(c) = &collector {
                 b = b.report_to("/report", c.addr());
             }
-            Http::Nginx(
-                b.start()
-                    .map_err(|e| io::Error::new(e.kind(), format!("starting nginx: {e}")))?,
-            )
+            Http::Nginx(Box::new(b.start().map_err(|e| {
+                io::Error::new(e.kind(), format!("starting nginx: {e}"))
+            })?))
         } else {
             let mut b = StaticServer::builder(&repo.dir).ca(&ca);
             if let Some(c) = &collector {
