@@ -207,7 +207,7 @@ impl Site {
                     io::ErrorKind::NotFound,
                     format!(
                         "nginx is not installed at {}: install it (apt-get install nginx), \
-                         point UPDRAFT_NGINX at an nginx binary, or use the embedded server",
+                         point UPDRAFT_NGINX at an nginx binary, or choose the embedded server",
                         nginx.display()
                     ),
                 ));

@@ -590,3 +590,23 @@ fn summary(
     );
     println!("\ndemo finished: an update, a delta update and a rollback on file-backed slots.");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_one_error_line_and_the_hook_is_restored() {
+        let err = guarded(|| panic!("nginx did not start: no such file")).unwrap_err();
+        assert!(
+            err.starts_with("demo failed: nginx did not start: no such file ("),
+            "{err}"
+        );
+        assert!(err.contains("demo.rs:"), "{err}");
+        assert_eq!(guarded(|| Ok(())), Ok(()));
+        assert_eq!(
+            guarded(|| Err("no key".into())),
+            Err("demo failed: no key".to_string())
+        );
+    }
+}
