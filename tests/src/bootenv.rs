@@ -7,8 +7,10 @@
 //! in `docs/bootloaders.md` do at power-on, through those same tools, so a
 //! test can "reboot" a device and see which slot the bootloader picks.
 //!
-//! A missing tool fails the test with the Debian package to install; it is
-//! never a silent pass.
+//! A test using them first checks `require!` (see [`crate::prereq`]), so
+//! that it skips, naming the Debian package, when a tool is missing; a
+//! tool that is missing anyway panics with the same name, never a silent
+//! pass.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -19,35 +21,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use updraft::bootloader::uboot::UbootBootloader;
 use updraft::slot::SlotName;
 
-/// The Debian package that ships each tool the tests run.
-const TOOLS: &[(&str, &str)] = &[
-    ("fw_printenv", "libubootenv-tool"),
-    ("fw_setenv", "libubootenv-tool"),
-    ("mkenvimage", "u-boot-tools"),
-    ("grub-editenv", "grub-common"),
-    ("flock", "util-linux"),
-    ("losetup", "mount"),
-];
-
-/// The path of a tool; panics naming the Debian package when it is missing.
+/// The path of a tool (on `PATH`, then in `/usr/sbin` and `/sbin`);
+/// panics naming its package from `tests/prerequisites.txt` when it is
+/// missing.
 pub fn tool(name: &str) -> PathBuf {
-    let package = TOOLS
-        .iter()
-        .find(|(t, _)| *t == name)
-        .map(|(_, p)| *p)
-        .unwrap_or("(unknown package)");
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in
-        std::env::split_paths(&path).chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-    {
-        let p = dir.join(name);
-        if p.is_file() {
-            return p;
-        }
+    if let Some(p) = crate::prereq::command(name) {
+        return p;
     }
-    panic!(
-        "{name} is not installed: install the Debian package {package} (apt-get install {package})"
-    );
+    let why =
+        crate::prereq::unavailable(&[name]).unwrap_or_else(|| format!("{name} is not installed"));
+    panic!("{why}: cargo xtask test as root installs it");
 }
 
 fn run(cmd: &mut Command) -> Result<String, String> {

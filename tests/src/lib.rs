@@ -14,11 +14,13 @@ pub mod collector;
 pub mod device;
 pub mod nginx;
 pub mod powerfs;
+pub mod prereq;
 pub mod previous;
 pub mod proxy;
 pub mod publisher;
 pub mod server;
 pub mod skip;
+pub mod static_server;
 pub mod tmp;
 
 /// The workspace root: the repository checkout the tests run from (for

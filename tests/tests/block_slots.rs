@@ -27,6 +27,7 @@ fn read_device(path: &std::path::Path, len: usize) -> Vec<u8> {
 
 #[test]
 fn a_256_mib_image_installs_into_a_loop_device() {
+    updraft_tests::require!("losetup");
     if !is_root() {
         updraft_tests::skip!("needs root to attach loop devices");
     }
@@ -61,6 +62,7 @@ fn a_256_mib_image_installs_into_a_loop_device() {
 
 #[test]
 fn a_mounted_slot_is_refused() {
+    updraft_tests::require!("losetup", "mkfs.ext4", "mount", "umount");
     if !is_root() {
         updraft_tests::skip!("needs root to attach and mount loop devices");
     }

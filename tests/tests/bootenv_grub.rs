@@ -45,6 +45,7 @@ fn listed(p: &Path, name: &str) -> Option<String> {
 
 #[test]
 fn grub_editenv_lists_what_updraft_writes() {
+    updraft_tests::require!("grub-editenv");
     let dir = Scratch::new("grub-lists");
     let p = provisioned(&dir);
     let mut bl = GrubBootloader::new(p.clone()).unwrap();
@@ -89,6 +90,7 @@ fn grub_editenv_lists_what_updraft_writes() {
 
 #[test]
 fn updraft_reads_what_grub_editenv_writes() {
+    updraft_tests::require!("grub-editenv");
     let dir = Scratch::new("grub-reads");
     let p = dir.path().join("grubenv");
     grub_editenv_create(&p);
@@ -129,6 +131,7 @@ fn updraft_reads_what_grub_editenv_writes() {
 
 #[test]
 fn other_lines_survive_byte_for_byte() {
+    updraft_tests::require!("grub-editenv");
     let dir = Scratch::new("grub-bytes");
     let p = provisioned(&dir);
     let ours = |l: &&[u8]| {
@@ -171,6 +174,7 @@ fn other_lines_survive_byte_for_byte() {
 
 #[test]
 fn malformed_blocks_are_refused_and_left_untouched() {
+    updraft_tests::require!("grub-editenv");
     let dir = Scratch::new("grub-malformed");
     let good = std::fs::read(provisioned(&dir)).unwrap();
     let header = b"# GRUB Environment Block\n".len();
@@ -221,6 +225,7 @@ fn malformed_blocks_are_refused_and_left_untouched() {
 
 #[test]
 fn a_write_that_would_overflow_the_block_is_refused() {
+    updraft_tests::require!("grub-editenv");
     let dir = Scratch::new("grub-full");
     let p = dir.path().join("grubenv");
     grub_editenv_create(&p);
@@ -237,6 +242,7 @@ fn a_write_that_would_overflow_the_block_is_refused() {
 
 #[test]
 fn trial_without_mark_good_falls_back_after_one_try() {
+    updraft_tests::require!("grub-editenv");
     let dir = Scratch::new("grub-fallback");
     let p = provisioned(&dir);
     let mut bl = GrubBootloader::new(p.clone()).unwrap();
@@ -263,6 +269,7 @@ fn trial_without_mark_good_falls_back_after_one_try() {
 
 #[test]
 fn mark_good_after_the_trial_boot_keeps_the_new_slot() {
+    updraft_tests::require!("grub-editenv");
     let dir = Scratch::new("grub-keep");
     let p = provisioned(&dir);
     let mut bl = GrubBootloader::new(p.clone()).unwrap();

@@ -61,6 +61,7 @@ fn setup(name: &str) -> (Scratch, UbootEnv, ScriptBootloader) {
 
 #[test]
 fn the_documented_script_runs_the_update_cycle() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     let (_d, env, mut bl) = setup("script-cycle");
     let mut native = env.bootloader();
     assert_eq!(bl.read().unwrap(), native.read().unwrap());
@@ -100,6 +101,7 @@ fn the_documented_script_runs_the_update_cycle() {
 
 #[test]
 fn script_failures_reach_the_operator_with_stderr() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     let (_d, env, mut bl) = setup("script-fail");
     env.corrupt(0);
     env.corrupt(1);

@@ -73,12 +73,14 @@ fn fw_printenv_follows_updraft(env: &UbootEnv, writes: u32) {
 
 #[test]
 fn fw_printenv_reads_every_write_to_a_single_copy() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     let (_d, env) = env("single-writes", Layout::single(SIZE));
     fw_printenv_follows_updraft(&env, 300);
 }
 
 #[test]
 fn fw_printenv_reads_every_write_to_redundant_copies_across_the_flags_wrap() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     let (_d, env) = env("redundant-writes", Layout::redundant(SIZE));
     assert_eq!(
         (env.flags(0), env.flags(1)),
@@ -135,12 +137,14 @@ fn fw_printenv_reads_every_write_to_redundant_copies_across_the_flags_wrap() {
 
 #[test]
 fn fw_printenv_reads_redundant_copies_in_two_files() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     let (_d, env) = env("two-files", Layout::redundant_two_files(0x2000));
     fw_printenv_follows_updraft(&env, 260);
 }
 
 #[test]
 fn updraft_reads_what_fw_setenv_writes() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     for layout in [Layout::single(SIZE), Layout::redundant(SIZE)] {
         let (_d, env) = env("fw-setenv", layout);
         let mut bl = env.bootloader();
@@ -179,6 +183,7 @@ fn updraft_reads_what_fw_setenv_writes() {
 
 #[test]
 fn wrapped_flags_select_the_copy_fw_printenv_selects() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     // (flags of copy 1, flags of copy 2, the copy both must read)
     for (f0, f1, want) in [
         (255u8, 0u8, 1usize),
@@ -210,6 +215,7 @@ fn wrapped_flags_select_the_copy_fw_printenv_selects() {
 
 #[test]
 fn a_corrupted_copy_is_survived() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     let (_d, env) = env("one-corrupt", Layout::redundant(SIZE));
     let mut bl = env.bootloader();
     bl.trial(SlotName::B, 3).unwrap(); // copy 2 current (flags 2)
@@ -229,6 +235,7 @@ fn a_corrupted_copy_is_survived() {
 
 #[test]
 fn no_valid_copy_is_refused_and_left_untouched() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     for layout in [
         Layout::single(SIZE),
         Layout::redundant(SIZE),
@@ -270,6 +277,7 @@ fn no_valid_copy_is_refused_and_left_untouched() {
 
 #[test]
 fn unknown_variables_survive_byte_for_byte() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     for layout in [Layout::single(SIZE), Layout::redundant(SIZE)] {
         let dir = Scratch::new("unknown");
         let vars = [
@@ -315,6 +323,7 @@ fn unknown_variables_survive_byte_for_byte() {
 
 #[test]
 fn the_lock_file_is_honoured() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv", "flock");
     let (_d, env) = env("lock", Layout::redundant(SIZE));
     let mut bl = env.bootloader();
     bl.set_lock_timeout(Duration::from_millis(300));
@@ -336,6 +345,7 @@ fn the_lock_file_is_honoured() {
 
 #[test]
 fn block_devices_with_offsets_from_the_end() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv", "losetup");
     if !updraft_tests::skip::is_root() {
         updraft_tests::skip!("needs root for a loop device");
     }
@@ -387,6 +397,7 @@ fn block_devices_with_offsets_from_the_end() {
 
 #[test]
 fn trial_without_mark_good_falls_back_after_the_tries() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     let (_d, env) = env("fallback", Layout::redundant(SIZE));
     let mut bl = env.bootloader();
     assert_eq!(boot_uboot(&env.config), Some(SlotName::A));
@@ -416,6 +427,7 @@ fn trial_without_mark_good_falls_back_after_the_tries() {
 
 #[test]
 fn mark_good_after_the_trial_boot_keeps_the_new_slot() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     let (_d, env) = env("keep", Layout::single(SIZE));
     let mut bl = env.bootloader();
     bl.disable(SlotName::B).unwrap();
@@ -432,6 +444,7 @@ fn mark_good_after_the_trial_boot_keeps_the_new_slot() {
 
 #[test]
 fn the_boot_script_resets_counters_when_nothing_is_bootable() {
+    updraft_tests::require!("mkenvimage", "fw_printenv", "fw_setenv");
     let (_d, env) = env("reset", Layout::single(SIZE));
     env.setenv(&[
         ("BOOT_A_LEFT", Some("0")),

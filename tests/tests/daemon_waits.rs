@@ -107,6 +107,7 @@ fn an_idle_daemon_sleeps() {
 
 #[test]
 fn a_daemon_whose_reboot_does_not_come_sleeps_and_answers() {
+    updraft_tests::require!("nginx");
     let mut r = rig("reboot-sleeps");
     r.dev.start_daemon();
     r.dev.wait_reboot_requested(WAIT);
@@ -125,6 +126,7 @@ fn a_daemon_whose_reboot_does_not_come_sleeps_and_answers() {
 
 #[test]
 fn a_daemon_whose_reboot_command_hangs_sleeps_and_answers() {
+    updraft_tests::require!("nginx");
     let mut r = rig("reboot-hangs");
     let pid_file = r.dev.path("reboot.pid");
     let script = format!(
@@ -151,6 +153,7 @@ fn a_daemon_whose_reboot_command_hangs_sleeps_and_answers() {
 
 #[test]
 fn a_daemon_running_a_slow_health_check_sleeps_and_answers() {
+    updraft_tests::require!("nginx");
     let mut r = rig("health-sleeps");
     r.dev.start_daemon();
     r.dev.wait_reboot_requested(WAIT);

@@ -14,6 +14,7 @@ use updraft_tests::tmp::TempDir;
 /// window instead of arriving at once.
 #[test]
 fn fifty_agents_spread_their_first_polls_over_the_jitter_window() {
+    updraft_tests::require!("nginx");
     const AGENTS: usize = 50;
     const WINDOW: f64 = 10.0;
     let keys = TempDir::new("fleet50-keys");
@@ -136,6 +137,7 @@ fn a_ten_percent_rollout_selects_about_a_tenth_deterministically() {
 /// A device outside the rollout does not install; at 100 % it does.
 #[test]
 fn a_device_outside_the_rollout_waits() {
+    updraft_tests::require!("nginx");
     let keys = TempDir::new("rollout-keys");
     let key = keygen(keys.path(), "release");
     let server = UpdateServer::start(&keys.join("site"), false);
@@ -170,6 +172,7 @@ fn a_device_outside_the_rollout_waits() {
 /// idle and while downloading.
 #[test]
 fn the_daemon_never_listens_on_the_network() {
+    updraft_tests::require!("nginx", "ss");
     let keys = TempDir::new("nolisten-keys");
     let key = keygen(keys.path(), "release");
     let server = UpdateServer::start(&keys.join("site"), true);

@@ -752,6 +752,12 @@ fn faketime() -> Option<PathBuf> {
 
 #[test]
 fn clock_before_build_time() {
+    if updraft_tests::bin::emulated() {
+        updraft_tests::skip_expected!(
+            "libfaketime cannot be preloaded into a binary running under qemu-user"
+        );
+    }
+    updraft_tests::require!("lib:faketime/libfaketime.so.1");
     let f = fixture("clock-build");
     f.publish_v1();
     if updraft_tests::bin::emulated() {

@@ -139,6 +139,7 @@ fn metrics_file(tag: &str) -> PathBuf {
 
 #[test]
 fn the_metrics_file_parses_with_prometheus_client_and_carries_every_value() {
+    updraft_tests::require!("python3", "py:prometheus_client");
     let mut m = Metrics::new();
     m.record_check(Timestamp(1_796_040_000), true);
     // Every fifth check fails, the last one (45) included.
@@ -310,6 +311,7 @@ fn the_metrics_file_parses_with_prometheus_client_and_carries_every_value() {
 
 #[test]
 fn a_fresh_daemon_writes_a_parseable_file_without_unknown_values() {
+    updraft_tests::require!("python3", "py:prometheus_client");
     let path = metrics_file("fresh");
     Metrics::new().write(&path).expect("write metrics");
     let fams = parse_with_prometheus_client(&path);

@@ -85,6 +85,7 @@ fn main_entries(n: &Nginx, count: usize) -> Vec<updraft_tests::nginx::AccessEntr
 
 #[test]
 fn nginx_serves_a_file_over_tls_trusted_through_the_test_ca() {
+    updraft_tests::require!("nginx", "curl");
     let data = pattern(10_000);
     let root = docroot(&[
         ("manifest.json", b"{\"serial\":1}"),
@@ -127,6 +128,7 @@ fn nginx_serves_a_file_over_tls_trusted_through_the_test_ca() {
 
 #[test]
 fn a_conditional_get_with_the_etag_gives_304_and_the_log_shows_both_with_byte_counts() {
+    updraft_tests::require!("nginx");
     let body = pattern(5_000);
     let root = docroot(&[("manifest.json", &body)]);
     let nginx = start_nginx(root.path());
@@ -178,6 +180,7 @@ fn a_conditional_get_with_the_etag_gives_304_and_the_log_shows_both_with_byte_co
 
 #[test]
 fn a_range_request_gives_206_with_exactly_the_requested_bytes() {
+    updraft_tests::require!("nginx");
     let data = pattern(100_000);
     let root = docroot(&[("a.bin", &data)]);
     let nginx = start_nginx(root.path());
@@ -206,6 +209,7 @@ fn a_range_request_gives_206_with_exactly_the_requested_bytes() {
 
 #[test]
 fn the_fault_blocks_answer_500_429_and_503_with_the_configured_retry_after() {
+    updraft_tests::require!("nginx");
     let root = docroot(&[("manifest.json", b"{}")]);
     let nginx = Nginx::builder(root.path())
         .retry_after_429("7")
@@ -257,6 +261,7 @@ fn the_fault_blocks_answer_500_429_and_503_with_the_configured_retry_after() {
 
 #[test]
 fn the_untrusted_ca_block_fails_verification_but_serves_the_same_files() {
+    updraft_tests::require!("nginx");
     let root = docroot(&[("manifest.json", b"{}")]);
     let nginx = start_nginx(root.path());
     let url = nginx.url_of(Block::UntrustedCert, "/manifest.json");
@@ -301,6 +306,7 @@ fn a_missing_nginx_fails_with_the_debian_package_name() {
 
 #[test]
 fn nginx_stops_on_drop_and_leaves_nothing_running() {
+    updraft_tests::require!("nginx");
     let root = docroot(&[("f", b"x")]);
     let parent = tempfile::tempdir().unwrap();
     let nginx = Nginx::builder(root.path())
@@ -470,6 +476,7 @@ fn proxy_drip_forwards_everything_no_faster_than_the_rate() {
 
 #[test]
 fn proxy_over_tls_counts_bytes_and_routes_single_connections_to_other_blocks() {
+    updraft_tests::require!("nginx");
     let data = pattern(64 * 1024);
     let root = docroot(&[("a.bin", &data)]);
     let nginx = start_nginx(root.path());
@@ -581,6 +588,7 @@ fn post(agent: &ureq::Agent, url: &str, key: &str, body: &str) -> Result<u16, ur
 
 #[test]
 fn the_collector_records_posts_through_nginx_and_deduplicates_by_key() {
+    updraft_tests::require!("nginx");
     let collector = Collector::start().unwrap();
     let root = docroot(&[]);
     let nginx = Nginx::builder(root.path())
@@ -628,6 +636,7 @@ fn the_collector_records_posts_through_nginx_and_deduplicates_by_key() {
 
 #[test]
 fn the_collector_goes_down_and_comes_back_on_the_same_port() {
+    updraft_tests::require!("nginx");
     let collector = Collector::start().unwrap();
     let root = docroot(&[]);
     let nginx = Nginx::builder(root.path())
@@ -687,6 +696,7 @@ fn the_collector_goes_down_and_comes_back_on_the_same_port() {
 
 #[test]
 fn a_resumed_tls_session_shows_in_the_access_log() {
+    updraft_tests::require!("nginx");
     let root = docroot(&[("manifest.json", b"{}")]);
     let nginx = start_nginx(root.path());
     let agent = tls_agent(nginx.ca_file());
@@ -718,6 +728,7 @@ fn openssl_verify(ca: &Path, chain: &Path) -> std::process::Output {
 
 #[test]
 fn test_ca_files_verify_with_openssl_and_only_against_their_own_ca() {
+    updraft_tests::require!("openssl");
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("updraft test CA").unwrap();

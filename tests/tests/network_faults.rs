@@ -163,6 +163,7 @@ fn resumes_after(name: &str, script: Vec<Behaviour>, expect_in_log: &str) {
 
 #[test]
 fn connection_reset_mid_body_resumes_at_the_last_verified_frame() {
+    updraft_tests::require!("nginx");
     resumes_after(
         "reset",
         vec![Behaviour::ResetAfter(2_500_000)],
@@ -172,6 +173,7 @@ fn connection_reset_mid_body_resumes_at_the_last_verified_frame() {
 
 #[test]
 fn truncated_body_resumes_at_the_last_verified_frame() {
+    updraft_tests::require!("nginx");
     resumes_after(
         "truncated",
         vec![Behaviour::CloseAfter(2_200_000)],
@@ -181,6 +183,7 @@ fn truncated_body_resumes_at_the_last_verified_frame() {
 
 #[test]
 fn server_errors_are_retried_with_backoff() {
+    updraft_tests::require!("nginx");
     let net = Net::new("http500");
     let e500 = net.server.nginx.addr_of(Block::Error500);
     net.proxy
@@ -197,6 +200,7 @@ fn server_errors_are_retried_with_backoff() {
 
 #[test]
 fn too_many_requests_with_retry_after_is_honoured() {
+    updraft_tests::require!("nginx");
     let net = Net::new("http429");
     let block = net.server.nginx.addr_of(Block::TooManyRequests);
     net.proxy.script(vec![Behaviour::Upstream(block)]);
@@ -227,6 +231,7 @@ fn too_many_requests_with_retry_after_is_honoured() {
 
 #[test]
 fn a_drip_below_the_rate_floor_is_abandoned_and_resumed() {
+    updraft_tests::require!("nginx");
     resumes_after(
         "drip",
         vec![Behaviour::Drip {
@@ -238,6 +243,7 @@ fn a_drip_below_the_rate_floor_is_abandoned_and_resumed() {
 
 #[test]
 fn a_dead_mirror_is_skipped_and_the_good_one_preferred() {
+    updraft_tests::require!("nginx");
     let net = Net::new("mirror");
     let dead = Proxy::start(net.server.nginx.addr()).unwrap();
     dead.set_default(Behaviour::Refuse);
@@ -260,6 +266,7 @@ fn a_dead_mirror_is_skipped_and_the_good_one_preferred() {
 
 #[test]
 fn a_certificate_from_an_untrusted_ca_is_refused() {
+    updraft_tests::require!("nginx");
     let net = Net::new("untrusted");
     let url = net
         .server
@@ -284,6 +291,7 @@ fn a_certificate_from_an_untrusted_ca_is_refused() {
 
 #[test]
 fn a_daemon_killed_mid_download_resumes_after_restart() {
+    updraft_tests::require!("nginx");
     let net = Net::new("sigkill");
     let clean = net.baseline("sigkill-baseline");
     // Slow enough to catch it in the middle, fast enough for the floor.
@@ -348,6 +356,7 @@ fn a_daemon_killed_mid_download_resumes_after_restart() {
 
 #[test]
 fn an_artifact_longer_than_signed_is_refused_before_writing() {
+    updraft_tests::require!("nginx");
     let net = Net::new("http-long");
     let artifact = net.server.repo.artifact();
     let mut bytes = std::fs::read(&artifact).unwrap();
@@ -369,6 +378,7 @@ fn an_artifact_longer_than_signed_is_refused_before_writing() {
 
 #[test]
 fn plain_http_is_refused_without_the_development_switch() {
+    updraft_tests::require!("nginx");
     let net = Net::new("plain-http");
     let mut spec = DeviceSpec::simple(&net.key);
     spec.server = "manifest_url = \"http://127.0.0.1:9/manifest.json\"\n".into();
@@ -384,6 +394,7 @@ fn plain_http_is_refused_without_the_development_switch() {
 /// bearer token. Without them the device is refused; with them it installs.
 #[test]
 fn a_client_certificate_and_bearer_token_identify_the_device() {
+    updraft_tests::require!("nginx");
     let keys = TempDir::new("mtls-keys");
     let key = keygen(keys.path(), "release");
     let site = keys.join("site");

@@ -15,6 +15,7 @@ const WAIT: Duration = Duration::from_secs(90);
 
 #[test]
 fn reports_made_offline_arrive_in_order_with_heartbeats_folded() {
+    updraft_tests::require!("nginx");
     let keys = TempDir::new("outbox-keys");
     let key = keygen(keys.path(), "release");
     let server = UpdateServer::start(&keys.join("site"), true);

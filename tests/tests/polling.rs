@@ -26,6 +26,7 @@ fn manifest_polls(server: &UpdateServer, status: u16) -> usize {
 /// as frozen: the cached copy is verified again at every poll.
 #[test]
 fn a_304_does_not_hide_an_expired_manifest() {
+    updraft_tests::require!("nginx");
     let keys = TempDir::new("expire-304-keys");
     let key = keygen(keys.path(), "release");
     let server = UpdateServer::start(&keys.join("site"), false);
@@ -60,6 +61,7 @@ fn a_304_does_not_hide_an_expired_manifest() {
 /// probe for `keys/N+1.json` and takes effect at once.
 #[test]
 fn a_revocation_reaches_the_device_before_any_manifest_names_it() {
+    updraft_tests::require!("nginx");
     let keys = TempDir::new("probe-keys");
     let root = keygen(keys.path(), "root");
     let release = keygen(keys.path(), "release");
@@ -93,6 +95,7 @@ fn a_revocation_reaches_the_device_before_any_manifest_names_it() {
 /// (equal serial) once the server serves good bytes, after a backoff.
 #[test]
 fn a_failed_install_is_retried_with_the_same_manifest() {
+    updraft_tests::require!("nginx");
     let keys = TempDir::new("retry-keys");
     let key = keygen(keys.path(), "release");
     let server = UpdateServer::start(&keys.join("site"), false);

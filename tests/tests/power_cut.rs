@@ -246,6 +246,7 @@ impl Campaign {
 
 #[test]
 fn power_cuts_anywhere_in_the_update_cycle() {
+    updraft_tests::require!("nginx", "mkenvimage", "fw_printenv", "fw_setenv");
     if let Some(why) = powerfs::unavailable() {
         updraft_tests::skip!("{why}");
     }

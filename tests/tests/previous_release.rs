@@ -57,6 +57,7 @@ fn previous_release(exe: PathBuf) -> Release {
 
 #[test]
 fn the_previous_release_runs_on_the_state_the_current_one_wrote() {
+    updraft_tests::require!("nginx", "git");
     if let Some(why) = previous::unavailable() {
         skip!("{why}");
     }
@@ -66,6 +67,7 @@ fn the_previous_release_runs_on_the_state_the_current_one_wrote() {
 
 #[test]
 fn the_current_release_runs_on_the_state_the_previous_one_wrote() {
+    updraft_tests::require!("nginx", "git");
     if let Some(why) = previous::unavailable() {
         skip!("{why}");
     }

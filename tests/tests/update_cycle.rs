@@ -108,6 +108,7 @@ impl Rig {
 
 #[test]
 fn the_daemon_discovers_installs_and_commits_a_release() {
+    updraft_tests::require!("nginx");
     let mut r = rig("discover", BootSpec::File);
     let metrics = r.dev.path("metrics/updraft.prom");
     std::fs::create_dir_all(metrics.parent().unwrap()).unwrap();
@@ -156,6 +157,7 @@ fn the_daemon_discovers_installs_and_commits_a_release() {
 /// delivered.
 #[test]
 fn update_with_passing_health_checks_is_committed() {
+    updraft_tests::require!("nginx", "mkenvimage", "fw_printenv", "fw_setenv");
     let mut r = rig("commit", BootSpec::Uboot);
     r.dev.health_check("10-ok", "test -n \"$UPDRAFT_VERSION\"");
     r.publish("1.0", 11);
@@ -186,6 +188,7 @@ fn update_with_passing_health_checks_is_committed() {
 /// it; the reason reaches the server; later polls do not reinstall v2.
 #[test]
 fn failing_health_check_rolls_back_and_is_not_retried() {
+    updraft_tests::require!("nginx", "mkenvimage", "fw_printenv", "fw_setenv");
     let mut r = rig("health-fail", BootSpec::Uboot);
     r.dev.health_check(
         "20-service",
@@ -265,6 +268,7 @@ fn manifest_requests(r: &Rig) -> usize {
 /// attempts and falls back; the daemon reports RolledBack.
 #[test]
 fn a_slot_that_never_boots_is_rolled_back_by_the_bootloader() {
+    updraft_tests::require!("nginx", "mkenvimage", "fw_printenv", "fw_setenv");
     let mut r = rig("never-boots", BootSpec::Uboot);
     r.publish("1.0", 11);
     r.dev.start_daemon();
@@ -306,6 +310,7 @@ fn a_slot_that_never_boots_is_rolled_back_by_the_bootloader() {
 /// nothing.
 #[test]
 fn a_restart_before_the_reboot_requests_it_again() {
+    updraft_tests::require!("nginx", "mkenvimage", "fw_printenv", "fw_setenv");
     let mut r = rig("same-boot-id", BootSpec::Uboot);
     r.publish("1.0", 11);
     r.dev.start_daemon();
@@ -331,6 +336,7 @@ fn a_restart_before_the_reboot_requests_it_again() {
 /// first, with its counter restored every time.
 #[test]
 fn ordinary_reboots_keep_the_committed_slot_first() {
+    updraft_tests::require!("nginx", "mkenvimage", "fw_printenv", "fw_setenv");
     let mut r = rig("reboots", BootSpec::Uboot);
     r.publish("1.0", 11);
     r.dev.start_daemon();
@@ -362,6 +368,7 @@ fn ordinary_reboots_keep_the_committed_slot_first() {
 /// The same rollback with GRUB: one try, then the fallback.
 #[test]
 fn grub_rollback_after_a_failed_health_check() {
+    updraft_tests::require!("nginx", "grub-editenv");
     let mut r = rig("grub-rollback", BootSpec::Grub);
     r.dev.health_check("10-fail", "exit 1");
     r.publish("1.0", 11);
@@ -389,6 +396,7 @@ fn grub_rollback_after_a_failed_health_check() {
 /// serial) that points at the older image: a legitimate downgrade.
 #[test]
 fn an_operator_downgrade_with_a_higher_serial_is_installed() {
+    updraft_tests::require!("nginx");
     let mut r = rig("downgrade", BootSpec::File);
     let v1 = r.publish("1.0", 11);
     r.dev.start_daemon();
@@ -417,6 +425,7 @@ fn an_operator_downgrade_with_a_higher_serial_is_installed() {
 /// (here from a local directory, as from a USB stick) and follows it.
 #[test]
 fn install_hands_the_job_to_the_running_daemon() {
+    updraft_tests::require!("nginx");
     let mut r = rig("handover", BootSpec::File);
     let usb = updraft_tests::publisher::Repo::new(r.dev.path("usb"));
     let img = r.dev.path("usb-1.0.img");
@@ -450,6 +459,7 @@ fn install_hands_the_job_to_the_running_daemon() {
 /// operator to reboot instead of running the reboot command.
 #[test]
 fn manual_reboot_waits_for_the_operator() {
+    updraft_tests::require!("nginx");
     let mut r = rig("manual-reboot", BootSpec::File);
     r.dev
         .reconfigure(|s| s.system = "reboot = \"manual\"\n".into());

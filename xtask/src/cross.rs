@@ -292,12 +292,12 @@ fn run_target(t: &'static Target, tc: &Toolchain, release: bool) -> Outcome {
     o.hangs = std::fs::read_to_string(&hang_log)
         .map(|s| s.lines().map(|l| l.replace('\t', ": ")).collect())
         .unwrap_or_default();
-    o.skips = std::fs::read_to_string(&skip_log)
-        .map(|s| s.lines().map(|l| l.replace('\t', ": ")).collect())
-        .unwrap_or_default();
-    // A test binary run again after a hang records its skips twice.
-    o.skips.sort();
-    o.skips.dedup();
+    // Sorted, and without the duplicates a test binary run again after a
+    // hang records.
+    o.skips = match updraft_tests::skip::read_log(&skip_log) {
+        Ok(skips) => skips.iter().map(ToString::to_string).collect(),
+        Err(e) => vec![e.to_string()],
+    };
     if let Err(e) = result {
         o.error = Some(format!("tests: {e}"));
     }

@@ -1,46 +1,189 @@
 //! `cargo xtask demo`: the main job of updraft end to end, on a safe
-//! default — file-backed slots, the `file` bootloader, a real nginx serving
-//! the publisher's output over TLS on 127.0.0.1 — with a real update, a
-//! delta update and a real rollback.
+//! default — file-backed slots, the `file` bootloader, the publisher's
+//! output served over TLS on 127.0.0.1 — with a real update, a delta update
+//! and a real rollback, a line for each step and a summary at the end.
+//!
+//! The server is nginx when it is installed (`/usr/sbin/nginx`, or
+//! `UPDRAFT_NGINX`), otherwise the embedded static server of the test
+//! support crate, so the demo needs nothing but Rust; `--server
+//! nginx|embedded` insists on one, and `UPDRAFT_NGINX=/nonexistent` hides
+//! nginx. The demo says which one it uses.
 //!
 //! Nothing here is simulated except the reboot itself: the daemon's reboot
 //! command only leaves a marker, and the demo plays the boot loader (it runs
 //! the boot script logic on the boot state file, gives the device a new boot
 //! id and starts the daemon again), exactly as the end-to-end tests do.
+//!
+//! A missing prerequisite is one sentence with its fix and a non-zero exit,
+//! never a panic: the test-support calls the demo makes panic on failure
+//! (they are written for tests), so the demo runs them under
+//! `catch_unwind` with a panic hook that keeps the message and prints no
+//! backtrace.
 
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use updraft_tests::device::{Device, DeviceSpec};
+use updraft_tests::device::{Device, DeviceSpec, TrustSpec};
+use updraft_tests::nginx::AccessEntry;
 use updraft_tests::publisher::{KeyPair, image, keygen, publish_ok};
-use updraft_tests::server::UpdateServer;
+use updraft_tests::server::{Choice, Site};
 use updraft_tests::tmp::TempDir;
 
-use crate::util::{self, Result, cargo, root};
+use crate::util::{self, Result, cargo};
 
 const WAIT: Duration = Duration::from_secs(120);
 const MIB: usize = 1024 * 1024;
 
-fn step(n: u32, text: &str) {
-    println!("\n\x1b[1m{n}. {text}\x1b[0m");
+const USAGE: &str = "usage: cargo xtask demo [--server auto|nginx|embedded]
+  auto (default): nginx when installed (/usr/sbin/nginx, or UPDRAFT_NGINX), else the embedded server";
+
+pub fn run(args: &[String]) -> Result {
+    let mut choice = Choice::Auto;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--server" => {
+                let v = it.next().ok_or(USAGE)?;
+                choice = Choice::parse(v).ok_or_else(|| {
+                    format!("--server {v:?}: expected auto, nginx or embedded\n{USAGE}")
+                })?;
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    check_prerequisites()?;
+    println!("building updraft and updraft-publish ...");
+    let built = Instant::now();
+    util::run(cargo().args(["build", "--quiet", "-p", "updraft", "-p", "updraft-publish"]))
+        .map_err(|_| {
+            "building updraft and updraft-publish failed (cargo's messages are above); \
+             `cargo build -p updraft -p updraft-publish` shows the same"
+                .to_string()
+        })?;
+    println!("built in {:.1} s", built.elapsed().as_secs_f64());
+    let bin_dir = util::target_dir().join("debug");
+    for exe in ["updraft", "updraft-publish"] {
+        if !bin_dir.join(exe).is_file() {
+            return Err(format!(
+                "{} was not built: run `cargo build -p updraft -p updraft-publish` and check CARGO_TARGET_DIR",
+                bin_dir.join(exe).display()
+            ));
+        }
+    }
+    // SAFETY: single-threaded at this point; the variable is read by the
+    // test-support code this process calls.
+    unsafe {
+        std::env::set_var("UPDRAFT_BIN_DIR", &bin_dir);
+    }
+    guarded(|| demo(choice))
 }
 
-fn show(v: &Value, keys: &[&str]) -> String {
-    keys.iter()
-        .map(|k| {
-            format!(
-                "{k}={}",
-                v.get(*k).map(|x| x.to_string()).unwrap_or_default()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("  ")
+/// What the demo needs besides Rust, each with its fix.
+fn check_prerequisites() -> Result {
+    for (tool, why) in [
+        ("sh", "runs the demo's health check and reboot command"),
+        ("install", "puts the health check in place (coreutils)"),
+    ] {
+        if updraft_tests::prereq::command(tool).is_none() {
+            return Err(format!(
+                "`{tool}` is not on PATH, and the demo needs it ({why}): add /bin and /usr/bin to PATH"
+            ));
+        }
+    }
+    let tmp = std::env::var_os("UPDRAFT_TEST_TMP")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let probe = tmp.join(format!("updraft-demo-probe-{}", std::process::id()));
+    match std::fs::create_dir(&probe) {
+        Ok(()) => {
+            let _ = std::fs::remove_dir(&probe);
+            Ok(())
+        }
+        Err(e) => Err(format!(
+            "the demo cannot create files in {} ({e}): set TMPDIR (or UPDRAFT_TEST_TMP) to a writable directory",
+            tmp.display()
+        )),
+    }
+}
+
+/// Run `f`, turning a panic of the test-support code into an error with
+/// its message (no backtrace).
+fn guarded(f: impl FnOnce() -> Result) -> Result {
+    static MESSAGE: Mutex<Option<String>> = Mutex::new(None);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic without a message".into());
+        let at = info
+            .location()
+            .map(|l| format!(" ({}:{})", l.file(), l.line()))
+            .unwrap_or_default();
+        let mut slot = MESSAGE.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(format!("{msg}{at}"));
+        }
+    }));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(previous);
+    match result {
+        Ok(r) => r.map_err(|e| format!("demo failed: {e}")),
+        Err(_) => {
+            let msg = MESSAGE
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .unwrap_or_else(|| "unknown failure".into());
+            Err(format!("demo failed: {msg}"))
+        }
+    }
+}
+
+/// A numbered step with its start time.
+struct Steps {
+    n: u32,
+    started: Option<Instant>,
+}
+
+impl Steps {
+    fn next(&mut self, text: &str) {
+        self.done();
+        self.n += 1;
+        println!("\n\x1b[1m{}. {text}\x1b[0m", self.n);
+        self.started = Some(Instant::now());
+    }
+
+    fn done(&mut self) {
+        if let Some(t) = self.started.take() {
+            println!("   ({:.1} s)", t.elapsed().as_secs_f64());
+        }
+    }
 }
 
 fn status_line(dev: &Device) -> String {
     let st = dev.status();
-    let slots: Vec<String> = st["slots"]
+    format!(
+        "   state {}, booted {} running {}, next boot {}, slots [{}]",
+        st["state"].as_str().unwrap_or("?"),
+        st["booted_slot"].as_str().unwrap_or("?"),
+        st["running_version"].as_str().unwrap_or("-"),
+        st["next_boot"].as_str().unwrap_or("-"),
+        slots_of(&st).join(" ")
+    )
+}
+
+/// `A:2.0` / `B:3.0(off)` for each slot.
+fn slots_of(st: &Value) -> Vec<String> {
+    st["slots"]
         .as_array()
         .map(|a| {
             a.iter()
@@ -49,24 +192,16 @@ fn status_line(dev: &Device) -> String {
                         "{}:{}{}",
                         s["slot"].as_str().unwrap_or("?"),
                         s["version"].as_str().unwrap_or("-"),
-                        if s["bootable"] == json!(true) {
-                            ""
-                        } else {
+                        if s["bootable"] == json!(false) {
                             "(off)"
+                        } else {
+                            ""
                         }
                     )
                 })
                 .collect()
         })
-        .unwrap_or_default();
-    format!(
-        "   state {}, booted {} running {}, next boot {}, slots [{}]",
-        st["state"].as_str().unwrap_or("?"),
-        st["booted_slot"].as_str().unwrap_or("?"),
-        st["running_version"].as_str().unwrap_or("-"),
-        st["next_boot"].as_str().unwrap_or("-"),
-        slots.join(" ")
-    )
+        .unwrap_or_default()
 }
 
 /// Wait for the daemon's reboot request, then reboot the device.
@@ -86,13 +221,20 @@ fn wait_running(dev: &Device, version: &str) -> Value {
     })
 }
 
+/// One release as published: its artifact URLs, for the summary.
+struct Published {
+    version: String,
+    full: String,
+    deltas: Vec<String>,
+}
+
 fn publish_release(
-    server: &UpdateServer,
+    site: &Site,
     key: &KeyPair,
     version: &str,
     img: &Path,
     from: Option<&Path>,
-) {
+) -> Published {
     let mut args: Vec<String> = vec![
         "release".into(),
         "--key".into(),
@@ -104,7 +246,7 @@ fn publish_release(
         "--image".into(),
         img.display().to_string(),
         "--out".into(),
-        server.repo.dir.display().to_string(),
+        site.repo.dir.display().to_string(),
         "--level".into(),
         "9".into(),
     ];
@@ -113,35 +255,116 @@ fn publish_release(
         args.push(f.display().to_string());
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    print!(
-        "   $ updraft-publish {}\n   {}",
-        refs.join(" "),
-        publish_ok(&refs).replace('\n', "\n   ")
+    let out = publish_ok(&refs);
+    println!(
+        "   $ updraft-publish release --version {version} --image {}{} --out site/",
+        file_name(img),
+        from.map(|f| format!(" --from {}", file_name(f)))
+            .unwrap_or_default()
     );
-    println!();
-}
-
-pub fn run(_args: &[String]) -> Result {
-    println!("building updraft and updraft-publish ...");
-    util::run(cargo().args(["build", "--quiet", "-p", "updraft", "-p", "updraft-publish"]))?;
-    // SAFETY: single-threaded at this point; the variables are read by the
-    // test-support code this process calls.
-    unsafe {
-        std::env::set_var("UPDRAFT_BIN_DIR", root().join("target/debug"));
+    for line in out.lines() {
+        println!("     {line}");
     }
-    demo().map_err(|e| format!("demo failed: {e}"))
+    let payload = site.repo.payload();
+    let url = |v: &Value| {
+        v["url"]
+            .as_str()
+            .map(|u| format!("/{}", u.trim_start_matches('/')))
+            .unwrap_or_default()
+    };
+    Published {
+        version: version.to_string(),
+        full: url(&payload["artifact"]),
+        deltas: payload["deltas"]
+            .as_array()
+            .map(|d| d.iter().map(url).collect())
+            .unwrap_or_default(),
+    }
 }
 
-fn demo() -> Result {
-    let work = TempDir::new("demo");
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
 
-    step(
-        1,
-        "Keys: a root key (kept offline) and a release key; key document v1 says who may sign releases",
+/// What one release cost in downloads, from the server's access log.
+struct Download {
+    version: String,
+    what: &'static str,
+    requests: usize,
+    bytes: u64,
+}
+
+fn downloads(log: &[AccessEntry], releases: &[Published]) -> Vec<Download> {
+    let mut out = Vec::new();
+    for r in releases {
+        let of = |uri: &str| -> (usize, u64) {
+            log.iter()
+                .filter(|e| {
+                    e.method == "GET" && e.uri == uri && (e.status == 200 || e.status == 206)
+                })
+                .fold((0, 0), |(n, b), e| (n + 1, b + e.body_bytes_sent))
+        };
+        let (n, b) = of(&r.full);
+        if n > 0 {
+            out.push(Download {
+                version: r.version.clone(),
+                what: "full image",
+                requests: n,
+                bytes: b,
+            });
+        }
+        for d in &r.deltas {
+            let (n, b) = of(d);
+            if n > 0 {
+                out.push(Download {
+                    version: r.version.clone(),
+                    what: "delta",
+                    requests: n,
+                    bytes: b,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn human(bytes: u64) -> String {
+    if bytes >= MIB as u64 {
+        format!("{:.1} MiB", bytes as f64 / MIB as f64)
+    } else if bytes >= 1024 {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+fn demo(choice: Choice) -> Result {
+    let started = Instant::now();
+    let work = TempDir::new("demo");
+    let mut steps = Steps {
+        n: 0,
+        started: None,
+    };
+    let site = Site::start(&work.join("site"), true, choice).map_err(|e| e.to_string())?;
+    let server_name = if site.http.is_nginx() {
+        "nginx"
+    } else {
+        "the embedded static server"
+    };
+    println!(
+        "\nserver: {} at {}",
+        site.http.describe(),
+        site.http.url("/")
     );
+    if let Some(why) = &site.fallback_reason {
+        println!("        chosen because there is {why}");
+    }
+
+    steps.next("Keys: a root key (kept offline) and a release key; key document v1 says who may sign releases");
     let root_key = keygen(work.path(), "root");
     let key = keygen(work.path(), "release");
-    let server = UpdateServer::start(&work.join("site"), true);
     let out = publish_ok(&[
         "keys",
         "--root-key",
@@ -151,18 +374,17 @@ fn demo() -> Result {
         "--version",
         "1",
         "--out",
-        &server.repo.dir.display().to_string(),
+        &site.repo.dir.display().to_string(),
     ]);
     print!("   {out}");
 
-    step(
-        2,
+    steps.next(
         "A device: slots A and B are files; A runs the factory image; it trusts the root key only",
     );
     let mut spec = DeviceSpec::simple(&key);
-    spec.trust = updraft_tests::device::TrustSpec::Root(vec![root_key.public.clone()], 1, 0);
+    spec.trust = TrustSpec::Root(vec![root_key.public.clone()], 1, 0);
     spec.slot_size = 24 * MIB as u64;
-    spec.server = server.server_toml("3s", "1s");
+    spec.server = site.server_toml("3s", "1s");
     let mut dev = Device::new("demo-device", spec);
     // A health check: release 3.0 "fails to start its application".
     dev.health_check(
@@ -172,57 +394,53 @@ fn demo() -> Result {
     dev.init();
     println!("   config {}", dev.config.display());
     println!(
-        "   server {} (nginx, TLS with a demo CA)",
-        server.manifest_url()
+        "   polls {} every 3 s ({server_name}, TLS with a demo CA)",
+        site.manifest_url()
     );
     println!("{}", status_line(&dev));
 
-    step(
-        3,
-        "Publish release 1.0; the daemon polls (jittered), verifies, installs into B and asks for a reboot",
-    );
+    let mut releases = Vec::new();
+    steps.next("Full update: publish release 1.0; the daemon polls, verifies, writes slot B and asks for a reboot");
     let v1 = work.join("rootfs-1.0.img");
     image(&v1, 16 * MIB, 1000);
-    publish_release(&server, &key, "1.0", &v1, None);
+    releases.push(publish_release(&site, &key, "1.0", &v1, None));
     dev.start_daemon();
     dev.wait_reboot_requested(WAIT);
     println!("{}", status_line(&dev));
     reboot(&mut dev);
     let st = wait_running(&dev, "1.0");
-    println!("   health checks passed: release 1.0 committed");
-    println!("   {}", show(&st, &["serial", "keys_version"]));
+    println!("   health checks passed on slot B: release 1.0 committed");
+    println!(
+        "   serial {}, key document v{}",
+        st["serial"], st["keys_version"]
+    );
     println!("{}", status_line(&dev));
 
-    step(
-        4,
-        "Publish release 2.0 with a delta from 1.0; `updraft check` polls now",
-    );
+    steps
+        .next("Delta update: publish release 2.0 with a delta from 1.0; `updraft check` polls now");
     let v2 = work.join("rootfs-2.0.img");
-    let mut bytes = std::fs::read(&v1).map_err(|e| e.to_string())?;
+    let mut bytes = std::fs::read(&v1).map_err(|e| format!("reading {}: {e}", v1.display()))?;
     for (i, b) in bytes.iter_mut().enumerate().skip(3 * MIB).take(MIB) {
         *b = b.wrapping_add((i % 7) as u8);
     }
-    std::fs::write(&v2, &bytes).map_err(|e| e.to_string())?;
-    publish_release(&server, &key, "2.0", &v2, Some(&v1));
+    std::fs::write(&v2, &bytes).map_err(|e| format!("writing {}: {e}", v2.display()))?;
+    releases.push(publish_release(&site, &key, "2.0", &v2, Some(&v1)));
     print!("   $ updraft check\n   {}", dev.ok(&["check"]));
     reboot(&mut dev);
     wait_running(&dev, "2.0");
     let history = dev.ok(&["history"]);
     let how = if history.contains("(delta)") {
-        "delta"
+        "the delta"
     } else {
-        "full image"
+        "the full image"
     };
-    println!("   release 2.0 committed (installed from the {how})");
+    println!("   release 2.0 committed on slot A, installed from {how}");
     println!("{}", status_line(&dev));
 
-    step(
-        5,
-        "Publish release 3.0, whose application fails its health check",
-    );
+    steps.next("Rollback: publish release 3.0, whose application fails its health check");
     let v3 = work.join("rootfs-3.0.img");
     image(&v3, 16 * MIB, 3000);
-    publish_release(&server, &key, "3.0", &v3, None);
+    releases.push(publish_release(&site, &key, "3.0", &v3, None));
     print!("   $ updraft check\n   {}", dev.ok(&["check"]));
     reboot(&mut dev);
     println!(
@@ -240,36 +458,155 @@ fn demo() -> Result {
         dev.ok(&["check"])
     );
 
-    step(6, "What the device recorded, and what reached the server");
+    steps.next("What the device recorded, and what reached the server");
     println!("   $ updraft history");
     for line in dev.ok(&["history"]).lines() {
         println!("   {line}");
     }
-    std::thread::sleep(Duration::from_secs(2));
-    if let Some(c) = &server.collector {
-        let reports = c.unique_reports();
-        println!(
-            "   the server received {} reports, e.g. the install results:",
-            reports.len()
-        );
-        for r in reports {
-            if let Ok(body) = r.json() {
-                if body["kind"] == json!("install") {
-                    println!(
-                        "     {} {} {}",
-                        body["job"]["release"].as_str().unwrap_or("?"),
-                        body["result"].as_str().unwrap_or("?"),
-                        body["reason"].as_str().unwrap_or("")
-                    );
-                }
+    if let Some(c) = &site.collector {
+        // Reports are delivered at the daemon's next turn: wait for the
+        // three install results.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let installs = loop {
+            let installs: Vec<String> = c
+                .unique_reports()
+                .iter()
+                .filter_map(|r| r.json().ok())
+                .filter(|b| b["kind"] == json!("install"))
+                .map(|b| {
+                    format!(
+                        "{} {}{}",
+                        b["job"]["release"].as_str().unwrap_or("?"),
+                        b["result"].as_str().unwrap_or("?"),
+                        b["reason"]
+                            .as_str()
+                            .map(|r| format!(" ({r})"))
+                            .unwrap_or_default()
+                    )
+                })
+                .collect();
+            if installs.len() >= releases.len() || Instant::now() >= deadline {
+                break installs;
             }
-        }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        println!(
+            "   the server received {} reports; install results: {}",
+            c.unique_reports().len(),
+            installs.join("; ")
+        );
     }
     println!("\n   $ updraft status");
     for line in dev.ok(&["status"]).lines() {
         println!("   {line}");
     }
+    let final_status = dev.status();
     dev.stop_daemon();
-    println!("\ndemo finished: update, delta update and rollback on file-backed slots.");
+    steps.done();
+
+    // nginx writes a request's log line a moment after answering it.
+    if site.http.is_nginx() {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let log = site
+        .http
+        .access_log()
+        .map_err(|e| format!("reading the server's access log: {e}"))?;
+    summary(&site, &log, &releases, &final_status, started.elapsed());
     Ok(())
+}
+
+fn summary(
+    site: &Site,
+    log: &[AccessEntry],
+    releases: &[Published],
+    st: &Value,
+    elapsed: Duration,
+) {
+    let server = if site.http.is_nginx() {
+        "nginx"
+    } else {
+        "embedded static server"
+    };
+    println!(
+        "\n\x1b[1mSummary\x1b[0m ({server}, {:.1} s)",
+        elapsed.as_secs_f64()
+    );
+    println!("   downloaded:");
+    for d in downloads(log, releases) {
+        println!(
+            "     release {:4} {:10} {:>9} ({} bytes, {} request{})",
+            d.version,
+            d.what,
+            human(d.bytes),
+            d.bytes,
+            d.requests,
+            if d.requests == 1 { "" } else { "s" }
+        );
+    }
+    let polls: Vec<&AccessEntry> = log.iter().filter(|e| e.uri == "/manifest.json").collect();
+    let not_modified = polls.iter().filter(|e| e.status == 304).count();
+    let total: u64 = log.iter().map(|e| e.bytes_sent).sum();
+    println!(
+        "     manifest polls {} ({not_modified} answered 304 Not Modified: nothing new, a few hundred bytes)",
+        polls.len()
+    );
+    println!(
+        "   served: {} in {} requests, {} connections",
+        human(total),
+        log.len(),
+        {
+            let mut c: Vec<u64> = log.iter().map(|e| e.connection).collect();
+            c.sort_unstable();
+            c.dedup();
+            c.len()
+        }
+    );
+    println!("   final slots:");
+    if let Some(slots) = st["slots"].as_array() {
+        for s in slots {
+            let mut notes = Vec::new();
+            if s["booted"] == json!(true) {
+                notes.push("booted");
+            }
+            match s["bootable"].as_bool() {
+                Some(true) => notes.push("bootable"),
+                Some(false) => notes.push("not bootable"),
+                None => {}
+            }
+            println!(
+                "     {}  release {:4} {}",
+                s["slot"].as_str().unwrap_or("?"),
+                s["version"].as_str().unwrap_or("-"),
+                notes.join(", ")
+            );
+        }
+    }
+    println!(
+        "   running release {} in slot {}; state {}",
+        st["running_version"].as_str().unwrap_or("-"),
+        st["booted_slot"].as_str().unwrap_or("?"),
+        st["state"].as_str().unwrap_or("?")
+    );
+    println!("\ndemo finished: an update, a delta update and a rollback on file-backed slots.");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_one_error_line_and_the_hook_is_restored() {
+        let err = guarded(|| panic!("nginx did not start: no such file")).unwrap_err();
+        assert!(
+            err.starts_with("demo failed: nginx did not start: no such file ("),
+            "{err}"
+        );
+        assert!(err.contains("demo.rs:"), "{err}");
+        assert_eq!(guarded(|| Ok(())), Ok(()));
+        assert_eq!(
+            guarded(|| Err("no key".into())),
+            Err("demo failed: no key".to_string())
+        );
+    }
 }

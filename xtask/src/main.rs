@@ -1,8 +1,10 @@
 //! `cargo xtask …`: the project's automation, in Rust so it runs wherever
 //! cargo does.
 //!
-//! * `demo` — the main job end to end on file-backed slots.
-//! * `test` — the whole test suite.
+//! * `demo [--server auto|nginx|embedded]` — the main job end to end on
+//!   file-backed slots, served by nginx or the embedded static server.
+//! * `test [--no-install] [--strict]` — the whole test suite, after
+//!   installing its prerequisites (as root on Debian/Ubuntu).
 //! * `bench install|daemon|delta|size` — figures side by side with reference tools.
 //! * `fuzz [TARGET] [--seconds N]` — run the cargo-fuzz targets for a bounded time.
 //! * `cross-test` — build for aarch64 and armv7 and run the tests under qemu-user.
@@ -60,8 +62,13 @@ fn main() -> ExitCode {
 }
 
 const USAGE: &str = "usage: cargo xtask <command>
-  demo                      keys, releases, install, update and rollback on file-backed slots
-  test                      the whole test suite
+  demo [--server S]         an update, a delta update and a rollback on file-backed slots;
+                            S: auto (nginx if installed, else embedded; UPDRAFT_NGINX=/nonexistent hides nginx),
+                            nginx or embedded
+  test [--no-install] [--strict] [CARGO TEST ARGS...]
+                            the whole test suite; as root on Debian/Ubuntu it first installs
+                            tests/prerequisites.txt (--no-install or UPDRAFT_NO_INSTALL=1: don't);
+                            --strict (on with CI=true): any unexpected skip fails the run
   bench install|daemon|delta|size
   fuzz [TARGET] [--seconds N]
   cross-test                build for aarch64 and armv7, run the tests under qemu-user

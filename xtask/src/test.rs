@@ -1,42 +1,279 @@
-//! `cargo xtask test`: the whole test suite.
+//! `cargo xtask test`: the whole test suite, with what it needs.
 //!
-//! Builds the binaries the black-box tests run, then runs every test in the
-//! workspace (unit tests, interop tests against the real tools, end-to-end
-//! tests against nginx, loop devices and the power-cut filesystem). Tests
-//! that cannot run here skip loudly; the skips are collected and listed at
-//! the end so a green run never hides what it did not check.
+//! First the prerequisites in `tests/prerequisites.txt` (Debian and Python
+//! packages): as root on Debian or Ubuntu the missing ones are installed
+//! with apt-get and pip, saying so (opt out with `--no-install` or
+//! `UPDRAFT_NO_INSTALL=1`); otherwise the one command that would install
+//! them is printed and the suite runs without them. Then the binaries the
+//! black-box tests run are built and every test in the workspace runs.
+//!
+//! A test that cannot run here skips and says why; the skips are collected
+//! through `UPDRAFT_SKIP_LOG` and listed at the end, one line each (`name —
+//! reason`), so a green run never hides what it did not check. Strict mode
+//! (`--strict`, or `CI=true`) fails the run when any test skipped, except
+//! skips a test declares expected on its platform (`skip_expected!`): a
+//! green CI run means every test ran.
+//!
+//! This module installs only what the prerequisites file lists, and only
+//! as root on Debian or Ubuntu when not told otherwise.
 
-use std::path::PathBuf;
+use std::process::Command;
 
-use crate::util::{self, Result, cargo, root};
+use updraft_tests::prereq::{self, Kind, Prerequisite};
+use updraft_tests::skip::{self, Skip};
 
-pub fn run_tests(extra: &[String]) -> Result {
-    let skip_log = root().join("target").join("test-skips.log");
+use crate::util::{self, Result, cargo, is_root};
+
+const USAGE: &str = "usage: cargo xtask test [--no-install] [--strict] [CARGO TEST ARGS...]
+  --no-install   do not install missing prerequisites (also UPDRAFT_NO_INSTALL=1)
+  --strict       fail when a test skipped, except expected skips (on when CI=true)
+  other arguments go to `cargo test` (e.g. -p updraft-tests --test fleet)";
+
+struct Options {
+    install: bool,
+    /// Why installing is off, when it is.
+    no_install_reason: Option<&'static str>,
+    strict: bool,
+    strict_reason: &'static str,
+    cargo_args: Vec<String>,
+}
+
+fn truthy(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| {
+        let v = v.trim().to_ascii_lowercase();
+        !v.is_empty() && v != "0" && v != "false" && v != "no"
+    })
+}
+
+fn parse_args(args: &[String]) -> std::result::Result<Option<Options>, String> {
+    let mut o = Options {
+        install: true,
+        no_install_reason: None,
+        strict: false,
+        strict_reason: "",
+        cargo_args: Vec::new(),
+    };
+    if truthy("UPDRAFT_NO_INSTALL") {
+        o.install = false;
+        o.no_install_reason = Some("UPDRAFT_NO_INSTALL is set");
+    }
+    if truthy("CI") {
+        o.strict = true;
+        o.strict_reason = "CI is set";
+    }
+    for a in args {
+        match a.as_str() {
+            "--no-install" => {
+                o.install = false;
+                o.no_install_reason = Some("--no-install");
+            }
+            "--strict" => {
+                o.strict = true;
+                o.strict_reason = "--strict";
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(None);
+            }
+            _ => o.cargo_args.push(a.clone()),
+        }
+    }
+    Ok(Some(o))
+}
+
+pub fn run(args: &[String]) -> Result {
+    let Some(opts) = parse_args(args)? else {
+        return Ok(());
+    };
+    provision(&opts);
+    let skip_log = util::target_dir().join("test-skips.log");
     let _ = std::fs::remove_file(&skip_log);
     util::run(cargo().args(["build", "--quiet", "-p", "updraft", "-p", "updraft-publish"]))?;
     let mut test = cargo();
     test.args(["test", "--workspace", "--quiet", "--no-fail-fast"])
-        .args(extra)
+        .args(&opts.cargo_args)
         .env("UPDRAFT_SKIP_LOG", &skip_log);
     let result = util::run(&mut test);
-    report_skips(&skip_log);
-    result
+    let skips = skip::read_log(&skip_log).map_err(|e| e.to_string())?;
+    report_skips(&skips);
+    result.map_err(|e| format!("some tests failed (see above): {e}"))?;
+    let unexpected = skips.iter().filter(|s| !s.expected).count();
+    if opts.strict && unexpected > 0 {
+        return Err(format!(
+            "strict mode ({}): {unexpected} test(s) skipped; in strict mode every test must run. \
+             Install what the skips above name (cargo xtask test as root installs it), \
+             or run without --strict",
+            opts.strict_reason
+        ));
+    }
+    Ok(())
 }
 
-fn report_skips(path: &PathBuf) {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    if lines.is_empty() {
-        println!("xtask test: no test was skipped");
+/// Install the missing prerequisites when allowed, else say how.
+fn provision(opts: &Options) {
+    let all = prereq::all();
+    let missing = prereq::missing();
+    if missing.is_empty() {
+        println!(
+            "xtask test: all {} test prerequisites in {} are installed",
+            all.len(),
+            prereq::PATH
+        );
         return;
     }
-    println!("xtask test: {} test(s) skipped:", lines.len());
-    for l in lines {
-        let (name, why) = l.split_once('\t').unwrap_or((l, ""));
-        println!("  SKIPPED {name}: {why}");
+    println!(
+        "xtask test: {} of the {} test prerequisites in {} are missing:",
+        missing.len(),
+        all.len(),
+        prereq::PATH
+    );
+    for (p, item) in &missing {
+        println!(
+            "  {}: {} not found",
+            p.describe(),
+            prereq::describe_item(item)
+        );
+    }
+    let packages: Vec<&Prerequisite> = missing.iter().map(|(p, _)| p).collect();
+    let skip_note = "the tests that need them skip";
+    if let Some(why) = opts.no_install_reason {
+        println!(
+            "xtask test: not installing them ({why}); {skip_note}. To install them:\n  {}",
+            prereq::install_command(&packages, !is_root())
+        );
+        return;
+    }
+    if !is_root() {
+        println!(
+            "xtask test: not root, so not installing them; {skip_note}. To install them:\n  {}",
+            prereq::install_command(&packages, true)
+        );
+        return;
+    }
+    if let Some(why) = not_debian() {
+        println!(
+            "xtask test: {why}, so not installing them; {skip_note}. \
+             Install the equivalents of: {}",
+            packages
+                .iter()
+                .map(|p| p.package.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        return;
+    }
+    println!(
+        "xtask test: installing them now (as root on Debian/Ubuntu; opt out with --no-install or UPDRAFT_NO_INSTALL=1)"
+    );
+    let started = std::time::Instant::now();
+    if let Err(e) = install(&packages) {
+        println!("xtask test: installing failed: {e}; {skip_note}");
+    }
+    let still: Vec<String> = prereq::missing()
+        .into_iter()
+        .map(|(p, item)| {
+            format!(
+                "{} ({} not found)",
+                p.describe(),
+                prereq::describe_item(&item)
+            )
+        })
+        .collect();
+    if still.is_empty() {
+        println!(
+            "xtask test: prerequisites installed in {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+    } else {
+        println!(
+            "xtask test: still missing after installing: {}; {skip_note}",
+            still.join(", ")
+        );
     }
 }
 
-pub fn run(args: &[String]) -> Result {
-    run_tests(args)
+/// Why apt-get is not the installer here, if it is not.
+fn not_debian() -> Option<String> {
+    if prereq::command("apt-get").is_none() {
+        return Some("apt-get is not installed".into());
+    }
+    let os = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+    let field = |name: &str| -> String {
+        os.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .map(|v| v.trim_matches('"').to_ascii_lowercase())
+            .unwrap_or_default()
+    };
+    let ids = format!("{} {}", field("ID"), field("ID_LIKE"));
+    if ids
+        .split_whitespace()
+        .any(|i| i == "debian" || i == "ubuntu")
+    {
+        None
+    } else {
+        Some(format!(
+            "this is not Debian or Ubuntu (/etc/os-release ID {:?})",
+            field("ID")
+        ))
+    }
+}
+
+fn install(packages: &[&Prerequisite]) -> Result {
+    let names = |k: Kind| -> Vec<&str> {
+        packages
+            .iter()
+            .filter(|p| p.kind == k)
+            .map(|p| p.package.as_str())
+            .collect()
+    };
+    let deb = names(Kind::Deb);
+    if !deb.is_empty() {
+        let mut update = Command::new("apt-get");
+        update
+            .arg("update")
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        if let Err(e) = util::run(&mut update) {
+            println!("xtask test: {e}; continuing with the package indexes there are");
+        }
+        let mut apt = Command::new("apt-get");
+        apt.args(["install", "-y", "--no-install-recommends"])
+            .args(&deb)
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        util::run(&mut apt)?;
+    }
+    let pip = names(Kind::Pip);
+    if !pip.is_empty() {
+        let mut plain = Command::new("python3");
+        plain.args(["-m", "pip", "install", "--quiet"]).args(&pip);
+        if util::run(&mut plain).is_err() {
+            // Debian 12 and later refuse a system-wide pip install
+            // unless told (PEP 668).
+            let mut forced = Command::new("python3");
+            forced
+                .args(["-m", "pip", "install", "--quiet", "--break-system-packages"])
+                .args(&pip);
+            util::run(&mut forced)?;
+        }
+    }
+    Ok(())
+}
+
+fn report_skips(skips: &[Skip]) {
+    if skips.is_empty() {
+        println!("\nxtask test: no test was skipped");
+        return;
+    }
+    let expected = skips.iter().filter(|s| s.expected).count();
+    println!(
+        "\nxtask test: {} test(s) skipped{}:",
+        skips.len(),
+        if expected > 0 {
+            format!(" ({expected} expected on this platform)")
+        } else {
+            String::new()
+        }
+    );
+    for s in skips {
+        println!("  {s}");
+    }
 }

@@ -13,6 +13,15 @@ pub fn root() -> PathBuf {
     manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
 }
 
+/// The workspace's target directory: `CARGO_TARGET_DIR` when set
+/// (relative to the workspace root), else `target/` there.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) if !d.is_empty() => root().join(d),
+        _ => root().join("target"),
+    }
+}
+
 /// Run a command, inheriting stdio; fail if it fails.
 pub fn run(cmd: &mut Command) -> Result {
     let shown = format!("{cmd:?}");
@@ -40,9 +49,31 @@ pub fn output(cmd: &mut Command) -> Result<String> {
 }
 
 /// `cargo` as invoked by the user (respects `CARGO`).
+///
+/// `cargo run` (which `cargo xtask` is) gives this process the variables
+/// cargo sets for a package (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`, ...).
+/// A nested cargo that inherits them sees their values as changed since
+/// the last build run from a shell and rebuilds crates that track them
+/// (ring, and everything above it), so they are removed.
 pub fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root());
+    for (k, _) in std::env::vars_os() {
+        if let Some(k) = k.to_str() {
+            if k.starts_with("CARGO_PKG_")
+                || matches!(
+                    k,
+                    "CARGO_MANIFEST_DIR"
+                        | "CARGO_MANIFEST_PATH"
+                        | "CARGO_CRATE_NAME"
+                        | "CARGO_BIN_NAME"
+                        | "CARGO_PRIMARY_PACKAGE"
+                )
+            {
+                c.env_remove(k);
+            }
+        }
+    }
     c
 }
 
