@@ -226,6 +226,7 @@ fn wait_for_file(dev: &Device, path: &std::path::Path) {
 
 #[test]
 fn a_daemon_whose_bootloader_script_hangs_in_a_write_sleeps_answers_and_finishes_it() {
+    updraft_tests::require!("nginx");
     let mut r = rig("script-trial-hangs");
     use_slow_boot_script(&mut r, "trial", 20);
     r.dev.start_daemon();
@@ -247,6 +248,7 @@ fn a_daemon_whose_bootloader_script_hangs_in_a_write_sleeps_answers_and_finishes
 
 #[test]
 fn a_daemon_whose_bootloader_script_hangs_in_a_read_answers_status() {
+    updraft_tests::require!("nginx");
     let mut r = rig("script-read-hangs");
     // Nothing to install: the daemon stays idle and a status request is
     // what makes it read the bootloader.

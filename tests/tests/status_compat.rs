@@ -45,6 +45,7 @@ fn parse(text: &str) -> Value {
 
 #[test]
 fn status_crosses_the_socket_between_releases() {
+    updraft_tests::require!("git");
     if let Some(why) = previous::unavailable() {
         skip!("{why}");
     }

@@ -199,6 +199,7 @@ fn status_after_a_failed_install_says_failed_and_why() {
 
 #[test]
 fn status_during_a_download_shows_progress_rate_and_time_left() {
+    updraft_tests::require!("nginx");
     let mut r = rig("status-progress");
     // A failed install first, so there is a last outcome to keep showing.
     r.publish("0.9", 9);
