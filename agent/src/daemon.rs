@@ -184,9 +184,12 @@ impl Ticker for Tick<'_> {
     }
 }
 
-/// Sleep in `poll(2)` on the control socket, the signal self-pipe and
-/// `extra` (a child's pidfd, its pipes) for at most `timeout`. True when a
-/// client is waiting to be served.
+/// Sleep in `poll(2)` on the control socket (the listener and every
+/// connection with pending work), the signal self-pipe and `extra` (a
+/// child's pidfd, its pipes) for at most `timeout`, and no later than the
+/// nearest deadline of a client connection. True when the control server
+/// has something to do: a client is waiting, or a connection is out of
+/// time.
 fn sleep_until_event(ctl: &ControlServer, extra: &[BorrowedFd<'_>], timeout: Duration) -> bool {
     let wake = match signals::wake_pipe() {
         Ok(fd) => fd,
@@ -196,19 +199,28 @@ fn sleep_until_event(ctl: &ControlServer, extra: &[BorrowedFd<'_>], timeout: Dur
             return false;
         }
     };
-    let mut fds = vec![
-        PollFd::new(ctl.fd(), PollFlags::POLLIN),
-        PollFd::new(wake, PollFlags::POLLIN),
-    ];
+    let mut timeout = timeout;
+    let due = ctl.next_deadline();
+    if let Some(at) = due {
+        timeout = timeout.min(at.saturating_duration_since(Instant::now()));
+    }
+    let set = ctl.poll_set();
+    let mut fds = vec![PollFd::new(wake, PollFlags::POLLIN)];
+    // SAFETY: the control server owns these descriptors and is borrowed,
+    // unchanged, for the whole of this call.
+    fds.extend(
+        set.iter()
+            .map(|(fd, ev)| PollFd::new(unsafe { BorrowedFd::borrow_raw(*fd) }, *ev)),
+    );
     fds.extend(extra.iter().map(|fd| PollFd::new(*fd, PollFlags::POLLIN)));
     let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
     // EINTR and a timeout are both just an early or a timely return.
     let _ = poll(&mut fds, PollTimeout::from(ms));
     let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
-    if ready(&fds[1]) {
+    if ready(&fds[0]) {
         signals::drain_wake_pipe(wake);
     }
-    ready(&fds[0])
+    fds[1..=set.len()].iter().any(ready) || due.is_some_and(|at| Instant::now() >= at)
 }
 
 /// Answer what can be answered now; queue the rest.
