@@ -19,6 +19,13 @@
 //! request is answered from [`Front`]'s snapshot whenever building a fresh
 //! one would wait (a busy step, a slow bootloader read).
 //!
+//! A bootloader found busy at start (libubootenv's lock held, or a lock
+//! file that is not root's) does not end the daemon: it starts, serves its
+//! socket, refuses changing commands as busy, and reconciles the boot
+//! again with a backoff; nothing else runs until that succeeded. Nothing
+//! here ever waits for a socket client ([`crate::control`] holds their
+//! connections; the sleeps include them).
+//!
 //! This module schedules and dispatches. It never decides what an update
 //! does: that is [`crate::machine`].
 
