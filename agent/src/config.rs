@@ -152,6 +152,8 @@ pub struct Bootloader {
     pub tries: u32,
     pub path: PathBuf,
     pub fw_env_config: PathBuf,
+    /// libubootenv's lock file (uboot backend).
+    pub lock_file: PathBuf,
     pub grubenv: PathBuf,
     /// Script backend: an executable called as `SCRIPT <verb> [SLOT] [TRIES]`.
     pub script: Option<PathBuf>,
@@ -164,6 +166,7 @@ impl Default for Bootloader {
             tries: 3,
             path: PathBuf::from("/data/updraft/boot.state"),
             fw_env_config: PathBuf::from("/etc/fw_env.config"),
+            lock_file: PathBuf::from(crate::bootloader::uboot::DEFAULT_LOCK_FILE),
             grubenv: PathBuf::from("/boot/grub/grubenv"),
             script: None,
         }
@@ -366,6 +369,7 @@ impl Config {
                 .unwrap_or(d.tries),
             path: s.path("path")?.unwrap_or(d.path),
             fw_env_config: s.path("fw_env_config")?.unwrap_or(d.fw_env_config),
+            lock_file: s.path("lock_file")?.unwrap_or(d.lock_file),
             grubenv: s.path("grubenv")?.unwrap_or(d.grubenv),
             script: s.path("script")?,
         };

@@ -9,18 +9,28 @@
 //! `install`, `mark-good`, `mark-bad`) are refused unless the peer is root,
 //! checked with `SO_PEERCRED` — never with anything the client says.
 //!
-//! The server never blocks the daemon: it accepts without waiting, reads a
-//! request with a short timeout and a size cap, and either answers at once
-//! (status) or hands the request to the daemon's queue, which answers when
-//! the work is done. This module owns the wire format and the permission
-//! check; what a request *does* is the daemon's business.
+//! The server never blocks the daemon: connections are non-blocking, each
+//! with its own buffer, read and written a piece at a time whenever the
+//! daemon's `poll(2)` says so. A request must be complete within 2 s and
+//! fit in 64 KiB, a reply must be taken within 2 s, or the connection is
+//! dropped; at most 8 connections are held at once and the last slot is
+//! only for root, so local users holding connections open can neither
+//! stall the daemon nor keep root out. A complete request is either
+//! answered at once (status) or handed to the daemon's queue, which
+//! answers when the work is done. This module owns the wire format, the
+//! connection limits and the permission check; what a request *does* is
+//! the daemon's business, and it must never wait for a client.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::cell::RefCell;
+use std::io::{BufRead, BufReader, Read as _, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
+
+use nix::poll::PollFlags;
 
 use serde::{Deserialize, Serialize};
 
@@ -31,10 +41,19 @@ use crate::store::HistoryEntry;
 use crate::{bail, err};
 
 /// Largest request line accepted.
-const MAX_REQUEST: u64 = 64 * 1024;
+const MAX_REQUEST: usize = 64 * 1024;
 
-/// How long a client may take to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long a client may take to send its whole request.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
+
+/// How long a client may take to read its reply.
+pub const REPLY_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Connections held at once; the last one is kept for root.
+pub const MAX_CONNECTIONS: usize = 8;
+
+/// Refused connections are logged at most this often.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// A request from a client.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -169,30 +188,141 @@ fn kind_from_str(s: &str) -> Kind {
 
 // ---- server -------------------------------------------------------------------
 
+/// Replies waiting for their client to read them, shared by the server
+/// and the [`Client`]s it handed out (the daemon answers some requests
+/// long after they were read).
+type Outbox = Rc<RefCell<Vec<Outgoing>>>;
+
+/// A reply partly written.
+struct Outgoing {
+    stream: UnixStream,
+    uid: Option<u32>,
+    data: Vec<u8>,
+    sent: usize,
+    deadline: Instant,
+}
+
+/// A connection whose request is still arriving.
+struct Incoming {
+    stream: UnixStream,
+    uid: Option<u32>,
+    buf: Vec<u8>,
+    deadline: Instant,
+}
+
 /// A connected client whose request was read.
 pub struct Client {
     stream: UnixStream,
     pub uid: u32,
     pub request: Request,
+    outbox: Outbox,
 }
 
 impl Client {
-    /// Answer and close.
-    pub fn reply(mut self, reply: &Reply) {
-        let mut line = match serde_json::to_vec(reply) {
-            Ok(l) => l,
-            Err(e) => format!("{{\"ok\":false,\"error\":\"encoding reply: {e}\"}}").into_bytes(),
-        };
-        line.push(b'\n');
-        let _ = self.stream.set_write_timeout(Some(Duration::from_secs(2)));
-        let _ = self.stream.write_all(&line);
+    /// Answer and close. Never blocks: what the socket does not take at
+    /// once is written later by the server, until [`REPLY_DEADLINE`].
+    pub fn reply(self, reply: &Reply) {
+        send(self.stream, Some(self.uid), encode(reply), &self.outbox);
     }
 }
 
-/// The listening socket.
+fn encode(reply: &Reply) -> Vec<u8> {
+    let mut line = match serde_json::to_vec(reply) {
+        Ok(l) => l,
+        Err(e) => format!("{{\"ok\":false,\"error\":\"encoding reply: {e}\"}}").into_bytes(),
+    };
+    line.push(b'\n');
+    line
+}
+
+/// Write what the socket takes now; keep the rest in `outbox`.
+fn send(stream: UnixStream, uid: Option<u32>, data: Vec<u8>, outbox: &Outbox) {
+    let mut out = Outgoing {
+        stream,
+        uid,
+        data,
+        sent: 0,
+        deadline: Instant::now() + REPLY_DEADLINE,
+    };
+    if !out.flush() {
+        outbox.borrow_mut().push(out);
+    }
+}
+
+impl Outgoing {
+    /// Write without blocking; true when done (written, or the peer is
+    /// gone).
+    fn flush(&mut self) -> bool {
+        while self.sent < self.data.len() {
+            match (&self.stream).write(&self.data[self.sent..]) {
+                Ok(0) => return true,
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // The client went away: nothing left to tell it.
+                Err(_) => return true,
+            }
+        }
+        true
+    }
+}
+
+/// What reading a connection came to.
+enum Arrived {
+    Pending,
+    Done(Request),
+    /// The peer closed without sending anything (a probe).
+    Gone,
+    Bad(String),
+}
+
+impl Incoming {
+    /// Read what has arrived, without blocking.
+    fn read(&mut self) -> Arrived {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match (&self.stream).read(&mut chunk) {
+                Ok(0) if self.buf.is_empty() => return Arrived::Gone,
+                Ok(0) => return Arrived::Bad("request not terminated by a newline".into()),
+                Ok(n) => {
+                    let old = self.buf.len();
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    if let Some(i) = self.buf[old..].iter().position(|&b| b == b'\n') {
+                        let line = &self.buf[..old + i];
+                        return match serde_json::from_slice::<Request>(line.trim_ascii()) {
+                            Ok(r) => Arrived::Done(r),
+                            Err(e) => Arrived::Bad(format!("bad request: {e}")),
+                        };
+                    }
+                    if self.buf.len() > MAX_REQUEST {
+                        return Arrived::Bad(format!("request longer than {MAX_REQUEST} bytes"));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Arrived::Pending,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Arrived::Bad(format!("reading the request: {e}")),
+            }
+        }
+    }
+}
+
+/// The listening socket and the connections it holds.
+///
+/// Accepted connections are non-blocking and served a piece at a time
+/// from the daemon's loop: a request is read as it arrives into the
+/// connection's own buffer and must be complete within
+/// [`REQUEST_DEADLINE`]; a reply is written as the client takes it, for
+/// at most [`REPLY_DEADLINE`]. At most [`MAX_CONNECTIONS`] are held at
+/// once, and the last of them only for root, so clients that never finish
+/// cannot keep root out.
 pub struct ControlServer {
     listener: UnixListener,
     path: std::path::PathBuf,
+    incoming: Vec<Incoming>,
+    outbox: Outbox,
+    /// Connections refused for want of a slot since the last log line.
+    refused: u64,
+    refused_logged: Option<Instant>,
 }
 
 impl ControlServer {
@@ -223,24 +353,53 @@ impl ControlServer {
         Ok(ControlServer {
             listener,
             path: path.to_path_buf(),
+            incoming: Vec::new(),
+            outbox: Rc::new(RefCell::new(Vec::new())),
+            refused: 0,
+            refused_logged: None,
         })
     }
 
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.listener.as_fd()
+    /// The descriptors with pending work and the events they wait for:
+    /// the listener, connections whose request is still arriving, replies
+    /// the client has not taken yet. For `poll(2)`.
+    pub fn poll_set(&self) -> Vec<(RawFd, PollFlags)> {
+        let mut v = vec![(self.listener.as_raw_fd(), PollFlags::POLLIN)];
+        v.extend(
+            self.incoming
+                .iter()
+                .map(|c| (c.stream.as_raw_fd(), PollFlags::POLLIN)),
+        );
+        v.extend(
+            self.outbox
+                .borrow()
+                .iter()
+                .map(|o| (o.stream.as_raw_fd(), PollFlags::POLLOUT)),
+        );
+        v
     }
 
-    /// Accept every waiting connection and read its request. Clients that
-    /// send nothing valid in time get an error reply and are dropped.
-    pub fn accept_all(&self) -> Vec<Client> {
-        let mut out = Vec::new();
+    /// The nearest time a held connection runs out of time.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let reading = self.incoming.iter().map(|c| c.deadline);
+        let outbox = self.outbox.borrow();
+        let writing = outbox.iter().map(|o| o.deadline);
+        reading.chain(writing).min()
+    }
+
+    /// Connections held now (requests arriving, replies being written).
+    fn held(&self) -> usize {
+        self.incoming.len() + self.outbox.borrow().len()
+    }
+
+    /// Accept waiting connections, read what has arrived, write what
+    /// clients will take, drop connections out of time. Returns the
+    /// clients whose request is complete. Never blocks.
+    pub fn accept_all(&mut self) -> Vec<Client> {
+        let now = Instant::now();
         for _ in 0..32 {
             match self.listener.accept() {
-                Ok((stream, _)) => {
-                    if let Some(c) = read_client(stream) {
-                        out.push(c);
-                    }
-                }
+                Ok((stream, _)) => self.admit(stream, now),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => {
                     log::warn!("control socket accept failed: {e}");
@@ -248,7 +407,117 @@ impl ControlServer {
                 }
             }
         }
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < self.incoming.len() {
+            let result = self.incoming[i].read();
+            let expired = matches!(result, Arrived::Pending) && now >= self.incoming[i].deadline;
+            if matches!(result, Arrived::Pending) && !expired {
+                i += 1;
+                continue;
+            }
+            let conn = self.incoming.swap_remove(i);
+            match result {
+                Arrived::Pending => log::warn!(
+                    "control: dropped a client of {}: no complete request within {} ms ({} bytes received)",
+                    who(conn.uid),
+                    REQUEST_DEADLINE.as_millis(),
+                    conn.buf.len()
+                ),
+                Arrived::Gone => {}
+                Arrived::Bad(msg) => {
+                    log::warn!("control: a client of {}: {msg}", who(conn.uid));
+                    send(
+                        conn.stream,
+                        conn.uid,
+                        encode(&Reply::error(&Error::new(Kind::Usage, msg))),
+                        &self.outbox,
+                    );
+                }
+                Arrived::Done(request) => match conn.uid {
+                    Some(uid) => out.push(Client {
+                        stream: conn.stream,
+                        uid,
+                        request,
+                        outbox: self.outbox.clone(),
+                    }),
+                    None => send(
+                        conn.stream,
+                        None,
+                        encode(&Reply::error(&Error::new(
+                            Kind::Denied,
+                            "cannot identify the peer (SO_PEERCRED)",
+                        ))),
+                        &self.outbox,
+                    ),
+                },
+            }
+        }
+        self.outbox.borrow_mut().retain_mut(|o| {
+            if o.flush() {
+                return false;
+            }
+            if now >= o.deadline {
+                log::warn!(
+                    "control: dropped a client of {}: it did not read its reply within {} ms",
+                    who(o.uid),
+                    REPLY_DEADLINE.as_millis()
+                );
+                return false;
+            }
+            true
+        });
         out
+    }
+
+    /// Hold a new connection, or refuse it when every slot it may use is
+    /// taken.
+    fn admit(&mut self, stream: UnixStream, now: Instant) {
+        let uid = peer_uid(&stream);
+        if let Err(e) = stream.set_nonblocking(true) {
+            log::warn!("control: a client of {}: {e}", who(uid));
+            return;
+        }
+        let limit = if uid == Some(0) {
+            MAX_CONNECTIONS
+        } else {
+            MAX_CONNECTIONS - 1
+        };
+        if self.held() >= limit {
+            self.refused += 1;
+            let due = self
+                .refused_logged
+                .is_none_or(|t| now.duration_since(t) >= REFUSAL_LOG_EVERY);
+            if due {
+                log::warn!(
+                    "control: refused {} connection(s), the last of {}: {} connections held, the last slot is kept for root",
+                    self.refused,
+                    who(uid),
+                    self.held()
+                );
+                self.refused = 0;
+                self.refused_logged = Some(now);
+            }
+            // Best effort: the refusal fits in the socket buffer.
+            let mut out = Outgoing {
+                stream,
+                uid,
+                data: encode(&Reply::error(&Error::new(
+                    Kind::Busy,
+                    "the daemon is serving too many clients; try again",
+                ))),
+                sent: 0,
+                deadline: now,
+            };
+            out.flush();
+            return;
+        }
+        self.incoming.push(Incoming {
+            stream,
+            uid,
+            buf: Vec::new(),
+            deadline: now + REQUEST_DEADLINE,
+        });
     }
 }
 
@@ -258,44 +527,12 @@ impl Drop for ControlServer {
     }
 }
 
-fn read_client(stream: UnixStream) -> Option<Client> {
-    let uid = peer_uid(&stream);
-    let _ = stream.set_nonblocking(false);
-    let _ = stream.set_read_timeout(Some(REQUEST_TIMEOUT));
-    let started = Instant::now();
-    let mut reader = BufReader::new((&stream).take(MAX_REQUEST));
-    let mut line = String::new();
-    let read = reader.read_line(&mut line);
-    let fail = |stream: UnixStream, msg: String| {
-        Client {
-            stream,
-            uid: u32::MAX,
-            request: Request::Status,
-        }
-        .reply(&Reply::error(&Error::new(Kind::Usage, msg)));
-        None
-    };
-    if let Err(e) = read {
-        return fail(stream, format!("reading the request: {e}"));
+/// "uid N" for log lines.
+fn who(uid: Option<u32>) -> String {
+    match uid {
+        Some(u) => format!("uid {u}"),
+        None => "an unidentified peer".into(),
     }
-    if !line.ends_with('\n') && started.elapsed() < REQUEST_TIMEOUT {
-        return fail(
-            stream,
-            format!("request longer than {MAX_REQUEST} bytes or not terminated"),
-        );
-    }
-    let request: Request = match serde_json::from_str(line.trim()) {
-        Ok(r) => r,
-        Err(e) => return fail(stream, format!("bad request: {e}")),
-    };
-    let Some(uid) = uid else {
-        return fail(stream, "cannot identify the peer (SO_PEERCRED)".into());
-    };
-    Some(Client {
-        stream,
-        uid,
-        request,
-    })
 }
 
 /// The peer's uid from `SO_PEERCRED`.

@@ -19,6 +19,13 @@
 //! request is answered from [`Front`]'s snapshot whenever building a fresh
 //! one would wait (a busy step, a slow bootloader read).
 //!
+//! A bootloader found busy at start (libubootenv's lock held, or a lock
+//! file that is not root's) does not end the daemon: it starts, serves its
+//! socket, refuses changing commands as busy, and reconciles the boot
+//! again with a backoff; nothing else runs until that succeeded. Nothing
+//! here ever waits for a socket client ([`crate::control`] holds their
+//! connections; the sleeps include them).
+//!
 //! This module schedules and dispatches. It never decides what an update
 //! does: that is [`crate::machine`].
 
@@ -89,6 +96,30 @@ struct Front {
     snapshot: Status,
     queue: VecDeque<Queued>,
     watchdog: Watchdog,
+    /// The boot is not reconciled yet (the bootloader was busy): commands
+    /// are refused as they arrive, even while a retry waits for the lock.
+    boot_pending: bool,
+}
+
+impl Front {
+    /// Refuse every queued command while the boot waits to be reconciled.
+    fn refuse_queue(&mut self) {
+        if !self.boot_pending {
+            return;
+        }
+        let busy = Error::new(
+            Kind::Busy,
+            "the daemon is waiting for the bootloader (its lock is held or unusable; see the log) before it acts",
+        );
+        while let Some(q) = self.queue.pop_front() {
+            match q {
+                Queued::Check(Some(c)) | Queued::Install(c, _) | Queued::Mark(c, _) => {
+                    c.reply(&Reply::error(&busy))
+                }
+                Queued::Check(None) => {}
+            }
+        }
+    }
 }
 
 /// The tick callback while the machine is busy.
@@ -136,6 +167,7 @@ impl<'a> Tick<'a> {
         for client in front.ctl.accept_all() {
             dispatch(client, &front.snapshot, &mut front.queue);
         }
+        front.refuse_queue();
         if signals::stop_requested() {
             return Err(Error::new(Kind::Stopped, "stopping on request (SIGTERM)"));
         }
@@ -184,9 +216,12 @@ impl Ticker for Tick<'_> {
     }
 }
 
-/// Sleep in `poll(2)` on the control socket, the signal self-pipe and
-/// `extra` (a child's pidfd, its pipes) for at most `timeout`. True when a
-/// client is waiting to be served.
+/// Sleep in `poll(2)` on the control socket (the listener and every
+/// connection with pending work), the signal self-pipe and `extra` (a
+/// child's pidfd, its pipes) for at most `timeout`, and no later than the
+/// nearest deadline of a client connection. True when the control server
+/// has something to do: a client is waiting, or a connection is out of
+/// time.
 fn sleep_until_event(ctl: &ControlServer, extra: &[BorrowedFd<'_>], timeout: Duration) -> bool {
     let wake = match signals::wake_pipe() {
         Ok(fd) => fd,
@@ -196,19 +231,28 @@ fn sleep_until_event(ctl: &ControlServer, extra: &[BorrowedFd<'_>], timeout: Dur
             return false;
         }
     };
-    let mut fds = vec![
-        PollFd::new(ctl.fd(), PollFlags::POLLIN),
-        PollFd::new(wake, PollFlags::POLLIN),
-    ];
+    let mut timeout = timeout;
+    let due = ctl.next_deadline();
+    if let Some(at) = due {
+        timeout = timeout.min(at.saturating_duration_since(Instant::now()));
+    }
+    let set = ctl.poll_set();
+    let mut fds = vec![PollFd::new(wake, PollFlags::POLLIN)];
+    // SAFETY: the control server owns these descriptors and is borrowed,
+    // unchanged, for the whole of this call.
+    fds.extend(
+        set.iter()
+            .map(|(fd, ev)| PollFd::new(unsafe { BorrowedFd::borrow_raw(*fd) }, *ev)),
+    );
     fds.extend(extra.iter().map(|fd| PollFd::new(*fd, PollFlags::POLLIN)));
     let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
     // EINTR and a timeout are both just an early or a timely return.
     let _ = poll(&mut fds, PollTimeout::from(ms));
     let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
-    if ready(&fds[1]) {
+    if ready(&fds[0]) {
         signals::drain_wake_pipe(wake);
     }
-    ready(&fds[0])
+    fds[1..=set.len()].iter().any(ready) || due.is_some_and(|at| Instant::now() >= at)
 }
 
 /// Answer what can be answered now; queue the rest.
@@ -252,10 +296,35 @@ pub fn run(cfg: Config) -> Result<()> {
     // wait for the bootloader (within its own timeouts); clients that
     // connect meanwhile are answered once it is done, and systemd hears
     // READY=1 only then.
-    machine.on_boot()?;
-    let boot_view = machine.read_boot(&mut progress::NoTick);
+    //
+    // A busy bootloader (its lock held by someone else) is not a reason
+    // to exit: under systemd that is a restart loop any user holding the
+    // lock could keep going. The daemon starts, serves its socket, and
+    // tries again with a backoff; nothing else runs until it succeeded.
+    let boot_pending = match machine.on_boot() {
+        Ok(()) => None,
+        Err(e) if e.kind() == Kind::Busy => {
+            log::warn!(
+                "reconciling this boot: {e}; trying again in {}",
+                crate::timestamp::format_duration(BOOT_RETRY_BASE)
+            );
+            Some(e)
+        }
+        Err(e) => return Err(e),
+    };
+    // A bootloader just found busy is not waited for a second time.
+    let boot_view = match &boot_pending {
+        Some(e) => Err(e.to_string()),
+        None => machine.read_boot(&mut progress::NoTick),
+    };
     let snapshot = machine.status(&boot_view)?;
     let mut d = Daemon::new(machine, ctl, cfg, boot_view, snapshot);
+    if boot_pending.is_some() {
+        d.boot_retry = Some(Instant::now() + BOOT_RETRY_BASE);
+        d.front.boot_pending = true;
+        d.boot_backoff.fail(None);
+        d.machine_active = false;
+    }
     log::info!(
         "updraft {} started: booted slot {}, device {}, state {}",
         env!("CARGO_PKG_VERSION"),
@@ -270,8 +339,18 @@ pub fn run(cfg: Config) -> Result<()> {
     r
 }
 
+/// First wait before reconciling the boot again after a busy bootloader.
+const BOOT_RETRY_BASE: Duration = Duration::from_secs(5);
+
+/// Longest wait between those attempts.
+const BOOT_RETRY_MAX: Duration = Duration::from_secs(60);
+
 struct Daemon {
     m: Machine,
+    /// When this boot is to be reconciled again ([`Machine::on_boot`] found
+    /// the bootloader busy); nothing else runs meanwhile.
+    boot_retry: Option<Instant>,
+    boot_backoff: Backoff,
     front: Front,
     cfg: Config,
     /// The boot selection as last read, for the front's snapshot.
@@ -309,6 +388,8 @@ impl Daemon {
             (!s.manifest_url.is_empty()).then(|| now + backoff::first_poll_delay(s.jitter()));
         let retry_base = Duration::from_secs(10).min(s.poll_interval.0);
         Daemon {
+            boot_retry: None,
+            boot_backoff: Backoff::new(BOOT_RETRY_BASE, BOOT_RETRY_MAX),
             next_poll,
             next_heartbeat: now
                 + backoff::poll_delay(s.heartbeat_interval.0, s.heartbeat_interval.0 / 10),
@@ -325,6 +406,7 @@ impl Daemon {
                 snapshot,
                 queue: VecDeque::new(),
                 watchdog: Watchdog::new(),
+                boot_pending: false,
             },
             boot_view,
             m,
@@ -338,6 +420,16 @@ impl Daemon {
                 return Ok(());
             }
             self.front.watchdog.ping_if_due();
+            if let Some(at) = self.boot_retry {
+                if Instant::now() >= at {
+                    self.retry_boot()?;
+                }
+                if self.boot_retry.is_some() {
+                    self.front.refuse_queue();
+                    self.wait();
+                    continue;
+                }
+            }
             let now = Instant::now();
             if self.machine_active && now >= self.next_step {
                 match self.step() {
@@ -375,26 +467,67 @@ impl Daemon {
         }
     }
 
+    /// Reconcile this boot again after the bootloader was busy.
+    /// Another busy bootloader backs off further; any other failure ends
+    /// the daemon, as it would have at start.
+    fn retry_boot(&mut self) -> Result<()> {
+        let r = {
+            let mut tick = Tick::new(&mut self.front, false);
+            self.m.on_boot_with(&mut tick)
+        };
+        match r {
+            Ok(()) => {
+                log::info!("reconciled this boot: the bootloader answered");
+                self.boot_retry = None;
+                self.front.boot_pending = false;
+                self.boot_backoff.succeed();
+                self.machine_active = true;
+                self.next_step = Instant::now();
+                if let Err(e) = self.status() {
+                    log::warn!("reading the status: {e}");
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == Kind::Stopped => Ok(()),
+            Err(e) if e.kind() == Kind::Busy => {
+                let d = self.boot_backoff.fail(None).max(Duration::from_secs(1));
+                log::warn!(
+                    "reconciling this boot: {e}; trying again in {}",
+                    crate::timestamp::format_duration(d)
+                );
+                self.boot_retry = Some(Instant::now() + d);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Sleep in poll(2) until the nearest deadline or a client connects.
     fn wait(&mut self) {
-        let mut deadline = self
-            .next_heartbeat
-            .min(Instant::now() + Duration::from_secs(60));
         // Polls wait while the machine is busy (the loop polls only when
         // it is not), so a poll deadline that passed meanwhile must not
-        // end this wait: it would end every wait at once.
+        // end this wait: it would end every wait at once. Nor, while the
+        // boot waits to be reconciled, may anything that waits with it.
+        let pending = self.boot_retry.is_some();
+        let mut deadline = Instant::now() + Duration::from_secs(60);
+        if !pending {
+            deadline = deadline.min(self.next_heartbeat);
+        }
         match self.next_poll {
-            Some(p) if !self.machine_active => deadline = deadline.min(p),
+            Some(p) if !self.machine_active && !pending => deadline = deadline.min(p),
             _ => {}
         }
-        if self.machine_active {
+        if self.machine_active && !pending {
             deadline = deadline.min(self.next_step);
         }
-        if self.outbox_pending() {
+        if !pending && self.outbox_pending() {
             deadline = deadline.min(self.next_delivery);
         }
         if let Some(w) = self.front.watchdog.next() {
             deadline = deadline.min(w);
+        }
+        if let Some(at) = self.boot_retry {
+            deadline = deadline.min(at);
         }
         if !self.front.queue.is_empty() || signals::stop_requested() {
             return;

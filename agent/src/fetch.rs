@@ -4,10 +4,15 @@
 //! transport rules every download obeys:
 //!
 //! * https only; plain http only with the development switch
-//!   `server.insecure_allow_http`, and never on redirects from https;
+//!   `server.insecure_allow_http`. Redirects are followed here, not by the
+//!   HTTP library, so every hop is checked: a redirect from https to plain
+//!   http is refused always, with or without the switch;
 //! * trust: the system CA bundle plus the optional `ca_file`; an optional
 //!   client certificate (mTLS) and bearer token for servers that identify
-//!   devices;
+//!   devices. The token (`Authorization: Bearer`) goes only to the
+//!   configured origins (scheme, host and port of `manifest_url`, of each
+//!   mirror and of `report_url`), never to another host a manifest, a
+//!   redirect or an operator's URL names;
 //! * bounded waits: connect (including name resolution) and per-read
 //!   timeouts, so a dead peer is noticed in `stall_timeout`;
 //! * caps: a body is never read past the size the caller expects (the signed
@@ -70,6 +75,8 @@ pub struct Fetcher {
     agent: Agent,
     allow_http: bool,
     token_file: Option<std::path::PathBuf>,
+    /// Where the token may go: the configured servers' origins.
+    credentialed: Arc<Vec<UrlOrigin>>,
     min_rate: u64,
     min_rate_window: Duration,
     pub counters: Arc<Counters>,
@@ -171,17 +178,24 @@ impl Fetcher {
             .timeout_per_write(Some(cfg.stall_timeout.0))
             .user_agent(concat!("updraft/", env!("CARGO_PKG_VERSION")))
             .accept("*/*")
-            .max_redirects(5)
+            // Redirects are followed by `Fetcher::call`, hop by hop.
+            .max_redirects(0)
             .max_idle_connections(2)
             .max_idle_connections_per_host(1)
             .max_idle_age(Duration::from_secs(90))
             .proxy(ureq::Proxy::try_from_env())
             .build()
             .into();
+        let credentialed = std::iter::once(&cfg.manifest_url)
+            .chain(&cfg.mirrors)
+            .chain(std::iter::once(&cfg.report_url))
+            .filter_map(|u| UrlOrigin::of(u))
+            .collect();
         Ok(Fetcher {
             agent,
             allow_http: cfg.insecure_allow_http,
             token_file: cfg.token_file.clone(),
+            credentialed: Arc::new(credentialed),
             min_rate: cfg.min_rate,
             min_rate_window: cfg.min_rate_window.0,
             counters: Arc::new(Counters::default()),
@@ -219,24 +233,94 @@ impl Fetcher {
         Ok(Some(t.to_string()))
     }
 
-    fn request(&self, url: &str) -> Result<ureq::RequestBuilder<ureq::typestate::WithoutBody>> {
-        self.check_scheme(url)?;
-        let mut r = self.agent.get(url);
-        if let Some(t) = self.token()? {
-            r = r.header("Authorization", format!("Bearer {t}"));
+    /// The bearer token, when one is configured and `url` is on one of the
+    /// configured servers' origins.
+    fn token_for(&self, url: &str) -> Result<Option<String>> {
+        if self.token_file.is_none() {
+            return Ok(None);
         }
-        Ok(r)
+        match UrlOrigin::of(url) {
+            Some(o) if self.credentialed.contains(&o) => self.token(),
+            _ => {
+                log::debug!(
+                    "not sending the bearer token to {}: not a configured server",
+                    truncate(url, 200)
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// GET `url` with `headers`, following at most [`MAX_REDIRECTS`]
+    /// redirects. Every hop is checked like the first URL, a hop from https
+    /// to plain http is refused whatever the configuration, and the token
+    /// is sent to a hop only when it is on a configured origin. Returns
+    /// the final URL with its response.
+    fn get(
+        &self,
+        url: &str,
+        headers: &[(&str, String)],
+    ) -> Result<(String, ureq::http::Response<ureq::Body>)> {
+        let mut current = url.to_string();
+        for _ in 0..=MAX_REDIRECTS {
+            self.check_scheme(&current)?;
+            let mut r = self.agent.get(&current);
+            if let Some(t) = self.token_for(&current)? {
+                r = r.header("Authorization", format!("Bearer {t}"));
+            }
+            for (k, v) in headers {
+                r = r.header(*k, v);
+            }
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            let resp = r.call().map_err(|e| net_error("GET", &current, e))?;
+            let status = resp.status().as_u16();
+            if !matches!(status, 301 | 302 | 303 | 307 | 308) {
+                return Ok((current, resp));
+            }
+            let Some(location) = resp
+                .headers()
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+            else {
+                bail!(
+                    Network,
+                    "GET {}: redirect ({status}) without a usable Location",
+                    truncate(&current, 200)
+                );
+            };
+            let next = redirect_target(&current, location.trim());
+            if current.starts_with("https://") && !next.starts_with("https://") {
+                bail!(
+                    Policy,
+                    "GET {}: refusing a redirect from https to {} (never allowed, server.insecure_allow_http or not)",
+                    truncate(&current, 200),
+                    truncate(&next, 200)
+                );
+            }
+            log::debug!(
+                "GET {}: redirected ({status}) to {}",
+                truncate(&current, 200),
+                truncate(&next, 200)
+            );
+            current = next;
+        }
+        bail!(
+            Network,
+            "GET {}: more than {MAX_REDIRECTS} redirects",
+            truncate(url, 200)
+        )
     }
 
     /// GET a small resource (manifest, key document) of at most `cap` bytes,
     /// conditionally when `etag` is given.
     pub fn get_small(&self, url: &str, cap: u64, etag: Option<&str>) -> Result<Fetched> {
-        let mut r = self.request(url)?;
-        if let Some(tag) = etag {
-            r = r.header("If-None-Match", tag);
-        }
-        self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let resp = r.call().map_err(|e| net_error("GET", url, e))?;
+        let headers: Vec<(&str, String)> = etag
+            .map(|tag| ("If-None-Match", tag.to_string()))
+            .into_iter()
+            .collect();
+        let (url, resp) = self.get(url, &headers)?;
+        let url = url.as_str();
         let status = resp.status().as_u16();
         if status == 304 {
             return Ok(Fetched::NotModified);
@@ -295,12 +379,13 @@ impl Fetcher {
                 "resume offset {offset} is past the signed size {total}"
             );
         }
-        let mut r = self.request(url)?;
-        if offset > 0 {
-            r = r.header("Range", format!("bytes={offset}-"));
-        }
-        self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let resp = r.call().map_err(|e| net_error("GET", url, e))?;
+        let headers: Vec<(&str, String)> = if offset > 0 {
+            vec![("Range", format!("bytes={offset}-"))]
+        } else {
+            Vec::new()
+        };
+        let (url, resp) = self.get(url, &headers)?;
+        let url = url.as_str();
         let status = resp.status().as_u16();
         check_status("GET", url, status, resp.headers())?;
         let want = total - offset;
@@ -381,10 +466,11 @@ impl Fetcher {
             .post(url)
             .header("Content-Type", "application/json")
             .header("Idempotency-Key", idempotency_key);
-        if let Some(t) = self.token()? {
+        if let Some(t) = self.token_for(url)? {
             r = r.header("Authorization", format!("Bearer {t}"));
         }
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        // Not redirected: a 3xx is reported like any other failure.
         let resp = r.send(body).map_err(|e| net_error("POST", url, e))?;
         let status = resp.status().as_u16();
         check_status("POST", url, status, resp.headers())?;
@@ -533,6 +619,63 @@ impl Read for Download {
     }
 }
 
+/// Redirects followed for one GET.
+const MAX_REDIRECTS: usize = 5;
+
+/// Scheme, host and port of a URL: where credentials may go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UrlOrigin {
+    scheme: String,
+    host: String,
+    port: u16,
+}
+
+impl UrlOrigin {
+    /// The origin of an absolute http(s) URL; `None` for anything else.
+    /// The host is compared without case, a missing port is the scheme's.
+    pub fn of(url: &str) -> Option<UrlOrigin> {
+        let uri: ureq::http::Uri = url.parse().ok()?;
+        let scheme = uri.scheme_str()?.to_ascii_lowercase();
+        let default = match scheme.as_str() {
+            "https" => 443,
+            "http" => 80,
+            _ => return None,
+        };
+        let host = uri.host()?.to_ascii_lowercase();
+        if host.is_empty() {
+            return None;
+        }
+        Some(UrlOrigin {
+            scheme,
+            host,
+            port: uri.port_u16().unwrap_or(default),
+        })
+    }
+}
+
+/// Where a `Location` header sends a request for `base`: absolute URLs as
+/// they are, `//host/…` with the base's scheme, `/path` on the base's
+/// origin, anything else beside the base's file.
+fn redirect_target(base: &str, location: &str) -> String {
+    if location.contains("://") {
+        return location.to_string();
+    }
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    if let Some(rest) = location.strip_prefix("//") {
+        return format!("{}{rest}", &base[..scheme_end]);
+    }
+    let path_start = base[scheme_end..]
+        .find('/')
+        .map(|i| i + scheme_end)
+        .unwrap_or(base.len());
+    if location.starts_with('/') {
+        return format!("{}{location}", &base[..path_start]);
+    }
+    let without_query = base.split(['?', '#']).next().unwrap_or(base);
+    let (dir, _) = split_url(without_query);
+    format!("{dir}{location}")
+}
+
 /// Join a relative reference to a base URL ending in `/`. Absolute URLs
 /// are returned as they are.
 pub fn join(base: &str, rel: &str) -> String {
@@ -587,6 +730,52 @@ mod tests {
             split_url("https://h"),
             ("https://h/".to_string(), String::new())
         );
+    }
+
+    #[test]
+    fn origins_are_scheme_host_and_port() {
+        let o = |u: &str| UrlOrigin::of(u);
+        assert_eq!(
+            o("https://Updates.Example:443/m.json"),
+            o("https://updates.example/x")
+        );
+        assert_ne!(o("https://updates.example/"), o("http://updates.example/"));
+        assert_ne!(
+            o("https://updates.example/"),
+            o("https://updates.example:8443/")
+        );
+        assert_ne!(
+            o("https://updates.example/"),
+            o("https://updates.example.evil/")
+        );
+        assert_ne!(
+            o("https://updates.example/"),
+            o("https://evil/@updates.example/")
+        );
+        assert_eq!(
+            o("https://user@updates.example/"),
+            o("https://updates.example/")
+        );
+        assert!(o("").is_none());
+        assert!(o("file:///x").is_none());
+        assert!(o("relative/path").is_none());
+        assert_eq!(o("https://[::1]:8443/a"), o("https://[::1]:8443/b"));
+    }
+
+    #[test]
+    fn redirect_targets() {
+        let b = "https://h:8443/stable/manifest.json?x=1";
+        assert_eq!(redirect_target(b, "https://cdn/a"), "https://cdn/a");
+        assert_eq!(redirect_target(b, "//cdn/a"), "https://cdn/a");
+        assert_eq!(
+            redirect_target(b, "/other/m.json"),
+            "https://h:8443/other/m.json"
+        );
+        assert_eq!(
+            redirect_target(b, "m2.json"),
+            "https://h:8443/stable/m2.json"
+        );
+        assert_eq!(redirect_target("https://h", "/a"), "https://h/a");
     }
 
     #[test]

@@ -13,6 +13,10 @@
 //! `state_dir/health/NAME.log`; the reason reported for a failure quotes the
 //! end of it.
 //!
+//! A run whose checks have all exited with success is a pass, even when
+//! it is polled only after `health.timeout` (the deadline stops checks
+//! that hang; it never turns a finished pass into a failure).
+//!
 //! This module runs checks and reports pass or fail with a reason. It never
 //! touches the bootloader: committing or rolling back is the state
 //! machine's decision.
@@ -186,14 +190,17 @@ impl HealthRun {
                 }
             }
         }
-        if now >= self.deadline {
-            return Some(Verdict::Fail(
-                "health checks did not finish within health.timeout".into(),
-            ));
-        }
+        // Every check passed: that is a pass, however late this poll
+        // comes (the daemon may have been busy past the deadline).
         let Some(next) = self.pending.pop() else {
             return Some(Verdict::Pass);
         };
+        if now >= self.deadline {
+            return Some(Verdict::Fail(format!(
+                "health checks did not finish within health.timeout: {} not started",
+                next.name()
+            )));
+        }
         match self.spawn(&next) {
             Ok((child, log)) => {
                 self.current = Some((next, child, Instant::now(), log));
@@ -306,6 +313,27 @@ mod tests {
             }
             v => panic!("{v:?}"),
         }
+    }
+
+    /// A run polled only after its deadline, its one check long finished
+    /// with success, passes: the clock never overrules a pass.
+    #[test]
+    fn a_run_whose_checks_passed_passes_whatever_the_clock_says() {
+        let d = dir("late");
+        script(&d, "10-ok", "exit 0");
+        let cfg = Health {
+            checks_dir: d.join("checks"),
+            required_units: vec![],
+            timeout: Dur(Duration::from_millis(300)),
+            check_timeout: Dur(Duration::from_millis(300)),
+            check_server: false,
+        };
+        let mut r = HealthRun::start(&cfg, &d, vec![]).unwrap();
+        assert_eq!(r.poll(), None, "the check starts");
+        // The check exits at once; the next poll comes well after the
+        // deadline (a daemon kept busy).
+        std::thread::sleep(Duration::from_millis(800));
+        assert_eq!(r.poll(), Some(Verdict::Pass));
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub struct DeviceSpec {
     pub server: String,
     /// `[health]` lines.
     pub health: String,
+    /// Extra `[bootloader]` lines.
+    pub bootloader: String,
     /// Extra `[system]` lines.
     pub system: String,
     /// `system.reboot_command` as a TOML array; `None`: touch the reboot
@@ -80,6 +82,7 @@ impl DeviceSpec {
             compatible: "testboard".into(),
             server: String::new(),
             health: String::new(),
+            bootloader: String::new(),
             system: String::new(),
             reboot_command: None,
             tries: 3,
@@ -241,7 +244,7 @@ impl Device {
              [device]\ncompatible = {compat:?}\nid_file = {id:?}\n\
              [trust]\n{trust}\n\
              [slots]\na = {a:?}\nb = {b:?}\ncmdline = {cmdline:?}\n\
-             [bootloader]\n{boot}tries = {tries}\n\
+             [bootloader]\n{boot}tries = {tries}\n{bootloader}\n\
              [health]\nchecks_dir = {checks:?}\n{health}\n\
              [system]\nstate_dir = {state:?}\nsocket = {sock:?}\nboot_id_file = {bootid:?}\n\
              reboot_command = {reboot}\n{system}\n",
@@ -252,6 +255,7 @@ impl Device {
             b = s.slot_paths.as_ref().map(|p| &p.1).unwrap_or(&self.slot_b),
             cmdline = self.cmdline,
             tries = s.tries,
+            bootloader = s.bootloader,
             checks = self.tmp.join("health.d"),
             health = s.health,
             state = self.state_dir,

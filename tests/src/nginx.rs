@@ -122,6 +122,9 @@ pub struct NginxBuilder<'a> {
     report: Option<(String, SocketAddr)>,
     keepalive_timeout: u32,
     log_headers: Vec<String>,
+    /// `(path, target)`: the main server answers `path` with a `302` to
+    /// `target`.
+    redirects: Vec<(String, String)>,
     /// The main server requires a client certificate issued by this CA
     /// (PEM file) and, when set, this bearer token.
     client_auth: Option<(PathBuf, Option<String>)>,
@@ -199,6 +202,7 @@ impl Nginx {
             report: None,
             keepalive_timeout: 75,
             log_headers: Vec::new(),
+            redirects: Vec::new(),
             client_auth: None,
         }
     }
@@ -372,6 +376,13 @@ impl<'a> NginxBuilder<'a> {
     /// Raw `Retry-After` value of the `503` block (seconds or HTTP-date).
     pub fn retry_after_503(mut self, value: &str) -> Self {
         self.retry_after_503 = value.to_string();
+        self
+    }
+
+    /// Answer `path` (an exact path) on the main server with
+    /// `302 Found` and `Location: target`.
+    pub fn redirect(mut self, path: &str, target: &str) -> Self {
+        self.redirects.push((path.to_string(), target.to_string()));
         self
     }
 
@@ -630,6 +641,9 @@ impl<'a> NginxBuilder<'a> {
             }
         }
         let _ = writeln!(c, "    location / {{ }}");
+        for (path, target) in &self.redirects {
+            let _ = writeln!(c, "    location = {path} {{ return 302 \"{target}\"; }}");
+        }
         if let Some((path, upstream)) = &self.report {
             let _ = writeln!(
                 c,

@@ -223,3 +223,41 @@ fn sysusers_and_tmpfiles_create_the_group_and_directories() {
     assert_eq!((state.uid(), state.gid()), (0, 0));
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The tmpfiles.d entry creates libubootenv's lock at boot, root-owned and
+/// mode 0600, so no other user can create it first or open it to hold the
+/// lock.
+#[test]
+fn tmpfiles_creates_the_uboot_lock_root_only() {
+    if !have("systemd-sysusers") || !have("systemd-tmpfiles") {
+        skip!("systemd-sysusers/systemd-tmpfiles are not installed (Debian package systemd)");
+    }
+    if !updraft_tests::skip::is_root() {
+        skip!("systemd-tmpfiles needs root to set owners in a scratch root");
+    }
+    let root = scratch("lock-root");
+    std::fs::create_dir_all(root.join("etc")).expect("etc");
+    let out = run(Command::new("systemd-sysusers")
+        .arg(format!("--root={}", root.display()))
+        .arg(repo_root().join("systemd/updraft.sysusers")));
+    assert!(
+        out.status.success(),
+        "systemd-sysusers: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(Command::new("systemd-tmpfiles")
+        .arg("--create")
+        .arg(format!("--root={}", root.display()))
+        .arg(repo_root().join("systemd/updraft.tmpfiles")));
+    assert!(
+        out.status.success(),
+        "systemd-tmpfiles: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lock = std::fs::symlink_metadata(root.join("run/lock/fw_printenv.lock"))
+        .expect("/run/lock/fw_printenv.lock created");
+    assert!(lock.file_type().is_file());
+    assert_eq!(lock.mode() & 0o7777, 0o600, "the U-Boot lock is root only");
+    assert_eq!((lock.uid(), lock.gid()), (0, 0));
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -146,7 +146,9 @@ pub fn from_config(cfg: &Config) -> Result<Box<dyn Bootloader>> {
     Ok(match b.kind {
         BootloaderKind::File => Box::new(file::FileBootloader::new(b.path.clone())),
         BootloaderKind::Uboot => {
-            Box::new(uboot::UbootBootloader::from_config_file(&b.fw_env_config)?)
+            let mut u = uboot::UbootBootloader::from_config_file(&b.fw_env_config)?;
+            u.set_lock_file(b.lock_file.clone());
+            Box::new(u)
         }
         BootloaderKind::Grub => Box::new(grub::GrubBootloader::new(b.grubenv.clone())?),
         BootloaderKind::Script => {

@@ -270,12 +270,18 @@ impl Machine {
     /// [`crate::reconcile`]) and carry out what it decides. Called once
     /// when the process starts, before any step.
     pub fn on_boot(&mut self) -> Result<()> {
+        self.on_boot_with(&mut crate::progress::NoTick)
+    }
+
+    /// [`Machine::on_boot`], serving the driver through `t` while the
+    /// bootloader is waited for (a held lock).
+    pub fn on_boot_with(&mut self, t: &mut dyn Ticker) -> Result<()> {
         let state = self.state()?;
         match reconcile(state, self.booted, &self.boot_id) {
             Decision::Resume => Ok(()),
             Decision::MarkBootedGood => self
                 .boot
-                .mark_good(self.booted, self.tries())
+                .mark_good_with(self.booted, self.tries(), t)
                 .map_err(|e| e.wrap(format!("marking booted slot {} good", self.booted))),
             Decision::Settle => self.enter(State::Idle, "check-interrupted", None, vec![]),
             Decision::Test { job, why } => {

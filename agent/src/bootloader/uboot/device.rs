@@ -5,7 +5,9 @@
 //! * Every access holds libubootenv's lock, `flock(LOCK_EX)` on
 //!   [`DEFAULT_LOCK_FILE`], so `fw_setenv` and updraft never interleave.
 //!   updraft's wait for it is bounded: a stuck `fw_setenv` makes an update
-//!   fail as busy instead of hanging the daemon.
+//!   fail as busy instead of hanging the daemon. The file must be the
+//!   daemon's own (root's), mode 0600: in the world-writable `/run/lock`
+//!   anyone could otherwise create or open it and hold the lock forever.
 //! * A copy lives on a regular file (a Raspberry Pi's `uboot.env` on FAT)
 //!   or a block device (an eMMC boot partition, a raw region of a disk). A
 //!   negative offset counts back from the end of a block device. Offsets
@@ -28,7 +30,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -41,7 +43,8 @@ use crate::{bail, err, slot};
 /// libubootenv's `src/uboot_env.c` (`default_lockname`, `libuboot_lock`)
 /// opens this path with `O_WRONLY | O_CREAT | O_TRUNC`, mode 0666, and
 /// holds `flock(fd, LOCK_EX)` on it; the string is the same in the Debian
-/// bookworm build (libubootenv 0.3.2).
+/// bookworm build (libubootenv 0.3.2). updraft takes the same lock, but
+/// opens it more carefully ([`take_lock`]); `/var/lock` is `/run/lock`.
 pub const DEFAULT_LOCK_FILE: &str = "/var/lock/fw_printenv.lock";
 
 /// How long updraft waits for another holder of the lock (libubootenv
@@ -53,18 +56,47 @@ pub(super) struct EnvLock {
     _file: Option<File>,
 }
 
+/// Refuse a lock file that does not belong to the daemon's user.
+fn check_owner(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        let who = if me == 0 {
+            "root".to_string()
+        } else {
+            format!("uid {me}")
+        };
+        bail!(
+            Busy,
+            "the U-Boot environment lock {} is owned by uid {}, not {who}; refusing to use it (remove it; updraft's tmpfiles.d entry creates it root-owned, mode 0600, at boot)",
+            path.display(),
+            meta.uid()
+        );
+    }
+    Ok(())
+}
+
 /// How often a held lock is tried again (flock has no descriptor to poll).
 const LOCK_RETRY: Duration = Duration::from_millis(50);
 
 /// Take the lock, waiting at most `timeout` for another holder; the
 /// driver is served through `t` meanwhile.
+///
+/// The lock lives in a directory every user may write (`/run/lock`), and
+/// `flock` works on any descriptor, read-only ones too: whoever can open
+/// the file can hold the lock. So the file is opened without following a
+/// symbolic link and without truncating it, created mode 0600 if missing
+/// (the tmpfiles.d entry creates it so at boot), and must belong to the
+/// daemon's user: a file someone else made is refused, and one of ours
+/// that others could open is made 0600 first. Every refusal, like a lock
+/// held too long, is [`Kind::Busy`]: the daemon tries again later.
 pub(super) fn take_lock(path: &Path, timeout: Duration, t: &mut dyn Ticker) -> Result<EnvLock> {
+    // O_NONBLOCK: a FIFO planted in its place must not hang the open.
     let file = match OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(true)
-        .mode(0o666)
-        .custom_flags(libc::O_CLOEXEC)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
     {
         Ok(f) => f,
@@ -77,7 +109,20 @@ pub(super) fn take_lock(path: &Path, timeout: Duration, t: &mut dyn Ticker) -> R
             );
             return Ok(EnvLock { _file: None });
         }
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            bail!(
+                Busy,
+                "the U-Boot environment lock {} is a symbolic link; refusing to use it (remove it)",
+                path.display()
+            );
+        }
         Err(e) => {
+            // A file another user made in a sticky directory cannot be
+            // opened with O_CREAT where fs.protected_regular is set: say
+            // whose it is.
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                check_owner(path, &meta)?;
+            }
             return Err(Error::from(e)
                 .wrap(format!(
                     "opening the U-Boot environment lock {}",
@@ -86,6 +131,34 @@ pub(super) fn take_lock(path: &Path, timeout: Duration, t: &mut dyn Ticker) -> R
                 .with_kind(Kind::Bootloader));
         }
     };
+    let meta = file.metadata().kind_context(
+        Kind::Bootloader,
+        format!("inspecting the U-Boot environment lock {}", path.display()),
+    )?;
+    if !meta.file_type().is_file() {
+        bail!(
+            Busy,
+            "the U-Boot environment lock {} is not a regular file; refusing to use it",
+            path.display()
+        );
+    }
+    check_owner(path, &meta)?;
+    if meta.mode() & 0o077 != 0 {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .kind_context(
+                Kind::Bootloader,
+                format!(
+                    "making the U-Boot environment lock {} mode 0600",
+                    path.display()
+                ),
+            )?;
+        log::info!(
+            "the U-Boot environment lock {} was mode {:04o}; made it 0600 so other users cannot hold it",
+            path.display(),
+            meta.mode() & 0o7777
+        );
+    }
     let start = Instant::now();
     let mut wait = Uninterrupted::new(t);
     loop {
