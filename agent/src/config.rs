@@ -159,6 +159,14 @@ pub struct Bootloader {
     pub script: Option<PathBuf>,
 }
 
+/// The lock libubootenv takes around every access to the U-Boot
+/// environment. libubootenv's `src/uboot_env.c` (`default_lockname`,
+/// `libuboot_lock`) opens this path with `O_WRONLY | O_CREAT | O_TRUNC`,
+/// mode 0666, and holds `flock(fd, LOCK_EX)` on it; the string is the same
+/// in the Debian bookworm build (libubootenv 0.3.2). `/var/lock` is
+/// `/run/lock`.
+pub const DEFAULT_UBOOT_LOCK_FILE: &str = "/var/lock/fw_printenv.lock";
+
 impl Default for Bootloader {
     fn default() -> Self {
         Bootloader {
@@ -166,7 +174,7 @@ impl Default for Bootloader {
             tries: 3,
             path: PathBuf::from("/data/updraft/boot.state"),
             fw_env_config: PathBuf::from("/etc/fw_env.config"),
-            lock_file: PathBuf::from(crate::bootloader::uboot::DEFAULT_LOCK_FILE),
+            lock_file: PathBuf::from(DEFAULT_UBOOT_LOCK_FILE),
             grubenv: PathBuf::from("/boot/grub/grubenv"),
             script: None,
         }

@@ -39,13 +39,10 @@ use crate::error::{Context, Error, Kind, Result};
 use crate::progress::{Ticker, Uninterrupted};
 use crate::{bail, err, slot};
 
-/// The lock libubootenv takes around every access to the environment.
-/// libubootenv's `src/uboot_env.c` (`default_lockname`, `libuboot_lock`)
-/// opens this path with `O_WRONLY | O_CREAT | O_TRUNC`, mode 0666, and
-/// holds `flock(fd, LOCK_EX)` on it; the string is the same in the Debian
-/// bookworm build (libubootenv 0.3.2). updraft takes the same lock, but
-/// opens it more carefully ([`take_lock`]); `/var/lock` is `/run/lock`.
-pub const DEFAULT_LOCK_FILE: &str = "/var/lock/fw_printenv.lock";
+/// The lock libubootenv takes around every access to the environment
+/// (the default of `bootloader.lock_file`, where it is explained). updraft
+/// takes the same lock, but opens it more carefully ([`take_lock`]).
+pub use crate::config::DEFAULT_UBOOT_LOCK_FILE as DEFAULT_LOCK_FILE;
 
 /// How long updraft waits for another holder of the lock (libubootenv
 /// waits forever; updraft's waits are bounded) before failing as busy.
