@@ -158,7 +158,7 @@ impl Steps {
     fn next(&mut self, text: &str) {
         self.done();
         self.n += 1;
-        println!("\n\x1b[1m{}. {text}\x1b[0m", self.n);
+        println!("\n{}", bold(&format!("{}. {text}", self.n)));
         self.started = Some(Instant::now());
     }
 
@@ -529,7 +529,8 @@ fn summary(
         "embedded static server"
     };
     println!(
-        "\n\x1b[1mSummary\x1b[0m ({server}, {:.1} s)",
+        "\n{} ({server}, {:.1} s)",
+        bold("Summary"),
         elapsed.as_secs_f64()
     );
     println!("   downloaded:");
@@ -589,6 +590,16 @@ fn summary(
         st["state"].as_str().unwrap_or("?")
     );
     println!("\ndemo finished: an update, a delta update and a rollback on file-backed slots.");
+}
+
+/// `text` in bold on a terminal; as it is in a log or a pipe.
+fn bold(text: &str) -> String {
+    use std::io::IsTerminal;
+    if std::io::stdout().is_terminal() {
+        format!("\x1b[1m{text}\x1b[0m")
+    } else {
+        text.to_string()
+    }
 }
 
 #[cfg(test)]
