@@ -41,6 +41,21 @@ while (time < $end) {
 print "connects $connects bytes $bytes\n";
 "#;
 
+/// `perl -e SCRIPT` as the unprivileged uid 65534 (no groups): how the
+/// tests play a local user who is not root.
+pub fn perl_as_nobody(script: &str) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "perl",
+        "-e",
+    ])
+    .arg(script);
+    c
+}
+
 /// A running drip attack.
 pub struct Drip {
     child: Option<Child>,
@@ -57,15 +72,7 @@ impl Drip {
     /// Start `connections` dripping connections to `socket` for `run`, one
     /// byte per connection every `gap`, as uid 65534.
     pub fn start(socket: &Path, connections: u32, run: Duration, gap: Duration) -> Drip {
-        let child = Command::new("setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "perl",
-                "-e",
-                DRIP,
-            ])
+        let child = perl_as_nobody(DRIP)
             .arg(socket)
             .arg(connections.to_string())
             .arg(format!("{:.3}", run.as_secs_f64()))

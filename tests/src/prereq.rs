@@ -221,17 +221,20 @@ fn python_has(module: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// The package names of `packages` of one kind, in order.
+pub fn names_of<'a>(packages: &[&'a Prerequisite], kind: Kind) -> Vec<&'a str> {
+    packages
+        .iter()
+        .filter(|p| p.kind == kind)
+        .map(|p| p.package.as_str())
+        .collect()
+}
+
 /// The one command that installs `packages` (as root, with `sudo` in
 /// front when `sudo` is true): apt-get for the Debian ones, then pip.
 pub fn install_command(packages: &[&Prerequisite], sudo: bool) -> String {
     let sudo = if sudo { "sudo " } else { "" };
-    let names = |k: Kind| -> Vec<&str> {
-        packages
-            .iter()
-            .filter(|p| p.kind == k)
-            .map(|p| p.package.as_str())
-            .collect()
-    };
+    let names = |k: Kind| names_of(packages, k);
     let mut parts = Vec::new();
     let deb = names(Kind::Deb);
     if !deb.is_empty() {

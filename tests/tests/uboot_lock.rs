@@ -53,15 +53,7 @@ fn hold_as_nobody(lock: &Path) -> Child {
         STDOUT->flush();
         sleep 600;
     "#;
-    let mut child = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "perl",
-            "-e",
-            script,
-        ])
+    let mut child = updraft_tests::hostile_client::perl_as_nobody(script)
         .arg(lock)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

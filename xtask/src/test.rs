@@ -219,13 +219,7 @@ fn not_debian() -> Option<String> {
 }
 
 fn install(packages: &[&Prerequisite]) -> Result {
-    let names = |k: Kind| -> Vec<&str> {
-        packages
-            .iter()
-            .filter(|p| p.kind == k)
-            .map(|p| p.package.as_str())
-            .collect()
-    };
+    let names = |k: Kind| prereq::names_of(packages, k);
     let deb = names(Kind::Deb);
     if !deb.is_empty() {
         let mut update = Command::new("apt-get");
