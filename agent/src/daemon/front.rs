@@ -66,17 +66,11 @@ pub(super) struct Front {
     pub(super) snapshot: Status,
     pub(super) queue: VecDeque<Queued>,
     pub(super) watchdog: Watchdog,
-    /// The boot is not reconciled yet (the bootloader was busy): commands
-    /// are refused as they arrive, even while a retry waits for the lock.
-    pub(super) boot_pending: bool,
 }
 
 impl Front {
-    /// Refuse every queued command while the boot waits to be reconciled.
+    /// Refuse every queued command (the boot waits to be reconciled).
     pub(super) fn refuse_queue(&mut self) {
-        if !self.boot_pending {
-            return;
-        }
         let busy = Error::new(
             Kind::Busy,
             "the daemon is waiting for the bootloader (its lock is held or unusable; see the log) before it acts",

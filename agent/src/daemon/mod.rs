@@ -67,13 +67,7 @@ pub fn run(cfg: Config) -> Result<()> {
     // tries again with a backoff; nothing else runs until it succeeded.
     let boot_pending = match machine.on_boot() {
         Ok(()) => None,
-        Err(e) if e.kind() == Kind::Busy => {
-            log::warn!(
-                "reconciling this boot: {e}; trying again in {}",
-                crate::timestamp::format_duration(BOOT_RETRY_BASE)
-            );
-            Some(e)
-        }
+        Err(e) if e.kind() == Kind::Busy => Some(e),
         Err(e) => return Err(e),
     };
     // A bootloader just found busy is not waited for a second time.
@@ -83,11 +77,8 @@ pub fn run(cfg: Config) -> Result<()> {
     };
     let snapshot = machine.status(&boot_view)?;
     let mut d = Daemon::new(machine, ctl, cfg, boot_view, snapshot);
-    if boot_pending.is_some() {
-        d.boot_retry = Some(Instant::now() + BOOT_RETRY_BASE);
-        d.front.boot_pending = true;
-        d.boot_backoff.fail(None);
-        d.machine_active = false;
+    if let Some(e) = &boot_pending {
+        d.postpone_boot(e);
     }
     log::info!(
         "updraft {} started: booted slot {}, device {}, state {}",
@@ -170,7 +161,6 @@ impl Daemon {
                 snapshot,
                 queue: VecDeque::new(),
                 watchdog: Watchdog::new(),
-                boot_pending: false,
             },
             boot_view,
             m,
@@ -231,6 +221,23 @@ impl Daemon {
         }
     }
 
+    /// The bootloader was busy reconciling this boot: try again later and
+    /// do nothing else meanwhile. The first retry comes after
+    /// [`BOOT_RETRY_BASE`], later ones back off with jitter (at least 1 s).
+    fn postpone_boot(&mut self, e: &Error) {
+        let backoff = self.boot_backoff.fail(None);
+        let d = match self.boot_retry {
+            None => BOOT_RETRY_BASE,
+            Some(_) => backoff.max(Duration::from_secs(1)),
+        };
+        log::warn!(
+            "reconciling this boot: {e}; trying again in {}",
+            crate::timestamp::format_duration(d)
+        );
+        self.boot_retry = Some(Instant::now() + d);
+        self.machine_active = false;
+    }
+
     /// Reconcile this boot again after the bootloader was busy.
     /// Another busy bootloader backs off further; any other failure ends
     /// the daemon, as it would have at start.
@@ -243,7 +250,6 @@ impl Daemon {
             Ok(()) => {
                 log::info!("reconciled this boot: the bootloader answered");
                 self.boot_retry = None;
-                self.front.boot_pending = false;
                 self.boot_backoff.succeed();
                 self.machine_active = true;
                 self.next_step = Instant::now();
@@ -254,12 +260,7 @@ impl Daemon {
             }
             Err(e) if e.kind() == Kind::Stopped => Ok(()),
             Err(e) if e.kind() == Kind::Busy => {
-                let d = self.boot_backoff.fail(None).max(Duration::from_secs(1));
-                log::warn!(
-                    "reconciling this boot: {e}; trying again in {}",
-                    crate::timestamp::format_duration(d)
-                );
-                self.boot_retry = Some(Instant::now() + d);
+                self.postpone_boot(&e);
                 Ok(())
             }
             Err(e) => Err(e),
