@@ -40,6 +40,13 @@ const CONFIG: Opt = Opt {
     help: "configuration file (default /etc/updraft/updraft.toml)",
 };
 
+const DEFAULT: Opt = Opt {
+    name: "--default",
+    short: "",
+    value: "",
+    help: "follow the channel of the configuration again",
+};
+
 const JSON: Opt = Opt {
     name: "--json",
     short: "",
@@ -117,6 +124,23 @@ pub const PROGRAM: Program = Program {
             examples: &["updraft mark-bad"],
         },
         help::Command {
+            name: "channel",
+            summary: "show or change the release channel this device follows",
+            usage: "updraft [--config FILE] channel [NAME | --default]",
+            about: "Without NAME, prints the channel followed and who chose it. With NAME\n\
+                    (root), follows that channel from now on; the choice is kept in\n\
+                    state_dir, so a new image does not undo it. server.manifest_url must\n\
+                    contain {channel} for a channel other than the configured one.\n\
+                    --default follows the configuration's channel again.",
+            options: &[DEFAULT],
+            words: &[],
+            examples: &[
+                "updraft channel",
+                "updraft channel beta",
+                "updraft channel --default",
+            ],
+        },
+        help::Command {
             name: "history",
             summary: "past installs and state changes, oldest first",
             usage: "updraft [--config FILE] history [--json]",
@@ -171,6 +195,9 @@ pub enum Command {
     },
     MarkGood,
     MarkBad,
+    /// Show the channel (`None`), or follow another: `Some(None)` is the
+    /// configuration's.
+    Channel(Option<Option<String>>),
     History {
         json: bool,
     },
@@ -275,6 +302,15 @@ pub fn parse(args: &[String]) -> std::result::Result<Args, UsageError> {
         "check" => none(Command::Check)?,
         "mark-good" => none(Command::MarkGood)?,
         "mark-bad" => none(Command::MarkBad)?,
+        "channel" => match (words.as_slice(), switches.contains(&DEFAULT.name)) {
+            ([], false) => Command::Channel(None),
+            ([], true) => Command::Channel(Some(None)),
+            ([name], false) => {
+                crate::manifest::check_channel_name(name).map_err(usage)?;
+                Command::Channel(Some(Some((*name).to_string())))
+            }
+            _ => return Err(usage("channel takes one channel name, or --default".into())),
+        },
         "install" => match words.as_slice() {
             [m] => Command::Install {
                 manifest: (*m).to_string(),
@@ -326,6 +362,10 @@ pub fn run(args: Args) -> i32 {
         }
         Command::MarkGood => Config::load(&args.config).and_then(|c| mark(c, true)),
         Command::MarkBad => Config::load(&args.config).and_then(|c| mark(c, false)),
+        Command::Channel(None) => Config::load(&args.config).and_then(|c| show_channel(&c)),
+        Command::Channel(Some(to)) => {
+            Config::load(&args.config).and_then(|c| choose_channel(c, to))
+        }
     };
     match result {
         Ok(()) => 0,
@@ -513,6 +553,39 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
     }
 }
 
+// ---- channel ----------------------------------------------------------------
+
+fn show_channel(cfg: &Config) -> Result<()> {
+    let store = Store::open_for_reading(&cfg.db_path())?;
+    let followed = crate::channel::Followed::resolve(&cfg.server, &store)?;
+    let mut server = cfg.server.clone();
+    server.follow(&followed.name)?;
+    if followed.source == "operator" && followed.name != cfg.server.channel {
+        println!(
+            "channel {} (chosen by an operator; the configuration says {})",
+            followed.name, cfg.server.channel
+        );
+    } else {
+        println!("channel {} ({})", followed.name, followed.source);
+    }
+    if !server.manifest_url.is_empty() {
+        println!("manifests from {}", server.manifest_url);
+    }
+    Ok(())
+}
+
+fn choose_channel(cfg: Config, to: Option<String>) -> Result<()> {
+    let req = control::Request::Channel { name: to.clone() };
+    if let Some(reply) = control::try_request(&cfg.system.socket, &req)? {
+        println!("{}", reply.message.unwrap_or_default());
+        return Ok(());
+    }
+    let _lock = StateLock::acquire(&cfg.lock_path())?;
+    let mut m = Machine::open(cfg, Mode::Oneshot)?;
+    println!("{}", m.choose_channel(to.as_deref())?);
+    Ok(())
+}
+
 // ---- check, mark-good, mark-bad ----------------------------------------------
 
 fn check(cfg: &Config) -> Result<()> {
@@ -597,12 +670,9 @@ fn offline_status(cfg: &Config) -> Result<Status> {
     let device_id = std::fs::read_to_string(&cfg.device.id_file)
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
-    let keys_version = match store.key_document()? {
-        Some(raw) => crate::trust::Trust::new(cfg.trust_anchor()?, Some(&raw))
-            .map(|t| t.version())
-            .unwrap_or(0),
-        None => cfg.trust.keys_version,
-    };
+    let (trust, _) = crate::trust::Trust::restore(cfg.trust_anchor()?, &store.key_documents()?);
+    let keys_version = trust.version();
+    let channel = crate::channel::Followed::resolve(&cfg.server, &store)?;
     let last_error = match &state {
         State::Failed { reason, .. } => Some(reason.clone()),
         _ => store.get("last_check_error")?.filter(|e| !e.is_empty()),
@@ -622,7 +692,9 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         job: state.job().cloned(),
         progress: None,
         serial: store.serial()?,
+        floor: store.floor(&channel.name, keys_version)?,
         keys_version,
+        channel: Some(channel),
         last_check: None,
         next_check: None,
         last_error,
@@ -711,6 +783,16 @@ pub(crate) fn render_status(st: &Status, now: Timestamp) -> String {
             st.keys_version
         ),
     );
+    if let Some(c) = &st.channel {
+        let floor = match st.floor {
+            Some(f) => format!("serial floor {f}"),
+            None => "no serial floor yet".into(),
+        };
+        line(
+            "channel:",
+            format!("{} (chosen by the {}), {floor}", c.name, c.source),
+        );
+    }
     line("device id:", st.device_id.clone());
     line("outbox:", format!("{} report(s) queued", st.outbox));
     out
@@ -890,6 +972,8 @@ mod tests {
             progress: None,
             serial: Some(2),
             keys_version: 0,
+            floor: None,
+            channel: None,
             last_check: None,
             next_check: None,
             last_error: None,

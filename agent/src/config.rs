@@ -37,6 +37,10 @@ pub struct Server {
     /// Where the signed manifest is polled. Empty: the daemon never polls
     /// (local installs only).
     pub manifest_url: String,
+    /// The release channel this device follows unless an operator chose
+    /// another (`updraft channel`). `{channel}` in `manifest_url` and the
+    /// mirrors stands for the channel followed.
+    pub channel: String,
     /// Extra trust anchor (PEM) for TLS, added to the system roots.
     pub ca_file: Option<PathBuf>,
     /// Use the system's CA bundle as well (default true).
@@ -68,10 +72,47 @@ pub struct Server {
     pub insecure_allow_http: bool,
 }
 
+/// The channel a device follows when its configuration names none.
+pub const DEFAULT_CHANNEL: &str = "stable";
+
+/// Stands for the followed channel in `manifest_url` and the mirrors.
+pub const CHANNEL_PLACEHOLDER: &str = "{channel}";
+
+impl Server {
+    /// True when the manifest location follows the channel (the URL names
+    /// `{channel}`), so the device can be moved to another channel.
+    pub fn follows_channel_in_url(&self) -> bool {
+        self.manifest_url.contains(CHANNEL_PLACEHOLDER)
+    }
+
+    /// Point `manifest_url` and the mirrors at `channel`. A channel other
+    /// than the configured one needs `{channel}` in `manifest_url`:
+    /// otherwise every manifest at the one URL would be refused.
+    pub fn follow(&mut self, channel: &str) -> Result<()> {
+        crate::manifest::check_channel_name(channel).map_err(|why| Error::new(Kind::Usage, why))?;
+        if channel != self.channel && !self.follows_channel_in_url() {
+            return Err(Error::new(
+                Kind::Config,
+                format!(
+                    "server.manifest_url {:?} has no {CHANNEL_PLACEHOLDER} placeholder, so it serves only channel {}: \
+                     following {channel} would refuse every manifest",
+                    self.manifest_url, self.channel
+                ),
+            ));
+        }
+        self.manifest_url = self.manifest_url.replace(CHANNEL_PLACEHOLDER, channel);
+        for m in &mut self.mirrors {
+            *m = m.replace(CHANNEL_PLACEHOLDER, channel);
+        }
+        Ok(())
+    }
+}
+
 impl Default for Server {
     fn default() -> Self {
         Server {
             manifest_url: String::new(),
+            channel: DEFAULT_CHANNEL.into(),
             ca_file: None,
             system_roots: true,
             mirrors: Vec::new(),
@@ -307,6 +348,7 @@ impl Config {
         let d = Server::default();
         let server = Server {
             manifest_url: s.string("manifest_url")?.unwrap_or(d.manifest_url),
+            channel: s.string("channel")?.unwrap_or(d.channel),
             ca_file: s.path("ca_file")?,
             system_roots: s.boolean("system_roots")?.unwrap_or(d.system_roots),
             mirrors: s.strings("mirrors")?.unwrap_or(d.mirrors),
@@ -447,6 +489,22 @@ impl Config {
             } else if !url.starts_with("https://") {
                 return bad(key, format!("{url:?} is not an https URL"));
             }
+            if let Some(at) = url.find(CHANNEL_PLACEHOLDER) {
+                let authority_end = url
+                    .find("://")
+                    .and_then(|i| url[i + 3..].find('/').map(|j| i + 3 + j));
+                if key == "server.report_url" || authority_end.is_none_or(|end| at < end) {
+                    return bad(
+                        key,
+                        format!(
+                            "{url:?}: {CHANNEL_PLACEHOLDER} may stand only in the path of server.manifest_url and server.mirrors"
+                        ),
+                    );
+                }
+            }
+        }
+        if let Err(why) = crate::manifest::check_channel_name(&s.channel) {
+            return bad("server.channel", why);
         }
         if s.poll_interval.0 < Duration::from_secs(1) {
             return bad("server.poll_interval", "must be at least 1s".into());

@@ -62,9 +62,16 @@ pub enum Request {
     Status,
     History,
     Check,
-    Install { manifest: String },
+    Install {
+        manifest: String,
+    },
     MarkGood,
     MarkBad,
+    /// Follow another channel (`None`: the configuration's again).
+    Channel {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+    },
 }
 
 impl Request {
@@ -77,6 +84,7 @@ impl Request {
             Request::Install { .. } => "install",
             Request::MarkGood => "mark-good",
             Request::MarkBad => "mark-bad",
+            Request::Channel { .. } => "channel",
         }
     }
 
@@ -584,6 +592,10 @@ mod tests {
             Request::MarkGood,
             Request::MarkBad,
             Request::History,
+            Request::Channel { name: None },
+            Request::Channel {
+                name: Some("beta".into()),
+            },
         ] {
             let text = serde_json::to_string(&r).unwrap();
             assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), r);

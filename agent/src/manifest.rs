@@ -54,8 +54,13 @@ pub struct Manifest {
     /// After this, the manifest is refused (freeze attack).
     pub expires: Timestamp,
     /// The key document version the signing release keys belong to.
+    /// Required in root mode: it must be the version the device trusts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys_version: Option<u64>,
+    /// The release channel this manifest belongs to (`stable`, `beta`, …).
+    /// Required: a device follows one channel and refuses every other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
     pub release: Release,
     pub image: Image,
     pub artifact: Artifact,
@@ -167,6 +172,41 @@ pub fn verify(raw: &[u8], trust: &Trust) -> Result<VerifiedManifest> {
     })
 }
 
+/// Longest channel name.
+pub const MAX_CHANNEL_LEN: usize = 64;
+
+/// A channel name: 1 to 64 of `a-z`, `0-9`, `.`, `_`, `-`, starting with a
+/// letter or digit. Used for the signed `channel`, the configuration and
+/// the operator's choice alike, so the three compare as plain strings.
+pub fn check_channel_name(name: &str) -> std::result::Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c);
+    if name.is_empty() || name.len() > MAX_CHANNEL_LEN {
+        return Err(format!(
+            "channel name {:?} must be 1 to {MAX_CHANNEL_LEN} characters",
+            truncate(name, 80)
+        ));
+    }
+    if !name.chars().all(ok_char) || !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return Err(format!(
+            "channel name {:?} may hold only a-z, 0-9, '.', '_' and '-', and must start with a letter or digit",
+            truncate(name, 80)
+        ));
+    }
+    Ok(())
+}
+
+/// Where a verified manifest stands against the key document the device
+/// trusts (root mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyEpoch {
+    /// Signed under the key document in force.
+    Current,
+    /// Signed under an older key document than the one the device already
+    /// accepted: a server (or a CDN edge) that has not caught up with a key
+    /// rotation yet. Not an error: the device polls again later.
+    Stale { manifest: u64, trusted: u64 },
+}
+
 /// The outcome of comparing a verified manifest with the stored serial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Freshness {
@@ -243,6 +283,10 @@ impl Manifest {
                 ));
             }
         }
+        if let Some(c) = &self.channel {
+            check_channel_name(c)
+                .map_err(|e| Error::new(Kind::Malformed, format!("manifest: {e}")))?;
+        }
         if self.expires <= self.issued {
             return bad(format!(
                 "expires {} is not after issued {}",
@@ -318,8 +362,66 @@ impl Manifest {
         Ok(())
     }
 
+    /// The channel rule: the manifest must name the channel this device
+    /// follows. Checked before anything about the manifest is stored, since
+    /// serial floors are kept per channel.
+    pub fn check_channel(&self, followed: &str) -> Result<()> {
+        match &self.channel {
+            Some(c) if c == followed => Ok(()),
+            Some(c) => Err(Error::new(
+                Kind::Policy,
+                format!(
+                    "manifest serial {} is for channel {c}; this device follows {followed}",
+                    self.serial
+                ),
+            )),
+            None => Err(Error::new(
+                Kind::Policy,
+                format!(
+                    "manifest serial {} names no channel; this device follows {followed} \
+                     (publish with `updraft-publish release --channel {followed}`)",
+                    self.serial
+                ),
+            )),
+        }
+    }
+
+    /// The key-epoch rule of root mode: `trusted` is the version of the key
+    /// document in force (`None` in simple mode, where the rule does not
+    /// apply). A manifest naming no version is refused; one naming an older
+    /// version is [`KeyEpoch::Stale`]; one naming a newer version than the
+    /// device could verify is refused.
+    pub fn check_keys_version(&self, trusted: Option<u64>) -> Result<KeyEpoch> {
+        let Some(trusted) = trusted else {
+            return Ok(KeyEpoch::Current);
+        };
+        match self.keys_version {
+            None => Err(Error::new(
+                Kind::Policy,
+                format!(
+                    "manifest serial {} names no keys_version; in root mode a manifest must name \
+                     the key document it is signed under (this device trusts v{trusted})",
+                    self.serial
+                ),
+            )),
+            Some(v) if v == trusted => Ok(KeyEpoch::Current),
+            Some(v) if v < trusted => Ok(KeyEpoch::Stale {
+                manifest: v,
+                trusted,
+            }),
+            Some(v) => Err(Error::new(
+                Kind::Signature,
+                format!(
+                    "manifest serial {} names key document v{v}, newer than the v{trusted} this device could verify",
+                    self.serial
+                ),
+            )),
+        }
+    }
+
     /// The device's rules for a verified manifest. `stored_serial` is the
-    /// highest serial accepted before (None on a fresh device).
+    /// floor of the manifest's channel under the key document in force
+    /// (None when nothing was accepted there yet).
     pub fn check_policy(
         &self,
         now: Timestamp,
@@ -413,6 +515,7 @@ mod tests {
             issued: Timestamp(1_800_000_000),
             expires: Timestamp(1_900_000_000),
             keys_version: None,
+            channel: Some("stable".into()),
             release: Release {
                 version: "1.2.3".into(),
                 compatible: vec!["rpi4".into()],
@@ -505,6 +608,64 @@ mod tests {
         let e = Manifest::parse(&serde_json::to_vec(&v).unwrap()).unwrap_err();
         assert_eq!(e.kind(), Kind::Policy);
         assert!(e.to_string().contains("spec_version 2"));
+    }
+
+    #[test]
+    fn a_manifest_must_name_the_channel_the_device_follows() {
+        let mut m = sample();
+        assert!(m.check_channel("stable").is_ok());
+        let e = m.check_channel("beta").unwrap_err();
+        assert_eq!(e.kind(), Kind::Policy);
+        assert_eq!(
+            e.message(),
+            "manifest serial 7 is for channel stable; this device follows beta"
+        );
+        m.channel = None;
+        let e = m.check_channel("stable").unwrap_err();
+        assert!(
+            e.message()
+                .starts_with("manifest serial 7 names no channel; this device follows stable"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn channel_names_are_checked_where_they_are_read() {
+        for good in ["stable", "beta", "rc-2.1", "0", "lts_2026"] {
+            assert!(check_channel_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", "Stable", "-x", ".x", "a b", "a/b", "é", &"x".repeat(65)] {
+            assert!(check_channel_name(bad).is_err(), "{bad:?}");
+            let mut m = sample();
+            m.channel = Some(bad.to_string());
+            assert!(
+                reparse(&m).unwrap_err().message().contains("channel name"),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn root_mode_needs_the_key_document_in_force() {
+        let mut m = sample();
+        // Simple mode: no rule.
+        assert_eq!(m.check_keys_version(None).unwrap(), KeyEpoch::Current);
+        let e = m.check_keys_version(Some(2)).unwrap_err();
+        assert_eq!(e.kind(), Kind::Policy);
+        assert!(e.message().contains("names no keys_version"), "{e}");
+        m.keys_version = Some(2);
+        assert_eq!(m.check_keys_version(Some(2)).unwrap(), KeyEpoch::Current);
+        assert_eq!(
+            m.check_keys_version(Some(3)).unwrap(),
+            KeyEpoch::Stale {
+                manifest: 2,
+                trusted: 3
+            }
+        );
+        assert_eq!(
+            m.check_keys_version(Some(1)).unwrap_err().kind(),
+            Kind::Signature
+        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::bail;
 use crate::clock;
 use crate::error::{Error, Result};
 use crate::fetch::{Fetched, Fetcher};
-use crate::manifest::{self, Freshness, Manifest};
+use crate::manifest::{self, Freshness, KeyEpoch, Manifest};
 use crate::progress::Ticker;
 use crate::report;
 use crate::slot::SlotName;
@@ -43,10 +43,21 @@ const ETAG_MAX_AGE: i64 = 6 * 3600;
 /// How far the clock may be behind a manifest's signing time.
 const CLOCK_SKEW: i64 = 300;
 
-/// A manifest whose signatures, expiry, serial and compatibility passed.
+/// A manifest whose signatures, channel, key epoch, expiry, serial and
+/// compatibility passed.
 pub(crate) struct Verified {
     pub(crate) manifest: Manifest,
     pub(crate) freshness: Freshness,
+}
+
+/// What a poll found.
+pub(crate) enum Polled {
+    /// A manifest this device may act on.
+    Verified(Box<Verified>),
+    /// A well-signed manifest from before a key rotation the device already
+    /// follows (a server or CDN edge lagging behind): nothing was stored,
+    /// nothing failed, the next poll looks again. Says why.
+    Stale(String),
 }
 
 /// What one poll reads and updates.
@@ -58,6 +69,8 @@ pub(crate) struct Poller<'a> {
     pub(crate) preferred: &'a mut usize,
     /// This device's hardware id.
     pub(crate) compatible: &'a str,
+    /// The channel this device follows.
+    pub(crate) channel: &'a str,
 }
 
 impl Poller<'_> {
@@ -68,7 +81,7 @@ impl Poller<'_> {
         origin: &Origin,
         default_origin: bool,
         t: &mut dyn Ticker,
-    ) -> Result<Verified> {
+    ) -> Result<Polled> {
         let now = Timestamp::now();
         clock::check(now, self.store.time_floor()?)?;
         // Read once: the end of the poll compares against these.
@@ -123,6 +136,20 @@ impl Poller<'_> {
         }
         let vm = manifest::verify(&raw, self.trust)?;
         let m = vm.manifest;
+        // Before anything is stored: floors are per channel and per key
+        // document, so a manifest of another channel or epoch must not move
+        // one.
+        m.check_channel(self.channel)?;
+        let epoch = self.trust.version();
+        let trusted = (!self.trust.is_simple()).then_some(epoch);
+        if let KeyEpoch::Stale { manifest, trusted } = m.check_keys_version(trusted)? {
+            return Ok(Polled::Stale(format!(
+                "manifest serial {} (release {}) is signed under key document v{manifest}, older than \
+                 the v{trusted} this device trusts: the server has not caught up with the key rotation; \
+                 polling again later",
+                m.serial, m.release.version
+            )));
+        }
         if now.0 + CLOCK_SKEW < m.issued.0 {
             bail!(
                 Clock,
@@ -131,8 +158,10 @@ impl Poller<'_> {
                 m.issued
             );
         }
-        let freshness = m.check_policy(now, self.store.serial()?, self.compatible)?;
-        self.store.accept_manifest(m.serial, m.issued)?;
+        let floor = self.store.floor(self.channel, epoch)?;
+        let freshness = m.check_policy(now, floor, self.compatible)?;
+        self.store
+            .accept_manifest(self.channel, epoch, m.serial, m.issued)?;
         if default_origin {
             // Cache what was verified, for the next 304.
             match std::str::from_utf8(&raw) {
@@ -155,10 +184,10 @@ impl Poller<'_> {
                 Err(_) => self.store.set("etag", "")?,
             }
         }
-        Ok(Verified {
+        Ok(Polled::Verified(Box::new(Verified {
             manifest: m,
             freshness,
-        })
+        })))
     }
 
     /// Fetch the manifest (on a helper thread for remote origins).

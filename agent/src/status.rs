@@ -57,8 +57,18 @@ pub struct Status {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// The highest manifest serial ever accepted.
     pub serial: Option<u64>,
     pub keys_version: u64,
+    /// The serial floor of the channel followed under key document
+    /// `keys_version`: a manifest must be at least this (equal is "no
+    /// change"). Lower than `serial` after a key rotation reset the floors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<u64>,
+    /// The channel followed and who chose it (absent from releases before
+    /// channels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<crate::channel::Followed>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_check: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -277,7 +277,10 @@ impl Store {
         }
     }
 
-    /// Highest manifest serial accepted.
+    /// Highest manifest serial ever accepted, on any channel and under any
+    /// key document. Releases before channels compare against this value
+    /// alone, so it only ever rises: after a rollback to such a release it
+    /// still refuses every serial the newer one refused as a replay.
     pub fn serial(&self) -> Result<Option<u64>> {
         self.get_parsed("serial")
     }
@@ -287,33 +290,130 @@ impl Store {
         Ok(self.get_parsed::<i64>("time_floor")?.map(Timestamp))
     }
 
-    /// Record a verified manifest: serial and clock floor only ever rise.
-    pub fn accept_manifest(&self, serial: u64, issued: Timestamp) -> Result<()> {
-        let tx = self.conn.unchecked_transaction()?;
-        let old: Option<u64> = self.get_parsed("serial")?;
-        if old.is_none_or(|o| serial > o) {
-            self.set("serial", &serial.to_string())?;
+    // ---- serial floors -----------------------------------------------------
+    //
+    // A floor is kept per channel, with the key document version (the
+    // *epoch*) its serial was accepted under: `floor.<channel>` holds
+    // "<epoch> <serial>". A floor from an older epoch does not count, which
+    // is how accepting a newer key document resets every channel's floor
+    // without writing them all.
+    //
+    // The single `serial` of earlier releases also counts for the followed
+    // channel while `serial_epoch` names the epoch in force: that is the
+    // migration (the old floor becomes the floor of the device's channel)
+    // and it picks up what an older release accepted after a rollback.
+    // Switching channels detaches it, since its serials belong to the
+    // channel left.
+
+    /// The serial floor of `channel` (the one this device follows) under key
+    /// document version `epoch`; `None` when nothing counts yet.
+    pub fn floor(&self, channel: &str, epoch: u64) -> Result<Option<u64>> {
+        let own = self
+            .channel_floor(channel)?
+            .and_then(|(e, s)| (e == epoch).then_some(s));
+        // No `serial_epoch` yet: a database from before channels, whose
+        // single serial is this channel's floor (see `adopt_legacy_floor`).
+        let legacy = match self.get("serial_epoch")? {
+            Some(e) if e != epoch.to_string() => None,
+            _ => self.serial()?,
+        };
+        Ok(own.max(legacy))
+    }
+
+    /// `floor.<channel>` as stored: (epoch, serial).
+    fn channel_floor(&self, channel: &str) -> Result<Option<(u64, u64)>> {
+        let key = format!("floor.{channel}");
+        let Some(v) = self.get(&key)? else {
+            return Ok(None);
+        };
+        let parsed = v
+            .split_once(' ')
+            .and_then(|(e, s)| Some((e.parse().ok()?, s.parse().ok()?)));
+        match parsed {
+            Some(p) => Ok(Some(p)),
+            None => bail!(Store, "database value {key}={v:?} is malformed"),
         }
-        let floor: Option<i64> = self.get_parsed("time_floor")?;
-        if floor.is_none_or(|f| issued.0 > f) {
-            self.set("time_floor", &issued.0.to_string())?;
+    }
+
+    /// Record a verified manifest of `channel` under key document `epoch`:
+    /// the channel's floor, the all-time serial and the clock floor only
+    /// ever rise (a floor from an older epoch is replaced).
+    pub fn accept_manifest(
+        &self,
+        channel: &str,
+        epoch: u64,
+        serial: u64,
+        issued: Timestamp,
+    ) -> Result<()> {
+        self.atomically(|s| {
+            if s.floor(channel, epoch)?.is_none_or(|f| serial > f) {
+                s.set(&format!("floor.{channel}"), &format!("{epoch} {serial}"))?;
+            }
+            if s.serial()?.is_none_or(|o| serial > o) {
+                s.set("serial", &serial.to_string())?;
+                s.set("serial_epoch", &epoch.to_string())?;
+            }
+            if s.time_floor()?.is_none_or(|f| issued > f) {
+                s.set("time_floor", &issued.0.to_string())?;
+            }
+            Ok(())
+        })
+    }
+
+    /// First start on a database written before channels: the single
+    /// serial becomes the floor of the followed channel under the key
+    /// document in force. Does nothing once `serial_epoch` exists.
+    pub fn adopt_legacy_floor(&self, epoch: u64) -> Result<()> {
+        if self.get("serial_epoch")?.is_none() && self.serial()?.is_some() {
+            self.set("serial_epoch", &epoch.to_string())?;
         }
-        tx.commit()?;
         Ok(())
+    }
+
+    /// The channel an operator chose, kept on the data partition so a new
+    /// image's configuration does not undo it.
+    pub fn channel_choice(&self) -> Result<Option<String>> {
+        Ok(self.get("channel")?.filter(|c| !c.is_empty()))
+    }
+
+    /// Follow `to` (or, with `None`, the configuration's channel again) from
+    /// now on, leaving `from`: `from`'s floor is written down under its own
+    /// name and the single serial no longer counts for any channel.
+    pub fn choose_channel(&self, from: &str, to: Option<&str>, epoch: u64) -> Result<()> {
+        self.atomically(|s| {
+            if let Some(f) = s.floor(from, epoch)? {
+                s.set(&format!("floor.{from}"), &format!("{epoch} {f}"))?;
+            }
+            s.set("serial_epoch", "detached")?;
+            // The cached manifest and its ETag belong to the channel left.
+            s.set("etag", "")?;
+            s.set("channel", to.unwrap_or(""))
+        })
     }
 
     // ---- trust -----------------------------------------------------------
 
-    /// The newest stored key document.
-    pub fn key_document(&self) -> Result<Option<Vec<u8>>> {
-        Ok(self
+    /// Every stored key document with the version it was stored under.
+    pub fn key_documents(&self) -> Result<Vec<(u64, Vec<u8>)>> {
+        let mut stmt = self
             .conn
-            .query_row(
-                "SELECT envelope FROM key_documents ORDER BY version DESC LIMIT 1",
-                [],
-                |r| r.get(0),
-            )
-            .optional()?)
+            .prepare("SELECT version, envelope FROM key_documents ORDER BY version")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))?;
+        let mut docs = Vec::new();
+        for row in rows {
+            let (v, raw) = row?;
+            docs.push((v as u64, raw));
+        }
+        Ok(docs)
+    }
+
+    /// Forget a stored key document that no longer chains.
+    pub fn forget_key_document(&self, version: u64) -> Result<()> {
+        self.conn.execute(
+            "DELETE FROM key_documents WHERE version = ?1",
+            params![version as i64],
+        )?;
+        Ok(())
     }
 
     pub fn put_key_document(&self, version: u64, envelope: &[u8]) -> Result<()> {
@@ -618,10 +718,54 @@ mod tests {
     fn serial_and_floor_only_rise() {
         let s = db("serial");
         assert_eq!(s.serial().unwrap(), None);
-        s.accept_manifest(5, Timestamp(100)).unwrap();
-        s.accept_manifest(3, Timestamp(50)).unwrap();
+        s.accept_manifest("stable", 1, 5, Timestamp(100)).unwrap();
+        s.accept_manifest("stable", 1, 3, Timestamp(50)).unwrap();
         assert_eq!(s.serial().unwrap(), Some(5));
+        assert_eq!(s.floor("stable", 1).unwrap(), Some(5));
         assert_eq!(s.time_floor().unwrap(), Some(Timestamp(100)));
+    }
+
+    #[test]
+    fn a_newer_key_document_resets_the_floors_but_never_the_all_time_serial() {
+        let s = db("epochs");
+        s.accept_manifest("stable", 1, u64::MAX, Timestamp(100))
+            .unwrap();
+        assert_eq!(s.floor("stable", 1).unwrap(), Some(u64::MAX));
+        // Under key document 2 nothing counts yet; serial 6 is accepted.
+        assert_eq!(s.floor("stable", 2).unwrap(), None);
+        s.accept_manifest("stable", 2, 6, Timestamp(200)).unwrap();
+        assert_eq!(s.floor("stable", 2).unwrap(), Some(6));
+        // What releases before channels compare against stays the maximum.
+        assert_eq!(s.serial().unwrap(), Some(u64::MAX));
+        assert_eq!(s.get("serial_epoch").unwrap().as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn the_single_serial_of_earlier_releases_becomes_the_followed_channels_floor() {
+        let s = db("legacy");
+        s.set("serial", "40").unwrap();
+        s.adopt_legacy_floor(3).unwrap();
+        assert_eq!(s.floor("stable", 3).unwrap(), Some(40));
+        assert_eq!(s.floor("stable", 4).unwrap(), None);
+        // An older release raising it after a rollback still counts.
+        s.set("serial", "41").unwrap();
+        assert_eq!(s.floor("stable", 3).unwrap(), Some(41));
+        // Leaving the channel writes its floor down and detaches the serial.
+        s.choose_channel("stable", Some("beta"), 3).unwrap();
+        assert_eq!(s.channel_choice().unwrap().as_deref(), Some("beta"));
+        assert_eq!(s.floor("beta", 3).unwrap(), None);
+        assert_eq!(s.floor("stable", 3).unwrap(), Some(41));
+        s.choose_channel("beta", None, 3).unwrap();
+        assert_eq!(s.channel_choice().unwrap(), None);
+        assert_eq!(s.floor("stable", 3).unwrap(), Some(41));
+    }
+
+    #[test]
+    fn a_malformed_floor_is_named() {
+        let s = db("badfloor");
+        s.set("floor.stable", "x").unwrap();
+        let e = s.floor("stable", 0).unwrap_err();
+        assert!(e.message().contains("floor.stable"), "{e}");
     }
 
     #[test]

@@ -68,7 +68,7 @@ impl RoleEntry {
         }
     }
 
-    fn to_keyset(&self, role: &str) -> Result<KeySet> {
+    pub fn to_keyset(&self, role: &str) -> Result<KeySet> {
         let mut keys = Vec::with_capacity(self.keys.len().min(MAX_KEYS));
         for (i, k) in self.keys.iter().enumerate() {
             if k.kind != "ed25519" {
@@ -125,22 +125,76 @@ pub struct Trust {
     current: Option<KeyDocument>,
 }
 
+/// A stored key document that was not used, and why.
+#[derive(Clone, Debug)]
+pub struct Discarded {
+    pub version: u64,
+    pub reason: String,
+}
+
 impl Trust {
-    /// `persisted` is the newest stored key document (already verified when
-    /// it was stored; it is re-parsed but its chain is not re-walked). A
-    /// persisted document older than the anchor's version is ignored.
-    pub fn new(anchor: Anchor, persisted: Option<&[u8]>) -> Result<Trust> {
-        let mut trust = Trust {
+    /// Trust in the provisioned anchor alone.
+    pub fn new(anchor: Anchor) -> Trust {
+        Trust {
             anchor,
             current: None,
-        };
-        if let (Anchor::Root { version, .. }, Some(raw)) = (&trust.anchor, persisted) {
-            let doc = parse_key_document(raw, "stored key document")?;
-            if doc.version >= *version {
-                trust.current = Some(doc);
+        }
+    }
+
+    /// Trust in the anchor and the key documents stored before (`stored`:
+    /// each with the version it was stored under, in any order). The chain is walked again from the provisioned roots
+    /// exactly as when each document was first accepted, so a device
+    /// re-provisioned with other roots, or a database written by someone
+    /// else, cannot make it trust what those roots never signed. Documents
+    /// older than the anchor are ignored; the first one that does not
+    /// chain, and every one after it, is returned as discarded with the
+    /// reason (the caller warns and forgets them).
+    pub fn restore(anchor: Anchor, stored: &[(u64, Vec<u8>)]) -> (Trust, Vec<Discarded>) {
+        let mut trust = Trust::new(anchor);
+        let mut docs: Vec<(u64, &[u8])> = Vec::new();
+        let mut discarded = Vec::new();
+        for (row, raw) in stored {
+            match parse_key_document(raw, "stored key document") {
+                Ok(doc) if doc.version == *row => docs.push((doc.version, raw)),
+                Ok(doc) => discarded.push(Discarded {
+                    version: *row,
+                    reason: format!("it was stored as v{row} but says it is v{}", doc.version),
+                }),
+                Err(e) => discarded.push(Discarded {
+                    version: *row,
+                    reason: e.to_string(),
+                }),
             }
         }
-        Ok(trust)
+        docs.sort_by_key(|(v, _)| *v);
+        let mut broken: Option<String> = None;
+        for (version, raw) in docs {
+            if let Some(why) = &broken {
+                discarded.push(Discarded {
+                    version,
+                    reason: format!("it comes after a document that does not chain ({why})"),
+                });
+                continue;
+            }
+            let first = match (&trust.anchor, &trust.current) {
+                (Anchor::Release(_), _) => break,
+                (Anchor::Root { version: v, .. }, None) => *v,
+                (_, Some(doc)) => doc.version + 1,
+            };
+            if version < first {
+                continue;
+            }
+            let what = format!("stored key document v{version}");
+            if let Err(e) = trust.accept(raw, &what) {
+                let why = e.to_string();
+                discarded.push(Discarded {
+                    version,
+                    reason: format!("it does not chain from the provisioned root keys: {why}"),
+                });
+                broken = Some(format!("v{version}"));
+            }
+        }
+        (trust, discarded)
     }
 
     pub fn anchor(&self) -> &Anchor {

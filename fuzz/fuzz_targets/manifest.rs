@@ -15,9 +15,15 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let Ok(set) = KeySet::new(vec![key], 1) else { return };
-    let Ok(trust) = Trust::new(Anchor::Release(set), None) else { return };
+    let trust = Trust::new(Anchor::Release(set));
     let _ = updraft::manifest::keys_version_hint(data);
     let _ = updraft::manifest::verify(data, &trust);
-    // The payload parser on its own, as if the signature had verified.
-    let _ = updraft::manifest::Manifest::parse(data);
+    // The payload parser on its own, as if the signature had verified, and
+    // the device's rules on what it accepts: channel, key epoch, policy.
+    if let Ok(m) = updraft::manifest::Manifest::parse(data) {
+        let _ = m.check_channel("stable");
+        let _ = m.check_keys_version(Some(3));
+        let _ = m.check_keys_version(None);
+        let _ = m.check_policy(updraft::timestamp::Timestamp(1_800_000_000), Some(5), "rpi4");
+    }
 });

@@ -81,8 +81,8 @@ const PROGRAM: Program = Program {
             summary: "sign a release: framed artifact, deltas and DIR/manifest.json",
             usage: "updraft-publish release --key K.key [--key K2.key]... --version V \\
       --compatible HW [--compatible HW2]... --image NEW.img [--from OLD.img]... \\
-      [--serial N] [--expires 30d] [--rollout PERCENT] [--frame-size BYTES] \\
-      [--level N] [--threads N] --out DIR",
+      [--channel NAME] [--serial N] [--allow-serial-jump] [--expires 30d] \\
+      [--rollout PERCENT] [--frame-size BYTES] [--level N] [--threads N] --out DIR",
             about: "",
             options: &[
                 opt(
@@ -103,9 +103,19 @@ const PROGRAM: Program = Program {
                     "an older image to make a delta from (repeatable)",
                 ),
                 opt(
+                    "--channel",
+                    "NAME",
+                    "the channel signed into the manifest (default stable)",
+                ),
+                opt(
                     "--serial",
                     "N",
-                    "manifest serial (default: the one in DIR plus 1, or 1)",
+                    "manifest serial (default: the verified one in DIR plus 1, or 1)",
+                ),
+                opt(
+                    "--allow-serial-jump",
+                    "",
+                    "accept a serial more than 2^32 above the previous one",
                 ),
                 opt(
                     "--expires",
@@ -420,6 +430,8 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                 image: PathBuf::from(usage(f.required("image"))?),
                 from: f.all("from").iter().map(PathBuf::from).collect(),
                 serial: usage(f.number("serial"))?,
+                allow_serial_jump: f.switch("allow-serial-jump"),
+                channel: usage(f.one("channel"))?.unwrap_or("stable").to_string(),
                 expires,
                 rollout,
                 out: PathBuf::from(usage(f.required("out"))?),

@@ -18,12 +18,13 @@ use std::time::Duration;
 
 use updraft::hash::{Hasher, Sha256};
 use updraft::manifest::{
-    Artifact, Delta, Frame, Image, MAX_FRAME_OUTPUT, MAX_WINDOW_LOG, Manifest, PAYLOAD_TYPE,
+    self, Artifact, Delta, Frame, Image, MAX_FRAME_OUTPUT, MAX_WINDOW_LOG, Manifest, PAYLOAD_TYPE,
     Release, Rollout, SPEC_VERSION,
 };
 use updraft::timestamp::Timestamp;
+use updraft::trust::{Anchor, KeySet, PublicKey, Trust};
 
-use crate::keys::{Key, Result, latest_key_document};
+use crate::keys::{Key, Result, latest_key_document, peek_key_document};
 use crate::sign::sign_envelope;
 
 /// Default decoded size of one artifact frame.
@@ -33,6 +34,18 @@ pub const DEFAULT_FRAME_SIZE: usize = 4 * 1024 * 1024;
 /// artifact.
 pub const DELTA_MAX_SHARE: f64 = 0.8;
 
+/// The largest serial the publisher signs: 2^53 - 1, the largest integer
+/// every JSON implementation reads exactly, and far beyond any real
+/// sequence. A device accepts any u64, so a serial at the very top would
+/// leave no room for a next release; this keeps that from happening by
+/// mistake.
+pub const MAX_SERIAL: u64 = (1 << 53) - 1;
+
+/// A serial more than this far above the previous one needs
+/// `--allow-serial-jump` (2^32: room for date- or time-based serials, and
+/// no typo gets near [`MAX_SERIAL`] in fewer than two million releases).
+pub const MAX_SERIAL_JUMP: u64 = 1 << 32;
+
 pub struct ReleaseSpec {
     pub keys: Vec<Key>,
     pub version: String,
@@ -40,6 +53,10 @@ pub struct ReleaseSpec {
     pub image: PathBuf,
     pub from: Vec<PathBuf>,
     pub serial: Option<u64>,
+    /// Allow a serial more than [`MAX_SERIAL_JUMP`] above the previous one.
+    pub allow_serial_jump: bool,
+    /// The channel the manifest is signed for.
+    pub channel: String,
     pub expires: Duration,
     pub rollout: Option<f64>,
     pub out: PathBuf,
@@ -194,14 +211,106 @@ fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// The serial of the manifest already in `dir`, if any (not verified: the
-/// publisher only uses it to count up).
-fn previous_serial(dir: &Path) -> Option<u64> {
-    let bytes = std::fs::read(dir.join("manifest.json")).ok()?;
-    let env = updraft::envelope::Envelope::parse(&bytes, "manifest").ok()?;
-    let payload = env.payload_bytes("manifest").ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&payload).ok()?;
-    v.get("serial")?.as_u64()
+/// The serial of the manifest already in `dir`, verified before it is
+/// counted on: a manifest that no key of this release line signed (planted,
+/// corrupted, copied from elsewhere) must not become the base of the next
+/// release's serial. It must carry a valid signature of a release key named
+/// by a key document in `dir/keys/` (retired keys included: the previous
+/// release may predate a rotation) or of a key signing now, and belong to
+/// `channel` (one directory, one channel). `None` when there is no manifest
+/// yet.
+fn previous_serial(dir: &Path, keys: &[Key], channel: &str) -> Result<Option<u64>> {
+    let path = dir.join("manifest.json");
+    let raw = match std::fs::read(&path) {
+        Ok(raw) => raw,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    let mut pubs: Vec<PublicKey> = keys.iter().map(|k| k.public.clone()).collect();
+    let newest = latest_key_document(dir)?.unwrap_or(0);
+    for v in 1..=newest {
+        let doc_path = dir.join("keys").join(format!("{v}.json"));
+        let Ok(bytes) = std::fs::read(&doc_path) else {
+            continue;
+        };
+        let body = peek_key_document(&bytes).map_err(|e| format!("{}: {e}", doc_path.display()))?;
+        let set = body
+            .release
+            .to_keyset("release")
+            .map_err(|e| format!("{}: {e}", doc_path.display()))?;
+        pubs.extend(set.keys().iter().cloned());
+    }
+    let mut distinct: Vec<PublicKey> = Vec::new();
+    for k in pubs {
+        if !distinct.contains(&k) {
+            distinct.push(k);
+        }
+    }
+    distinct.truncate(updraft::trust::MAX_KEYS);
+    let whose = "the keys given with --key and the release keys of keys/*.json";
+    let set = KeySet::new(distinct, 1).map_err(|e| e.to_string())?;
+    let trust = Trust::new(Anchor::Release(set));
+    let m = manifest::verify(&raw, &trust)
+        .map_err(|e| {
+            format!(
+                "{} does not verify against {whose} ({e}): refusing to count on from its serial; \
+                 pass --serial N to set the serial",
+                path.display()
+            )
+        })?
+        .manifest;
+    if let Some(c) = m.channel.as_deref().filter(|c| *c != channel) {
+        return Err(format!(
+            "{} is for channel {c}, not {channel}: one directory serves one channel",
+            path.display()
+        ));
+    }
+    Ok(Some(m.serial))
+}
+
+/// The serial of the new manifest: `--serial` or the previous plus one,
+/// checked against [`MAX_SERIAL`] and [`MAX_SERIAL_JUMP`].
+fn choose_serial(spec: &ReleaseSpec) -> Result<u64> {
+    let previous = match (
+        previous_serial(&spec.out, &spec.keys, &spec.channel),
+        spec.serial,
+    ) {
+        (Ok(p), _) => p,
+        // An explicit serial does not need the previous one; say why its
+        // checks against the previous are skipped.
+        (Err(e), Some(_)) => {
+            eprintln!("warning: {e}");
+            None
+        }
+        (Err(e), None) => return Err(e),
+    };
+    let serial = match (spec.serial, previous) {
+        (Some(s), _) => s,
+        (None, Some(p)) => p
+            .checked_add(1)
+            .filter(|s| *s <= MAX_SERIAL)
+            .ok_or_else(|| {
+                format!(
+                    "the previous serial {p} leaves no next serial (the largest is {MAX_SERIAL})"
+                )
+            })?,
+        (None, None) => 1,
+    };
+    if serial == 0 || serial > MAX_SERIAL {
+        return Err(format!(
+            "serial {serial} is out of range: serials run from 1 to {MAX_SERIAL}"
+        ));
+    }
+    if let Some(p) = previous {
+        if serial > p && serial - p > MAX_SERIAL_JUMP && !spec.allow_serial_jump {
+            return Err(format!(
+                "serial {serial} jumps {} past the previous serial {p} (more than {MAX_SERIAL_JUMP}); \
+                 devices can never go back below it: pass --allow-serial-jump if this is meant",
+                serial - p
+            ));
+        }
+    }
+    Ok(serial)
 }
 
 /// nginx and Apache derive a file's ETag from its modification time in
@@ -239,6 +348,9 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     if spec.compatible.is_empty() {
         return Err("--compatible is required".into());
     }
+    manifest::check_channel_name(&spec.channel).map_err(|e| format!("--channel: {e}"))?;
+    // Before the expensive part: a serial that cannot be used stops here.
+    let serial = choose_serial(spec)?;
     let artifacts = spec.out.join("artifacts");
     std::fs::create_dir_all(&artifacts)
         .map_err(|e| format!("creating {}: {e}", artifacts.display()))?;
@@ -284,10 +396,6 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
             published.push((old_path.clone(), bytes.len() as u64));
         }
     }
-    let serial = match spec.serial {
-        Some(s) => s,
-        None => previous_serial(&spec.out).map(|s| s + 1).unwrap_or(1),
-    };
     let issued = Timestamp::now();
     let m = Manifest {
         spec_version: SPEC_VERSION,
@@ -295,6 +403,7 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
         issued,
         expires: issued.plus(spec.expires),
         keys_version: latest_key_document(&spec.out)?,
+        channel: Some(spec.channel.clone()),
         release: Release {
             version: spec.version.clone(),
             compatible: spec.compatible.clone(),

@@ -24,7 +24,7 @@ pub fn verify(manifest_path: &Path, keys: Vec<PublicKey>, threshold: usize) -> R
     let raw = std::fs::read(manifest_path)
         .map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
     let set = KeySet::new(keys, threshold).map_err(|e| e.to_string())?;
-    let trust = Trust::new(Anchor::Release(set), None).map_err(|e| e.to_string())?;
+    let trust = Trust::new(Anchor::Release(set));
     let vm = manifest::verify(&raw, &trust).map_err(|e| e.to_string())?;
     let m = vm.manifest;
     let dir = manifest_path

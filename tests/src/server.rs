@@ -70,6 +70,26 @@ impl UpdateServer {
             jitter,
         )
     }
+
+    /// The release directory of channel `name`: `<root>/<name>/`, served
+    /// at `/<name>/manifest.json`.
+    pub fn channel(&self, name: &str) -> Repo {
+        Repo::new(self.repo.dir.join(name))
+    }
+
+    /// `[server]` lines for a device that finds each channel's manifest at
+    /// `/{channel}/manifest.json` and follows `channel`.
+    pub fn channel_server_toml(&self, channel: &str, poll: &str, jitter: &str) -> String {
+        let mut s = server_toml(
+            &self.nginx.url("/{channel}/manifest.json"),
+            self.nginx.ca_file(),
+            self.collector.is_some().then(|| self.report_url()),
+            poll,
+            jitter,
+        );
+        s.push_str(&format!("channel = {channel:?}\n"));
+        s
+    }
 }
 
 fn server_toml(

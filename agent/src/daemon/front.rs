@@ -53,6 +53,7 @@ pub(super) enum Queued {
     Check(Option<Client>),
     Install(Client, String),
     Mark(Client, bool),
+    Channel(Client, Option<String>),
 }
 
 /// What faces the outside while the machine works: the control socket,
@@ -77,9 +78,10 @@ impl Front {
         );
         while let Some(q) = self.queue.pop_front() {
             match q {
-                Queued::Check(Some(c)) | Queued::Install(c, _) | Queued::Mark(c, _) => {
-                    c.reply(&Reply::error(&busy))
-                }
+                Queued::Check(Some(c))
+                | Queued::Install(c, _)
+                | Queued::Mark(c, _)
+                | Queued::Channel(c, _) => c.reply(&Reply::error(&busy)),
                 Queued::Check(None) => {}
             }
         }
@@ -251,5 +253,6 @@ pub(super) fn dispatch(client: Client, snapshot: &Status, queue: &mut VecDeque<Q
         Request::Install { manifest } => queue.push_back(Queued::Install(client, manifest)),
         Request::MarkGood => queue.push_back(Queued::Mark(client, true)),
         Request::MarkBad => queue.push_back(Queued::Mark(client, false)),
+        Request::Channel { name } => queue.push_back(Queued::Channel(client, name)),
     }
 }

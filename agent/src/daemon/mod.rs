@@ -329,6 +329,9 @@ impl Daemon {
                     .push_back(Queued::Install(client, manifest)),
                 Request::MarkGood => self.front.queue.push_back(Queued::Mark(client, true)),
                 Request::MarkBad => self.front.queue.push_back(Queued::Mark(client, false)),
+                Request::Channel { name } => {
+                    self.front.queue.push_back(Queued::Channel(client, name))
+                }
             }
         }
         if !owed.is_empty() {
@@ -486,8 +489,8 @@ impl Daemon {
                         )));
                         continue;
                     }
-                    let mirrors = if manifest == self.cfg.server.manifest_url {
-                        self.cfg.server.mirrors.clone()
+                    let mirrors = if manifest == self.m.cfg.server.manifest_url {
+                        self.m.cfg.server.mirrors.clone()
                     } else {
                         Vec::new()
                     };
@@ -510,6 +513,16 @@ impl Daemon {
                         Err(e) => client.reply(&Reply::error(&e)),
                     }
                 }
+                Queued::Channel(client, name) => match self.m.choose_channel(name.as_deref()) {
+                    Ok(msg) => {
+                        // The new channel's manifest is looked at now.
+                        if self.next_poll.is_some() {
+                            self.next_poll = Some(Instant::now());
+                        }
+                        client.reply(&Reply::ok(msg));
+                    }
+                    Err(e) => client.reply(&Reply::error(&e)),
+                },
             }
         }
     }

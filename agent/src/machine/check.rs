@@ -75,11 +75,15 @@ impl Machine {
             fetcher: self.fetcher.as_ref(),
             preferred: &mut self.preferred,
             compatible: &self.cfg.device.compatible,
+            channel: &self.channel.name,
         };
         let Verified {
             manifest: m,
             freshness,
-        } = poller.verified_manifest(origin, default_origin, t)?;
+        } = match poller.verified_manifest(origin, default_origin, t)? {
+            Polled::Verified(v) => *v,
+            Polled::Stale(why) => return Ok(CheckOutcome::NoChange(why)),
+        };
         if let Some(job) = state.job().filter(|_| state.busy()) {
             if job.image == m.image {
                 return Ok(CheckOutcome::NoChange(format!(

@@ -43,6 +43,7 @@
 use std::time::Duration;
 
 use crate::bootloader::{self, BootState, Bootloader};
+use crate::channel::Followed;
 use crate::child::Watched;
 use crate::config::{Config, RebootMode};
 use crate::error::{Error, Kind, Result};
@@ -53,7 +54,7 @@ use crate::health::{HealthRun, Verdict};
 use crate::identity;
 use crate::install;
 use crate::manifest::{self, Freshness, Manifest};
-use crate::poll::{Poller, Verified};
+use crate::poll::{Polled, Poller, Verified};
 use crate::progress::{Progress, Ticker};
 use crate::reconcile::{Decision, reconcile};
 use crate::report::{self, Pending};
@@ -127,6 +128,10 @@ pub struct Machine {
     mode: Mode,
     store: Store,
     trust: Trust,
+    /// The channel followed; `cfg.server`'s URLs point at it.
+    channel: Followed,
+    /// `manifest_url` and the mirrors as configured, `{channel}` unresolved.
+    server_template: crate::config::Server,
     boot: Box<dyn Bootloader>,
     fetcher: Option<Fetcher>,
     slots: SlotPair,
@@ -150,10 +155,14 @@ pub struct Machine {
 impl Machine {
     /// Open the store, trust, bootloader and identity. The caller holds the
     /// state lock.
-    pub fn open(cfg: Config, mode: Mode) -> Result<Machine> {
+    pub fn open(mut cfg: Config, mode: Mode) -> Result<Machine> {
         ensure_dir(&cfg.system.state_dir, 0o755)?;
         let store = Store::open(&cfg.db_path())?;
-        let trust = Trust::new(cfg.trust_anchor()?, store.key_document()?.as_deref())?;
+        let trust = restore_trust(&cfg, &store)?;
+        store.adopt_legacy_floor(trust.version())?;
+        let server_template = cfg.server.clone();
+        let channel = Followed::resolve(&cfg.server, &store)?;
+        cfg.server.follow(&channel.name)?;
         let boot = bootloader::from_config(&cfg)?;
         let booted = slot::booted_slot(&cfg.slots.cmdline)?;
         let boot_id = identity::boot_id(&cfg.system.boot_id_file)?;
@@ -176,6 +185,8 @@ impl Machine {
             mode,
             store,
             trust,
+            channel,
+            server_template,
             boot,
             fetcher,
             slots,
@@ -470,4 +481,21 @@ impl Machine {
         self.enter(State::Committed(job), "committed", Some(why), vec![r])?;
         Ok(Next::Continue)
     }
+}
+
+/// The provisioned anchor and the stored key documents that still chain
+/// from it. A stored document that does not (the device was provisioned
+/// again with other root keys) is forgotten with a warning, so neither this
+/// release nor an older one after a rollback trusts it again.
+pub(crate) fn restore_trust(cfg: &Config, store: &Store) -> Result<Trust> {
+    let (trust, discarded) = Trust::restore(cfg.trust_anchor()?, &store.key_documents()?);
+    for d in discarded {
+        log::warn!(
+            "discarding stored key document v{}: {}",
+            d.version,
+            d.reason
+        );
+        store.forget_key_document(d.version)?;
+    }
+    Ok(trust)
 }

@@ -61,6 +61,44 @@ impl Machine {
         }
     }
 
+    /// `updraft channel NAME`: follow `to` from now on (`None`: the
+    /// configuration's channel again). The choice is stored on the data
+    /// partition; the next poll fetches the new channel's manifest.
+    pub fn choose_channel(&mut self, to: Option<&str>) -> Result<String> {
+        let state = self.state()?;
+        if state.busy() {
+            bail!(
+                Busy,
+                "cannot change the channel while {} (finish or mark-bad the update first)",
+                state.name()
+            );
+        }
+        let target = match to {
+            Some(name) => Followed {
+                name: name.to_string(),
+                source: "operator".into(),
+            },
+            None => Followed::configured(&self.server_template),
+        };
+        let mut server = self.server_template.clone();
+        server.follow(&target.name)?;
+        let from = self.channel.name.clone();
+        self.store.choose_channel(&from, to, self.trust.version())?;
+        self.cfg.server.manifest_url = server.manifest_url;
+        self.cfg.server.mirrors = server.mirrors;
+        let msg = if from == target.name {
+            format!("following channel {} ({})", target.name, target.source)
+        } else {
+            format!(
+                "following channel {} instead of {from} ({}); manifests from {}",
+                target.name, target.source, self.cfg.server.manifest_url
+            )
+        };
+        log::info!("{msg}");
+        self.channel = target;
+        Ok(msg)
+    }
+
     /// Queue a heartbeat report.
     pub fn heartbeat(&mut self) -> Result<()> {
         if !self.reports_enabled() {
@@ -119,7 +157,9 @@ impl Machine {
             job: state.job().cloned(),
             progress: self.progress.clone(),
             serial: self.store.serial()?,
+            floor: self.store.floor(&self.channel.name, self.trust.version())?,
             keys_version: self.trust.version(),
+            channel: Some(self.channel.clone()),
             last_check: self.last_check,
             next_check: self.next_check,
             last_error: self.last_error.clone(),
