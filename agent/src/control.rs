@@ -605,6 +605,14 @@ mod tests {
             r#"{"cmd":"mark-good"}"#
         );
         assert!(!Request::Status.changes_state());
+        // Changing the channel is root's, like every other change.
+        assert!(Request::Channel { name: None }.changes_state());
+        assert!(
+            Request::Channel {
+                name: Some("beta".into())
+            }
+            .changes_state()
+        );
         assert!(
             Request::Install {
                 manifest: String::new()

@@ -105,6 +105,30 @@ pub struct Snapshot {
     pub boot_state: String,
 }
 
+impl Snapshot {
+    /// Panic, naming what moved, unless `after` shows the device exactly as
+    /// this snapshot: both slots' bytes, the state, the stored serial, the
+    /// trusted key document, the slot records and the boot selection.
+    pub fn assert_unchanged(&self, after: &Snapshot) {
+        assert_eq!(self.slot_a, after.slot_a, "slot A bytes changed");
+        assert_eq!(self.slot_b, after.slot_b, "slot B bytes changed");
+        assert_eq!(self.state, after.state, "state changed");
+        assert_eq!(self.serial, after.serial, "stored serial changed");
+        assert_eq!(
+            self.keys_version, after.keys_version,
+            "trusted key version changed"
+        );
+        assert_eq!(
+            self.slots, after.slots,
+            "slot records or boot selection changed"
+        );
+        assert_eq!(
+            self.boot_state, after.boot_state,
+            "bootloader state changed"
+        );
+    }
+}
+
 pub struct Device {
     pub tmp: TempDir,
     pub spec: DeviceSpec,

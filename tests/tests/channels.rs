@@ -12,28 +12,13 @@ use std::time::Duration;
 
 use serde_json::json;
 use updraft::slot::SlotName;
-use updraft_tests::device::{Device, DeviceSpec, Snapshot};
+use updraft_tests::device::{Device, DeviceSpec};
 use updraft_tests::publisher::{KeyPair, Repo, image, keygen};
 use updraft_tests::server::UpdateServer;
 use updraft_tests::tmp::TempDir;
 
 const WAIT: Duration = Duration::from_secs(60);
 const IMAGE: usize = 2 * 1024 * 1024 + 777;
-
-fn assert_unchanged(before: &Snapshot, after: &Snapshot) {
-    assert_eq!(before.slot_a, after.slot_a, "slot A bytes changed");
-    assert_eq!(before.slot_b, after.slot_b, "slot B bytes changed");
-    assert_eq!(before.state, after.state, "state changed");
-    assert_eq!(before.serial, after.serial, "stored serial changed");
-    assert_eq!(
-        before.slots, after.slots,
-        "slot records or boot selection changed"
-    );
-    assert_eq!(
-        before.boot_state, after.boot_state,
-        "bootloader state changed"
-    );
-}
 
 struct Local {
     dev: Device,
@@ -82,7 +67,7 @@ fn a_manifest_of_another_channel_is_refused_and_moves_no_floor() {
         err.contains("manifest serial 40 is for channel beta; this device follows stable"),
         "{err}"
     );
-    assert_unchanged(&before, &l.dev.snapshot());
+    before.assert_unchanged(&l.dev.snapshot());
     assert_eq!(
         l.dev.status()["serial"],
         json!(null),
@@ -116,7 +101,7 @@ fn a_manifest_naming_no_channel_is_refused() {
         err.contains("manifest serial 1 names no channel; this device follows stable"),
         "{err}"
     );
-    assert_unchanged(&before, &l.dev.snapshot());
+    before.assert_unchanged(&l.dev.snapshot());
 }
 
 #[test]
