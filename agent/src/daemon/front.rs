@@ -96,6 +96,9 @@ pub(super) struct Tick<'a> {
     /// `snapshot` once [`STATUS_PATIENCE`] has passed.
     pub(super) owed: Vec<Client>,
     pub(super) owed_by: Instant,
+    /// The poll schedule, for a step that polls while it works (a
+    /// download); `None` where nothing polls.
+    pub(super) polls: Option<&'a mut super::Polls>,
 }
 
 /// How long a status request waits for the bootloader to be read before
@@ -110,6 +113,7 @@ impl<'a> Tick<'a> {
             last_status: Instant::now(),
             owed: Vec::new(),
             owed_by: Instant::now() + STATUS_PATIENCE,
+            polls: None,
         }
     }
 
@@ -177,6 +181,18 @@ impl Ticker for Tick<'_> {
         }
         sleep_until_event(&self.front.ctl, fds, max);
         self.serve()
+    }
+
+    fn poll_due(&mut self) -> bool {
+        self.polls.as_ref().is_some_and(|p| p.due(Instant::now()))
+    }
+
+    fn polled(&mut self, failure: Option<&Error>) {
+        if let Some(p) = self.polls.as_mut() {
+            p.after(failure);
+            p.ended
+                .push((crate::timestamp::Timestamp::now(), failure.map(Error::kind)));
+        }
     }
 }
 
