@@ -91,6 +91,10 @@ pub(super) struct Tick<'a> {
     pub(super) front: &'a mut Front,
     /// Operator commands interrupt this step (health checks).
     pub(super) interruptible: bool,
+    /// Commands are refused as they arrive: the boot waits to be
+    /// reconciled (the bootloader was busy). Otherwise they are queued for
+    /// the loop.
+    pub(super) refusing: bool,
     pub(super) last_status: Instant,
     /// Status requests waiting for the status being built; answered from
     /// `snapshot` once [`STATUS_PATIENCE`] has passed.
@@ -110,6 +114,7 @@ impl<'a> Tick<'a> {
         Tick {
             front,
             interruptible,
+            refusing: false,
             last_status: Instant::now(),
             owed: Vec::new(),
             owed_by: Instant::now() + STATUS_PATIENCE,
@@ -135,7 +140,9 @@ impl<'a> Tick<'a> {
         for client in front.ctl.accept_all() {
             dispatch(client, &front.snapshot, &mut front.queue);
         }
-        front.refuse_queue();
+        if self.refusing {
+            front.refuse_queue();
+        }
         if signals::stop_requested() {
             return Err(Error::new(Kind::Stopped, "stopping on request (SIGTERM)"));
         }

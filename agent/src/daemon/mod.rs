@@ -296,6 +296,7 @@ impl Daemon {
     fn retry_boot(&mut self) -> Result<()> {
         let r = {
             let mut tick = Tick::new(&mut self.front, false);
+            tick.refusing = true;
             self.m.on_boot_with(&mut tick)
         };
         match r {
