@@ -63,6 +63,12 @@ pub struct Server {
     /// `min_rate_window` is abandoned.
     pub min_rate: u64,
     pub min_rate_window: Dur,
+    /// Total download deadline of a job: `download_allowance` plus the
+    /// signed size over `download_min_average_rate` (see
+    /// [`Server::download_time`]).
+    pub download_allowance: Dur,
+    /// Bytes/s the whole download must average, retries included.
+    pub download_min_average_rate: u64,
     /// PEM client certificate chain and key, for servers that want mTLS.
     pub client_cert: Option<PathBuf>,
     pub client_key: Option<PathBuf>,
@@ -125,6 +131,8 @@ impl Default for Server {
             stall_timeout: Dur(Duration::from_secs(60)),
             min_rate: 256,
             min_rate_window: Dur(Duration::from_secs(120)),
+            download_allowance: Dur(Duration::from_secs(3600)),
+            download_min_average_rate: 4096,
             client_cert: None,
             client_key: None,
             token_file: None,
@@ -140,6 +148,14 @@ impl Server {
             Some(d) => d.0,
             None => self.poll_interval.0 / 4,
         }
+    }
+
+    /// How long a download of `size` signed bytes may take in all, from
+    /// the start of its job: `download_allowance` plus `size` over
+    /// `download_min_average_rate`, rounded up to the second.
+    pub fn download_time(&self, size: u64) -> Duration {
+        let rate = self.download_min_average_rate.max(1);
+        self.download_allowance.0 + Duration::from_secs(size.div_ceil(rate))
     }
 }
 
@@ -363,6 +379,12 @@ impl Config {
             stall_timeout: s.duration("stall_timeout")?.unwrap_or(d.stall_timeout),
             min_rate: s.unsigned("min_rate")?.unwrap_or(d.min_rate),
             min_rate_window: s.duration("min_rate_window")?.unwrap_or(d.min_rate_window),
+            download_allowance: s
+                .duration("download_allowance")?
+                .unwrap_or(d.download_allowance),
+            download_min_average_rate: s
+                .unsigned("download_min_average_rate")?
+                .unwrap_or(d.download_min_average_rate),
             client_cert: s.path("client_cert")?,
             client_key: s.path("client_key")?,
             token_file: s.path("token_file")?,
@@ -513,6 +535,18 @@ impl Config {
             return bad(
                 "server.poll_jitter",
                 "must not exceed server.poll_interval".into(),
+            );
+        }
+        if s.download_allowance.0 < Duration::from_secs(1) {
+            return bad(
+                "server.download_allowance",
+                "must be at least 1s (a download's deadline is download_allowance + signed size / download_min_average_rate)".into(),
+            );
+        }
+        if s.download_min_average_rate == 0 {
+            return bad(
+                "server.download_min_average_rate",
+                "must be at least 1 (bytes/s): a download's deadline is download_allowance + signed size / download_min_average_rate".into(),
             );
         }
         if s.client_cert.is_some() != s.client_key.is_some() {
@@ -813,6 +847,43 @@ b = "/dev/b"
         assert!(
             msg.contains("poll_interval") && msg.contains("\"soon\""),
             "{msg}"
+        );
+    }
+
+    #[test]
+    fn the_download_deadline_grows_with_the_signed_size() {
+        let c = Config::parse(MINIMAL).unwrap();
+        // One hour, plus the size at 4 KiB/s on average.
+        assert_eq!(c.server.download_time(0), Duration::from_secs(3600));
+        assert_eq!(
+            c.server.download_time(1 << 30),
+            Duration::from_secs(3600 + (1 << 30) / 4096)
+        );
+        let c = Config::parse(&format!(
+            "[server]\ndownload_allowance = \"2s\"\ndownload_min_average_rate = 1000\n{MINIMAL}"
+        ))
+        .unwrap();
+        // Rounded up to the second.
+        assert_eq!(c.server.download_time(1001), Duration::from_secs(4));
+    }
+
+    #[test]
+    fn a_download_deadline_that_cannot_be_met_is_refused() {
+        let e = Config::parse(&format!(
+            "[server]\ndownload_min_average_rate = 0\n{MINIMAL}"
+        ))
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("server.download_min_average_rate: must be at least 1"),
+            "{e}"
+        );
+        let e = Config::parse(&format!("[server]\ndownload_allowance = \"0s\"\n{MINIMAL}"))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("server.download_allowance: must be at least 1s"),
+            "{e}"
         );
     }
 

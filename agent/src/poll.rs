@@ -82,6 +82,19 @@ impl Poller<'_> {
         default_origin: bool,
         t: &mut dyn Ticker,
     ) -> Result<Polled> {
+        self.verified_from(origin, default_origin, None, t)
+    }
+
+    /// [`Poller::verified_manifest`] with the answer to its first request
+    /// already in hand (`prefetched`: an unconditional GET made on a helper
+    /// thread while a download went on); `None` fetches it here.
+    pub(crate) fn verified_from(
+        &mut self,
+        origin: &Origin,
+        default_origin: bool,
+        prefetched: Option<Result<Fetched>>,
+        t: &mut dyn Ticker,
+    ) -> Result<Polled> {
         let now = Timestamp::now();
         clock::check(now, self.store.time_floor()?)?;
         // Read once: the end of the poll compares against these.
@@ -108,7 +121,11 @@ impl Poller<'_> {
             .and_then(|t| t.parse::<i64>().ok())
             .is_some_and(|t| now.0 - t < ETAG_MAX_AGE);
         let etag = stored_etag.as_deref().filter(|_| cached.is_some() && fresh);
-        let (raw, new_etag, fetched_body) = match self.fetch_manifest(origin, etag, t)? {
+        let first = match prefetched {
+            Some(answer) => answer?,
+            None => self.fetch_manifest(origin, etag, t)?,
+        };
+        let (raw, new_etag, fetched_body) = match first {
             Fetched::Body { bytes, etag } => (bytes, etag, true),
             // The cached manifest is what was fetched: nothing to compare.
             Fetched::NotModified => match cached.take() {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What is happening, for status and progress output.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -52,6 +52,18 @@ pub trait Ticker {
         wait_readable(fds, max);
         Ok(())
     }
+
+    /// Whether the driver's poll timer has passed, so that a long step (a
+    /// download) looks for a newer release meanwhile. The default, for
+    /// one-shot commands and tests: never.
+    fn poll_due(&mut self) -> bool {
+        false
+    }
+
+    /// How a check started because [`Ticker::poll_due`] said so ended:
+    /// `None` when it succeeded, else its error. The driver schedules the
+    /// next one.
+    fn polled(&mut self, _failure: Option<&Error>) {}
 }
 
 /// Sleep until one of `fds` is readable or hung up, or `max` has passed

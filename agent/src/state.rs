@@ -84,6 +84,12 @@ pub struct Job {
     /// first frame (no resume); otherwise the read-back is mandatory.
     #[serde(default)]
     pub stream_verified: bool,
+    /// When the download is abandoned if it has not finished: set when the
+    /// download starts (and again on a fallback to the full image) from
+    /// the signed size (`server.download_allowance` plus the size over
+    /// `server.download_min_average_rate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download_deadline: Option<Timestamp>,
 }
 
 impl Job {
@@ -114,6 +120,7 @@ impl Job {
             reason: None,
             installed: None,
             stream_verified: false,
+            download_deadline: None,
         }
     }
 }

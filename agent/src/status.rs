@@ -100,11 +100,13 @@ pub struct LastInstall {
 }
 
 /// History events that end an install job, and the result each stands for.
-const JOB_ENDS: [(&str, &str); 4] = [
+const JOB_ENDS: [(&str, &str); 5] = [
     ("committed", "committed"),
     ("rolled-back", "rolled_back"),
     ("failed", "failed"),
     ("cancelled", "failed"),
+    // A newer release replaced the job before its switch.
+    ("superseded", "failed"),
 ];
 
 /// The last install's outcome, from the newest history line that ends a
@@ -200,6 +202,14 @@ mod tests {
         add("failed", "4.0", "artifact sha256 mismatch");
         let l = last_install(&store).unwrap().unwrap();
         assert_eq!((l.release.as_str(), l.result.as_str()), ("4.0", "failed"));
+        // A job a newer release replaced ended there, as failed.
+        add("superseded", "5.0", "superseded by release 6.0 serial 9");
+        add("download", "6.0", "full image");
+        let l = last_install(&store).unwrap().unwrap();
+        assert_eq!(
+            (l.release.as_str(), l.result.as_str(), l.reason.as_deref()),
+            ("5.0", "failed", Some("superseded by release 6.0 serial 9"))
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 }

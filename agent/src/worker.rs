@@ -442,6 +442,39 @@ impl DecodeStage<'_> {
     }
 }
 
+/// One blocking call running on a helper thread (`updraft-call`) while the
+/// caller goes on with other work and looks for the result now and then
+/// ([`Background::result`]), never waiting for it. Dropping it abandons
+/// the call: the thread ends on its own when the call returns.
+pub struct Background<T> {
+    rx: Receiver<T>,
+}
+
+impl<T: Send + 'static> Background<T> {
+    pub fn spawn(f: impl FnOnce() -> T + Send + 'static) -> Result<Background<T>> {
+        let (tx, rx) = sync_channel(1);
+        std::thread::Builder::new()
+            .name("updraft-call".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let _ = tx.send(f());
+            })
+            .map_err(|e| Error::new(Kind::Io, format!("starting a helper thread: {e}")))?;
+        Ok(Background { rx })
+    }
+
+    /// The call's result once it returned, `Ok(None)` while it runs.
+    pub fn result(&self) -> Result<Option<T>> {
+        match self.rx.try_recv() {
+            Ok(v) => Ok(Some(v)),
+            Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                Err(Error::new(Kind::Io, "helper thread ended without a result"))
+            }
+        }
+    }
+}
+
 /// Run one blocking call on a helper thread, ticking while it runs.
 pub fn offload<T: Send + 'static>(
     phase: &str,
@@ -626,6 +659,27 @@ mod tests {
         };
         assert_eq!(e.kind(), Kind::Network);
         assert!(e.to_string().contains("reset by peer"));
+    }
+
+    #[test]
+    fn a_background_call_is_looked_at_without_waiting() {
+        let (go, wait) = sync_channel::<()>(0);
+        let call = Background::spawn(move || {
+            let _ = wait.recv();
+            7
+        })
+        .unwrap();
+        assert_eq!(call.result().unwrap(), None);
+        go.send(()).unwrap();
+        let t = Instant::now();
+        let v = loop {
+            if let Some(v) = call.result().unwrap() {
+                break v;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(v, 7);
     }
 
     #[test]

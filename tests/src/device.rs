@@ -531,6 +531,22 @@ impl Device {
         out
     }
 
+    /// Wait until the daemon's log holds `needle`; panics with the log
+    /// after `timeout`.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) {
+        let t = Instant::now();
+        while t.elapsed() < timeout {
+            if self.log().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "the daemon did not log {needle:?} within {timeout:?}:\n{}",
+            self.log_tail()
+        );
+    }
+
     /// Poll `status --json` until `pred` holds; panics with the log after
     /// `timeout`.
     pub fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {

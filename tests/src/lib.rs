@@ -17,6 +17,7 @@ pub mod nginx;
 pub mod powerfs;
 pub mod prereq;
 pub mod previous;
+pub mod proxied;
 pub mod proxy;
 pub mod publisher;
 pub mod server;

@@ -225,6 +225,19 @@ impl Proxy {
         }
     }
 
+    /// Reset (RST) every open connection but the one numbered `keep` (in
+    /// accept order, as [`ConnStats::id`]): a transfer goes on while the
+    /// idle connections a client keeps for reuse are closed, so its next
+    /// requests open new connections and meet the current behaviour.
+    pub fn reset_all_but(&self, keep: usize) {
+        let conns: Vec<Arc<Conn>> = lock(&self.shared.conns).clone();
+        for c in conns.iter().filter(|c| c.id != keep) {
+            if let Some(s) = lock(&c.sockets).upgrade() {
+                s.reset(false);
+            }
+        }
+    }
+
     /// A snapshot of every connection so far, in accept order.
     pub fn connections(&self) -> Vec<ConnStats> {
         lock(&self.shared.conns).iter().map(|c| c.stats()).collect()

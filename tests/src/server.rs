@@ -62,8 +62,15 @@ impl UpdateServer {
     /// `[server]` lines for a device polling this server every `poll`
     /// (a duration like "2s") with `jitter`.
     pub fn server_toml(&self, poll: &str, jitter: &str) -> String {
+        self.server_toml_at(&self.manifest_url(), poll, jitter)
+    }
+
+    /// As [`UpdateServer::server_toml`], with the manifest (and so the
+    /// artifacts) at `manifest_url`: this server seen through a proxy.
+    /// Reports still go to this server directly.
+    pub fn server_toml_at(&self, manifest_url: &str, poll: &str, jitter: &str) -> String {
         server_toml(
-            &self.manifest_url(),
+            manifest_url,
             self.nginx.ca_file(),
             self.collector.is_some().then(|| self.report_url()),
             poll,

@@ -61,3 +61,24 @@ fn group_members_read_status_but_only_root_changes_anything() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A command sent while a step works is answered for what it is, not
+/// refused as if the boot still waited for the bootloader.
+#[test]
+fn a_check_during_a_download_says_which_update_is_in_progress() {
+    updraft_tests::require!("nginx");
+    let ps = updraft_tests::proxied::ProxiedServer::start("check-busy", false);
+    ps.publish("1.0", 11, 8 * 1024 * 1024, &[]);
+    ps.drip(400_000);
+    let mut dev = ps.device("check-busy", "1h", "");
+    dev.start_daemon();
+    updraft_tests::proxied::wait_downloading(&dev, 500_000, std::time::Duration::from_secs(120));
+    // Answered once the step ends (downloading or installing by then).
+    let out = dev.ok(&["check"]);
+    assert!(
+        out.contains("an update is in progress: release 1.0 into slot B ("),
+        "{out}"
+    );
+    assert!(dev.daemon_running(), "{}", dev.log_tail());
+    dev.stop_daemon();
+}

@@ -93,11 +93,18 @@ pub(super) struct Tick<'a> {
     pub(super) front: &'a mut Front,
     /// Operator commands interrupt this step (health checks).
     pub(super) interruptible: bool,
+    /// Commands are refused as they arrive: the boot waits to be
+    /// reconciled (the bootloader was busy). Otherwise they are queued for
+    /// the loop.
+    pub(super) refusing: bool,
     pub(super) last_status: Instant,
     /// Status requests waiting for the status being built; answered from
     /// `snapshot` once [`STATUS_PATIENCE`] has passed.
     pub(super) owed: Vec<Client>,
     pub(super) owed_by: Instant,
+    /// The poll schedule, for a step that polls while it works (a
+    /// download); `None` where nothing polls.
+    pub(super) polls: Option<&'a mut super::Polls>,
 }
 
 /// How long a status request waits for the bootloader to be read before
@@ -109,9 +116,11 @@ impl<'a> Tick<'a> {
         Tick {
             front,
             interruptible,
+            refusing: false,
             last_status: Instant::now(),
             owed: Vec::new(),
             owed_by: Instant::now() + STATUS_PATIENCE,
+            polls: None,
         }
     }
 
@@ -133,7 +142,9 @@ impl<'a> Tick<'a> {
         for client in front.ctl.accept_all() {
             dispatch(client, &front.snapshot, &mut front.queue);
         }
-        front.refuse_queue();
+        if self.refusing {
+            front.refuse_queue();
+        }
         if signals::stop_requested() {
             return Err(Error::new(Kind::Stopped, "stopping on request (SIGTERM)"));
         }
@@ -179,6 +190,18 @@ impl Ticker for Tick<'_> {
         }
         sleep_until_event(&self.front.ctl, fds, max);
         self.serve()
+    }
+
+    fn poll_due(&mut self) -> bool {
+        self.polls.as_ref().is_some_and(|p| p.due(Instant::now()))
+    }
+
+    fn polled(&mut self, failure: Option<&Error>) {
+        if let Some(p) = self.polls.as_mut() {
+            p.after(failure);
+            p.ended
+                .push((crate::timestamp::Timestamp::now(), failure.map(Error::kind)));
+        }
     }
 }
 

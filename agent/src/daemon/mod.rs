@@ -26,6 +26,11 @@
 //! here ever waits for a socket client ([`crate::control`] holds their
 //! connections; the sleeps include them).
 //!
+//! Polls follow their timer ([`Polls`]) while nothing is in progress and
+//! also while a job downloads: between the download's steps from the loop,
+//! and during a step through the tick ([`crate::progress::Ticker::poll_due`]),
+//! so a newer release can supersede a download that takes days.
+//!
 //! This module schedules and dispatches. It never decides what an update
 //! does: that is [`crate::machine`].
 
@@ -94,6 +99,47 @@ pub fn run(cfg: Config) -> Result<()> {
     r
 }
 
+/// When the configured server is polled next, and the backoff after failed
+/// polls: one schedule for the loop's polls and those a download makes
+/// through its tick.
+struct Polls {
+    /// `None`: no `server.manifest_url`, never polled.
+    next: Option<Instant>,
+    backoff: Backoff,
+    interval: Duration,
+    jitter: Duration,
+    /// Checks that ended during a step, for the metrics: when, and the
+    /// kind of error of a failed one.
+    ended: Vec<(Timestamp, Option<Kind>)>,
+}
+
+impl Polls {
+    fn due(&self, now: Instant) -> bool {
+        self.next.is_some_and(|at| now >= at)
+    }
+
+    /// Schedule the next poll after one that ended with `failure`: the
+    /// jittered interval after a success, the backoff after a failure (no
+    /// later than the interval, or the server's `Retry-After` if longer),
+    /// 30 s while the clock cannot be trusted.
+    fn after(&mut self, failure: Option<&Error>) {
+        let next = match failure {
+            None => {
+                self.backoff.succeed();
+                backoff::poll_delay(self.interval, self.jitter)
+            }
+            Some(e) if e.kind() == Kind::Clock => Duration::from_secs(30),
+            Some(e) => self
+                .backoff
+                .fail(e.retry_after())
+                .min(self.interval.max(e.retry_after().unwrap_or_default())),
+        };
+        if self.next.is_some() {
+            self.next = Some(Instant::now() + next);
+        }
+    }
+}
+
 /// First wait before reconciling the boot again after a busy bootloader.
 const BOOT_RETRY_BASE: Duration = Duration::from_secs(5);
 
@@ -110,7 +156,10 @@ struct Daemon {
     cfg: Config,
     /// The boot selection as last read, for the front's snapshot.
     boot_view: BootView,
-    next_poll: Option<Instant>,
+    polls: Polls,
+    /// The state after the last step was `downloading` (a download waits
+    /// for its retry): polls go on meanwhile.
+    downloading: bool,
     next_heartbeat: Instant,
     /// Reports are not sent before this instant: it moves only when
     /// delivery fails (backoff). Whatever is queued — a transition's
@@ -118,7 +167,6 @@ struct Daemon {
     /// the loop once it has passed.
     next_delivery: Instant,
     next_step: Instant,
-    poll_backoff: Backoff,
     delivery_backoff: Backoff,
     /// Install attempts that failed in a row: the next poll (which would
     /// start the same release again) waits longer each time.
@@ -145,12 +193,18 @@ impl Daemon {
         Daemon {
             boot_retry: None,
             boot_backoff: Backoff::new(BOOT_RETRY_BASE, BOOT_RETRY_MAX),
-            next_poll,
+            polls: Polls {
+                next: next_poll,
+                backoff: Backoff::new(retry_base, s.retry_max.0),
+                interval: s.poll_interval.0,
+                jitter: s.jitter(),
+                ended: Vec::new(),
+            },
+            downloading: false,
             next_heartbeat: now
                 + backoff::poll_delay(s.heartbeat_interval.0, s.heartbeat_interval.0 / 10),
             next_delivery: now,
             next_step: now,
-            poll_backoff: Backoff::new(retry_base, s.retry_max.0),
             install_failures: 0,
             delivery_backoff: Backoff::new(retry_base, s.retry_max.0),
             machine_active: true,
@@ -201,10 +255,8 @@ impl Daemon {
             }
             self.run_queue();
             let now = Instant::now();
-            if let Some(at) = self.next_poll {
-                if now >= at && !self.machine_active {
-                    self.poll_server(None, None);
-                }
+            if self.polls.due(now) && self.loop_polls() {
+                self.poll_server(None, None);
             }
             if now >= self.next_heartbeat {
                 if let Err(e) = self.m.heartbeat() {
@@ -244,6 +296,7 @@ impl Daemon {
     fn retry_boot(&mut self) -> Result<()> {
         let r = {
             let mut tick = Tick::new(&mut self.front, false);
+            tick.refusing = true;
             self.m.on_boot_with(&mut tick)
         };
         match r {
@@ -267,6 +320,13 @@ impl Daemon {
         }
     }
 
+    /// Whether the loop polls when the timer says so: while nothing is in
+    /// progress, and while a download waits for its next step. (During a
+    /// step, the download polls through its tick.)
+    fn loop_polls(&self) -> bool {
+        !self.machine_active || self.downloading
+    }
+
     /// Sleep in poll(2) until the nearest deadline or a client connects.
     fn wait(&mut self) {
         // Polls wait while the machine is busy (the loop polls only when
@@ -278,8 +338,8 @@ impl Daemon {
         if !pending {
             deadline = deadline.min(self.next_heartbeat);
         }
-        match self.next_poll {
-            Some(p) if !self.machine_active && !pending => deadline = deadline.min(p),
+        match self.polls.next {
+            Some(p) if self.loop_polls() && !pending => deadline = deadline.min(p),
             _ => {}
         }
         if self.machine_active && !pending {
@@ -382,7 +442,8 @@ impl Daemon {
     /// `owed` too once [`STATUS_PATIENCE`] has passed.
     fn refresh_status(&mut self, mut owed: Vec<Client>) -> Result<Status> {
         self.m.next_check = self
-            .next_poll
+            .polls
+            .next
             .map(|at| Timestamp::now().plus(at.saturating_duration_since(Instant::now())));
         let built = match self.m.status(&self.boot_view) {
             Ok(known) => {
@@ -416,9 +477,21 @@ impl Daemon {
     fn step(&mut self) -> Result<()> {
         let interruptible = self.status()?.state == "testing";
         let mut tick = Tick::new(&mut self.front, interruptible);
+        tick.polls = Some(&mut self.polls);
         let next = self.m.step(&mut tick);
+        for (at, failure) in std::mem::take(&mut self.polls.ended) {
+            self.metrics.record_check(at, failure.is_none());
+            if let Some(kind) = failure {
+                self.metrics.record_error(kind);
+                if kind == Kind::Signature {
+                    self.metrics.record_signature_failure();
+                }
+            }
+        }
         self.update_metrics();
-        match self.m.state().map(|s| s.name()) {
+        let state = self.m.state().map(|s| s.name());
+        self.downloading = matches!(state, Ok("downloading"));
+        match state {
             Ok("failed") => {
                 // The same release would be started again at the next poll:
                 // back off, growing with each failed attempt, so a broken
@@ -433,8 +506,8 @@ impl Daemon {
                     self.install_failures,
                     crate::timestamp::format_duration(delay)
                 );
-                if self.next_poll.is_some() {
-                    self.next_poll = Some(Instant::now() + delay);
+                if self.polls.next.is_some() {
+                    self.polls.next = Some(Instant::now() + delay);
                 }
             }
             Ok("installed" | "committed") => self.install_failures = 0,
@@ -516,8 +589,8 @@ impl Daemon {
                 Queued::Channel(client, name) => match self.m.choose_channel(name.as_deref()) {
                     Ok(msg) => {
                         // The new channel's manifest is looked at now.
-                        if self.next_poll.is_some() {
-                            self.next_poll = Some(Instant::now());
+                        if self.polls.next.is_some() {
+                            self.polls.next = Some(Instant::now());
                         }
                         client.reply(&Reply::ok(msg));
                     }
@@ -542,15 +615,12 @@ impl Daemon {
             let mut tick = Tick::new(&mut self.front, false);
             self.m.check(origin, operator, &mut tick)
         };
-        let s = self.cfg.server.clone();
-        let mut next = backoff::poll_delay(s.poll_interval.0, s.jitter());
-        let reply = match result {
+        let reply = match &result {
             Ok(CheckOutcome::Started {
                 version,
                 target,
                 delta,
             }) => {
-                self.poll_backoff.succeed();
                 self.machine_active = true;
                 self.next_step = Instant::now();
                 Reply {
@@ -558,44 +628,32 @@ impl Daemon {
                     started: Some(true),
                     message: Some(format!(
                         "installing release {version} into slot {target} ({})",
-                        if delta { "delta" } else { "full image" }
+                        if *delta { "delta" } else { "full image" }
                     )),
                     ..Reply::default()
                 }
             }
-            Ok(CheckOutcome::NoChange(why)) => {
-                self.poll_backoff.succeed();
-                Reply {
-                    ok: true,
-                    started: Some(false),
-                    message: Some(why),
-                    ..Reply::default()
-                }
-            }
+            Ok(CheckOutcome::NoChange(why)) => Reply {
+                ok: true,
+                started: Some(false),
+                message: Some(why.clone()),
+                ..Reply::default()
+            },
             Err(e) => {
                 log::warn!("check failed: {e}");
                 self.metrics.record_error(e.kind());
                 if e.kind() == Kind::Signature {
                     self.metrics.record_signature_failure();
                 }
-                next = match e.kind() {
-                    Kind::Clock => Duration::from_secs(30),
-                    _ => self
-                        .poll_backoff
-                        .fail(e.retry_after())
-                        .min(s.poll_interval.0.max(e.retry_after().unwrap_or_default())),
-                };
-                Reply::error(&e)
+                Reply::error(e)
             }
         };
+        self.polls.after(result.as_ref().err());
         if let Some(c) = client {
             c.reply(&reply);
         }
         self.metrics.record_check(Timestamp::now(), reply.ok);
         self.update_metrics();
-        if !s.manifest_url.is_empty() {
-            self.next_poll = Some(Instant::now() + next);
-        }
     }
 
     /// Whether reports wait in the outbox and a server to send them to.

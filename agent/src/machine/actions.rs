@@ -5,7 +5,30 @@
 use super::*;
 
 impl Machine {
-    pub(super) fn download(&mut self, mut job: Job, t: &mut dyn Ticker) -> Result<Next> {
+    /// The download; a newer release found by a poll meanwhile supersedes
+    /// the job instead.
+    pub(super) fn download(&mut self, job: Job, t: &mut dyn Ticker) -> Result<Next> {
+        let mut newer = None;
+        let r = self.transfer(job, t, &mut newer);
+        match newer {
+            Some(v) => {
+                let (origin, _) = match self.state()?.job() {
+                    Some(j) => self.job_origin(j),
+                    None => bail!(Store, "the superseded job is missing"),
+                };
+                self.supersede(&origin, v, t)?;
+                Ok(Next::Continue)
+            }
+            None => r,
+        }
+    }
+
+    fn transfer(
+        &mut self,
+        mut job: Job,
+        t: &mut dyn Ticker,
+        newer: &mut Option<Verified>,
+    ) -> Result<Next> {
         let m = self.job_manifest()?;
         let target = self.slots.path(job.target).to_path_buf();
         let booted = self.slots.path(self.booted).to_path_buf();
@@ -13,11 +36,50 @@ impl Machine {
         if origin.is_remote() && self.fetcher.is_none() {
             self.fetcher = Some(Fetcher::new(&self.cfg.server)?);
         }
-        let mut tick = Tracker {
+        let (size, received) = match &job.method {
+            Method::Full => {
+                let done = usize::try_from(job.frames_durable).unwrap_or(usize::MAX);
+                let at = m.artifact.frames.get(done).map(|f| f.offset);
+                (m.artifact.size, at.unwrap_or(m.artifact.size))
+            }
+            Method::Delta { url, .. } => {
+                let d = job_delta(&m, url)?;
+                let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
+                let held = std::fs::metadata(spool).map(|md| md.len()).unwrap_or(0);
+                (d.size, held.min(d.size))
+            }
+        };
+        let deadline = watch::Deadline::of(&job, size, received, &self.cfg.server);
+        let (polled, watched) = self.job_origin(&job);
+        let reports = self
+            .reports_enabled()
+            .then_some((self.device_id.as_str(), self.booted));
+        let preferred = self.preferred;
+        let watch = (self.mode == Mode::Daemon && watched).then(|| watch::Watch {
+            poller: Poller {
+                store: &self.store,
+                trust: &mut self.trust,
+                fetcher: self.fetcher.as_ref(),
+                preferred: &mut self.preferred,
+                compatible: &self.cfg.device.compatible,
+                channel: &self.channel.name,
+            },
+            origin: polled,
+            version: job.version.clone(),
+            image: job.image,
+            reports,
+            last_error: &mut self.last_error,
+            last_check: &mut self.last_check,
+            found: newer,
+            pending: None,
+        });
+        let mut tick = watch::Tracker {
             inner: t,
             progress: &mut self.progress,
+            deadline,
+            watch,
         };
-        match job.method.clone() {
+        let pref = match job.method.clone() {
             Method::Full => {
                 let mut writer = SlotWriter::open(&target, &booted, self.cfg.system.sync_bytes)?;
                 let frames = &m.artifact.frames;
@@ -52,7 +114,7 @@ impl Machine {
                     durable_job.frames_durable = n;
                     store.update_state(&State::Downloading(durable_job.clone()))
                 };
-                let mut src = Source::new(origin, self.fetcher.clone(), self.preferred);
+                let mut src = Source::new(origin, self.fetcher.clone(), preferred);
                 let outcome = install::write_full(
                     &mut src,
                     &m,
@@ -67,23 +129,23 @@ impl Machine {
                         on_durable: &mut on_durable,
                     },
                 )?;
-                let pref = src.preferred();
                 writer.finish()?;
                 job.frames_durable = frames.len() as u64;
                 job.bytes_downloaded += outcome.bytes_read;
                 job.stream_verified = outcome.hashed_in_stream && start == 0;
-                crate::poll::set_preferred(&self.store, &mut self.preferred, pref)?;
+                src.preferred()
             }
             Method::Delta { url, .. } => {
                 let d = job_delta(&m, &url)?;
                 let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
-                let mut src = Source::new(origin, self.fetcher.clone(), self.preferred);
+                let mut src = Source::new(origin, self.fetcher.clone(), preferred);
                 let n = install::download_delta(&mut src, &d, &spool, &mut tick)?;
-                let pref = src.preferred();
                 job.bytes_downloaded += n;
-                crate::poll::set_preferred(&self.store, &mut self.preferred, pref)?;
+                src.preferred()
             }
-        }
+        };
+        drop(tick);
+        crate::poll::set_preferred(&self.store, &mut self.preferred, pref)?;
         let what = match job.method {
             Method::Full => "all frames written; reading the slot back",
             Method::Delta { .. } => "delta downloaded and verified; applying it",
@@ -96,9 +158,11 @@ impl Machine {
         let m = self.job_manifest()?;
         let target = self.slots.path(job.target).to_path_buf();
         let booted = self.slots.path(self.booted).to_path_buf();
-        let mut tick = Tracker {
+        let mut tick = watch::Tracker {
             inner: t,
             progress: &mut self.progress,
+            deadline: None,
+            watch: None,
         };
         match job.method.clone() {
             Method::Full => {
@@ -147,6 +211,45 @@ impl Machine {
     }
 
     pub(super) fn installed(&mut self, mut job: Job, t: &mut dyn Ticker) -> Result<Next> {
+        // Never switch on an expired promise: the slot goes first in the
+        // boot order only while a valid manifest names its image.
+        match self.promise(&job, t) {
+            Ok(None) => {}
+            Ok(Some(newer)) => {
+                let (origin, _) = self.job_origin(&job);
+                self.supersede(&origin, newer, t)?;
+                return Ok(Next::Continue);
+            }
+            Err(e) if e.kind() == Kind::Stopped => return Err(e),
+            Err(e) => {
+                self.last_error = Some(e.to_string());
+                let transient = matches!(e.kind(), Kind::Network | Kind::Busy);
+                if self.mode == Mode::Daemon
+                    && transient
+                    && self.download_failures < MAX_DOWNLOAD_RETRIES
+                {
+                    self.download_failures += 1;
+                    log::warn!(
+                        "release {} slot {}: {e} (attempt {} of {MAX_DOWNLOAD_RETRIES}; trying again later)",
+                        job.version,
+                        job.target,
+                        self.download_failures
+                    );
+                    return Ok(Next::Retry(e.retry_after().unwrap_or_else(|| {
+                        crate::backoff::full_jitter(
+                            self.download_failures,
+                            Duration::from_secs(5),
+                            self.cfg.server.retry_max.0,
+                        )
+                    })));
+                }
+                let e = install::context(e, &job.version, job.target);
+                let state = self.state()?;
+                self.abandon(&state, job, &e.to_string(), "failed", t)?;
+                return Err(e);
+            }
+        }
+        self.download_failures = 0;
         self.boot.trial_with(job.target, self.tries(), t)?;
         log::info!(
             "release {} slot {}: first in the boot order for a trial boot ({} tries)",
@@ -289,19 +392,6 @@ impl Machine {
             Ok(Ok(())) => Verdict::Pass,
             Ok(Err(e)) | Err(e) => Verdict::Fail(format!("update server unreachable: {e}")),
         }
-    }
-}
-
-/// Records the latest progress for status while forwarding ticks.
-struct Tracker<'a> {
-    inner: &'a mut dyn Ticker,
-    progress: &'a mut Option<Progress>,
-}
-
-impl Ticker for Tracker<'_> {
-    fn tick(&mut self, p: &Progress) -> Result<()> {
-        *self.progress = Some(p.clone());
-        self.inner.tick(p)
     }
 }
 

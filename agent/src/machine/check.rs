@@ -37,27 +37,18 @@ impl Machine {
         // check leads to is recorded.
         log::debug!("checking {}", origin.to_arg());
         let result = self.check_inner(&origin, default_origin, operator, &state, t);
-        match &result {
-            Ok(CheckOutcome::Started { .. }) => {}
-            Ok(CheckOutcome::NoChange(why)) => log::info!("check: {why}"),
-            Err(e) => {
-                self.last_error = Some(e.to_string());
-                let reports = self
-                    .reports_enabled()
-                    .then_some((self.device_id.as_str(), self.booted));
-                crate::poll::record_failure(&self.store, e, reports)?;
-            }
+        if let Ok(CheckOutcome::NoChange(why)) = &result {
+            log::info!("check: {why}");
         }
-        if result.is_ok() {
-            if self
-                .store
-                .get("last_check_error")?
-                .is_some_and(|e| !e.is_empty())
-            {
-                self.store.set("last_check_error", "")?;
-            }
-            self.last_error = None;
-        }
+        let reports = self
+            .reports_enabled()
+            .then_some((self.device_id.as_str(), self.booted));
+        note_check(
+            &self.store,
+            result.as_ref().map(|_| ()),
+            reports,
+            &mut self.last_error,
+        )?;
         result
     }
 
@@ -77,13 +68,26 @@ impl Machine {
             compatible: &self.cfg.device.compatible,
             channel: &self.channel.name,
         };
-        let Verified {
-            manifest: m,
-            freshness,
-        } = match poller.verified_manifest(origin, default_origin, t)? {
+        let verified = match poller.verified_manifest(origin, default_origin, t)? {
             Polled::Verified(v) => *v,
             Polled::Stale(why) => return Ok(CheckOutcome::NoChange(why)),
         };
+        self.decide(origin, operator, state, verified, t)
+    }
+
+    /// What a verified manifest leads to in `state`. A job that has not
+    /// switched slots yet and came from the configured server is
+    /// superseded by a manifest naming another image.
+    pub(super) fn decide(
+        &mut self,
+        origin: &Origin,
+        operator: bool,
+        state: &State,
+        verified: Verified,
+        t: &mut dyn Ticker,
+    ) -> Result<CheckOutcome> {
+        let m = &verified.manifest;
+        let freshness = verified.freshness;
         if let Some(job) = state.job().filter(|_| state.busy()) {
             if job.image == m.image {
                 return Ok(CheckOutcome::NoChange(format!(
@@ -92,6 +96,9 @@ impl Machine {
                     job.target,
                     state.name()
                 )));
+            }
+            if !operator && self.supersedable(state, origin) {
+                return self.supersede(origin, verified, t);
             }
             bail!(
                 Busy,
@@ -139,7 +146,7 @@ impl Machine {
                 }
             }
         }
-        self.plan(origin, &m, t)
+        self.plan(origin, m, t)
     }
 
     /// Choose target slot and method, and start the job.
@@ -197,7 +204,7 @@ impl Machine {
                 self.booted
             );
         }
-        let job = Job::new(
+        let mut job = Job::new(
             report::new_key(),
             m.release.version.clone(),
             m.serial,
@@ -206,6 +213,11 @@ impl Machine {
             target,
             method.clone(),
         );
+        let size = match &method {
+            Method::Full => m.artifact.size,
+            Method::Delta { size, .. } => *size,
+        };
+        job.download_deadline = Some(job.started.plus(self.cfg.server.download_time(size)));
         let payload =
             serde_json::to_string(m).map_err(|e| err!(Store, "encoding manifest: {e}"))?;
         self.store.set("job_manifest", &payload)?;
@@ -231,6 +243,33 @@ impl Machine {
         })?;
         serde_json::from_str(&text)
             .map_err(|e| err!(Store, "stored job manifest is unreadable: {e}"))
+    }
+}
+
+/// Bookkeeping of a check that ended: a failure is recorded (history line
+/// and report once per reason, see [`crate::poll::record_failure`]) and
+/// shown in status; a success clears both.
+pub(super) fn note_check(
+    store: &Store,
+    result: std::result::Result<(), &Error>,
+    reports: Option<(&str, SlotName)>,
+    last_error: &mut Option<String>,
+) -> Result<()> {
+    match result {
+        Err(e) => {
+            *last_error = Some(e.to_string());
+            crate::poll::record_failure(store, e, reports)
+        }
+        Ok(()) => {
+            if store
+                .get("last_check_error")?
+                .is_some_and(|e| !e.is_empty())
+            {
+                store.set("last_check_error", "")?;
+            }
+            *last_error = None;
+            Ok(())
+        }
     }
 }
 

@@ -24,14 +24,16 @@
 //! Testing ─► Committed (mark good) ─► Idle
 //!         └► Rebooting(rollback: target bad, old first) ─► (reboot) ─► RolledBack ─► Idle
 //! any failure before the switch ─► Failed(reason) ─► Idle
+//! a newer image before the switch ─► Failed(superseded) ─► Downloading (the newer release)
 //! ```
 //!
 //! The files beside this one hold the rest of the machine's methods, one
 //! concern each: `check.rs` (what a verified manifest leads to),
-//! `actions.rs` (the busy states' actions), `operator.rs` (operator
-//! commands, reports, status). What a start concludes is the pure
-//! [`crate::reconcile`]; fetching and verifying a manifest is
-//! [`crate::poll`].
+//! `actions.rs` (the busy states' actions), `watch.rs` (a job's download
+//! deadline, polls while it downloads, a valid manifest before the
+//! switch), `operator.rs` (operator commands, reports, status). What a
+//! start concludes is the pure [`crate::reconcile`]; fetching and
+//! verifying a manifest is [`crate::poll`].
 //!
 //! The machine keeps no timers and serves no sockets: it is driven by the
 //! daemon loop ([`crate::daemon`]) or by the one-shot CLI. During long work
@@ -73,6 +75,7 @@ use check::job_delta;
 mod actions;
 mod check;
 mod operator;
+mod watch;
 
 /// How the machine is driven.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -417,8 +420,24 @@ impl Machine {
                 let e = install::context(e, &job.version, job.target);
                 self.last_error = Some(e.to_string());
                 let transient = matches!(e.kind(), Kind::Network | Kind::Busy);
+                // Past its deadline a download is not tried again within
+                // the job: the job fails, and a later poll starts it anew.
+                let deadline = job
+                    .download_deadline
+                    .filter(|d| Timestamp::now() >= *d && transient)
+                    .filter(|_| matches!(self.state(), Ok(State::Downloading(_))));
+                let e = match deadline {
+                    Some(d) if !e.message().contains("download abandoned at its deadline") => {
+                        Error::new(
+                            e.kind(),
+                            format!("{e}; the download deadline {d} has passed: not retried"),
+                        )
+                    }
+                    _ => e,
+                };
                 if self.mode == Mode::Daemon
                     && transient
+                    && deadline.is_none()
                     && self.download_failures < MAX_DOWNLOAD_RETRIES
                 {
                     self.download_failures += 1;
@@ -455,6 +474,10 @@ impl Machine {
                         full.method = Method::Full;
                         full.writing = true;
                         full.frames_durable = 0;
+                        if let Ok(m) = self.job_manifest() {
+                            let time = self.cfg.server.download_time(m.artifact.size);
+                            full.download_deadline = Some(Timestamp::now().plus(time));
+                        }
                         let reason = format!("delta failed: {e}");
                         self.enter(
                             State::Downloading(full),
