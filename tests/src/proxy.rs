@@ -560,7 +560,10 @@ fn server_to_client(s: &Sockets, conn: &Conn) {
                 if s.cut.load(Ordering::SeqCst) {
                     return;
                 }
-                thread::sleep((due - started.elapsed()).min(Duration::from_millis(20)));
+                thread::sleep(
+                    due.saturating_sub(started.elapsed())
+                        .min(Duration::from_millis(20)),
+                );
             }
         }
         if write_counted(&s.client, &buf[..n], &conn.to_client).is_err() {
