@@ -481,14 +481,7 @@ pub fn offload<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
     ticker: &mut dyn Ticker,
 ) -> Result<T> {
-    let (tx, rx) = sync_channel(1);
-    std::thread::Builder::new()
-        .name("updraft-call".into())
-        .stack_size(256 * 1024)
-        .spawn(move || {
-            let _ = tx.send(f());
-        })
-        .map_err(|e| Error::new(Kind::Io, format!("starting a helper thread: {e}")))?;
+    let rx = Background::spawn(f)?.rx;
     let progress = Progress {
         phase: phase.into(),
         ..Progress::default()

@@ -283,7 +283,7 @@ fn a_connection_serves_requests_in_turn_and_connections_are_bounded() {
     }
     let mut two = connect(server.addr(), server.ca_file());
     assert_eq!(exchange(&mut two, "GET /f HTTP/1.1", false).status, 200);
-    let log = logged(&server, 3);
+    let log = logged(&server, 4);
     assert_eq!(log[2].connection, log[0].connection);
     assert_eq!(log[2].connection_requests, 3);
     assert_ne!(log[3].connection, log[0].connection);
