@@ -132,7 +132,7 @@ pub fn run(args: &[String]) -> Result {
         return Err("the MSRV and the newest toolchain were not both picked".into());
     };
     println!(
-        "cross-test: MSRV build with rustc {} (Debian {}; rust-version {msrv})",
+        "cross-test: MSRV check with rustc {} (Debian {}; rust-version {msrv})",
         oldest.release(),
         oldest.version
     );
