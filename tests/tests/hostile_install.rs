@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use serde_json::{Value, json};
 use updraft::hash::Sha256;
 use updraft::slot::SlotName;
-use updraft_tests::device::{Device, DeviceSpec, Snapshot, TrustSpec};
+use updraft_tests::device::{Device, DeviceSpec, TrustSpec};
 use updraft_tests::publisher::{KeyPair, Repo, image, keygen};
 use updraft_tests::tmp::TempDir;
 
@@ -84,7 +84,7 @@ impl Fixture {
         let err = self.dev.fails(&["install", &self.repo.manifest_str()]);
         assert!(err.contains(expect), "expected {expect:?} in:\n{err}");
         let after = self.dev.snapshot();
-        assert_unchanged(&before, &after);
+        before.assert_unchanged(&after);
         err
     }
 
@@ -102,7 +102,7 @@ impl Fixture {
             "the verified serial was not recorded"
         );
         after.serial = before.serial.clone();
-        assert_unchanged(&before, &after);
+        before.assert_unchanged(&after);
         err
     }
 
@@ -137,25 +137,6 @@ impl Fixture {
         assert!(hist.contains("failed"), "no failure in history:\n{hist}");
         err
     }
-}
-
-fn assert_unchanged(before: &Snapshot, after: &Snapshot) {
-    assert_eq!(before.slot_a, after.slot_a, "slot A bytes changed");
-    assert_eq!(before.slot_b, after.slot_b, "slot B bytes changed");
-    assert_eq!(before.state, after.state, "state changed");
-    assert_eq!(before.serial, after.serial, "stored serial changed");
-    assert_eq!(
-        before.keys_version, after.keys_version,
-        "trusted key version changed"
-    );
-    assert_eq!(
-        before.slots, after.slots,
-        "slot records or boot selection changed"
-    );
-    assert_eq!(
-        before.boot_state, after.boot_state,
-        "bootloader state changed"
-    );
 }
 
 // ---- signatures and envelopes --------------------------------------------------
@@ -335,7 +316,7 @@ fn lower_serial_is_a_rollback_attack() {
         err.contains("manifest serial 4 is older than stored serial 5: refusing a rollback"),
         "{err}"
     );
-    assert_unchanged(&before, &f.dev.snapshot());
+    before.assert_unchanged(&f.dev.snapshot());
 }
 
 #[test]
@@ -346,7 +327,7 @@ fn equal_serial_is_no_change() {
     let before = f.dev.snapshot();
     let out = f.dev.ok(&["install", &f.repo.manifest_str()]);
     assert!(out.starts_with("no change:"), "{out}");
-    assert_unchanged(&before, &f.dev.snapshot());
+    before.assert_unchanged(&f.dev.snapshot());
 }
 
 #[test]
@@ -701,7 +682,7 @@ fn revoked_release_key() {
         "the revocation was not persisted"
     );
     after.keys_version = before.keys_version.clone();
-    assert_unchanged(&before, &after);
+    before.assert_unchanged(&after);
 }
 
 #[test]
@@ -782,7 +763,7 @@ fn clock_before_build_time() {
         "{err}"
     );
     assert!(err.contains("waiting for time synchronisation"), "{err}");
-    assert_unchanged(&before, &f.dev.snapshot());
+    before.assert_unchanged(&f.dev.snapshot());
 }
 
 #[test]
@@ -808,5 +789,5 @@ fn clock_before_the_newest_verified_time() {
         )),
         "{err}"
     );
-    assert_unchanged(&before, &f.dev.snapshot());
+    before.assert_unchanged(&f.dev.snapshot());
 }
