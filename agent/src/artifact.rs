@@ -14,6 +14,7 @@
 //! frame asking for a large window is refused with a message naming the
 //! window, before any allocation. This module treats every byte as hostile.
 
+use crate::direct_io::AlignedBuf;
 use crate::error::{Error, Kind, Result};
 use crate::hash::Sha256;
 use crate::manifest::{Frame, MAX_WINDOW_LOG};
@@ -108,7 +109,8 @@ pub fn parse_frame_header(buf: &[u8]) -> Result<FrameHeader> {
 /// Decodes and verifies frames; owns the output buffer.
 pub struct FrameDecoder {
     dctx: zstd::bulk::Decompressor<'static>,
-    out: Vec<u8>,
+    /// Aligned, so a block-device slot can take it without a copy.
+    out: AlignedBuf,
     max_window: u64,
 }
 
@@ -122,7 +124,7 @@ impl FrameDecoder {
             .map_err(|e| Error::new(Kind::Io, format!("configuring zstd decoder: {e}")))?;
         Ok(FrameDecoder {
             dctx,
-            out: Vec::with_capacity(max_out),
+            out: AlignedBuf::new(max_out),
             max_window: 1u64 << MAX_WINDOW_LOG,
         })
     }
@@ -189,17 +191,14 @@ impl FrameDecoder {
                 )));
             }
         }
-        self.out.clear();
         let want = frame.out_size as usize;
-        if self.out.capacity() < want {
-            self.out.reserve_exact(want);
-        }
-        // The decoder writes into the vector's spare capacity and no further,
-        // so a frame that decodes to more than expected fails here instead of
+        self.out.set_len(want);
+        // The decoder writes into the buffer and no further, so a frame
+        // that decodes to more than expected fails here instead of
         // allocating.
         let n = self
             .dctx
-            .decompress_to_buffer(compressed, &mut self.out)
+            .decompress_to_buffer(compressed, &mut self.out[..])
             .map_err(|e| {
                 ctx(Error::new(
                     Kind::Malformed,
@@ -212,7 +211,7 @@ impl FrameDecoder {
                 format!("decodes to {n} bytes, signed {}", frame.out_size),
             )));
         }
-        let got = Sha256::of(&self.out);
+        let got = Sha256::of(&self.out[..n]);
         if got != frame.out_sha256 {
             return Err(ctx(Error::new(
                 Kind::Integrity,
@@ -222,12 +221,11 @@ impl FrameDecoder {
         Ok(&self.out)
     }
 
-    /// Hand over the last decoded frame's bytes, taking `spare` (cleared)
-    /// as the buffer the next frame decodes into. Lets a decoded frame be
+    /// Hand over the last decoded frame's bytes, taking `spare` as the
+    /// buffer the next frame decodes into. Lets a decoded frame be
     /// written on another thread while the next one decodes, with no copy
     /// and no buffer beyond the two that circulate.
-    pub fn take_output(&mut self, mut spare: Vec<u8>) -> Vec<u8> {
-        spare.clear();
+    pub fn take_output(&mut self, spare: AlignedBuf) -> AlignedBuf {
         std::mem::replace(&mut self.out, spare)
     }
 }

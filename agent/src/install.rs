@@ -7,6 +7,10 @@
 //! both:   fdatasync ─► drop page cache ─► read back ─► sha256 vs image
 //! ```
 //!
+//! A full install from the first frame reads each range back while later
+//! frames are written ([`crate::readback`]); a resumed one, and a delta,
+//! read the whole slot back after the write ([`verify_slot`]).
+//!
 //! Each stage is a small function over `Read`/`Write`-like parts, so the
 //! order of checks can be read top to bottom. A frame is written only after
 //! its output hash matched the signed frame table; a corrupt or hostile byte
@@ -29,6 +33,7 @@ use crate::error::{Context, Error, Result};
 use crate::hash::{Hasher, Sha256};
 use crate::manifest::{Delta, Frame, Image, Manifest};
 use crate::progress::{Meter, Ticker};
+use crate::readback::ReadBack;
 use crate::slot::{SlotReader, SlotWriter};
 use crate::source::Source;
 use crate::worker::{Feed, FrameEvent, Frames};
@@ -45,6 +50,9 @@ pub struct FullOutcome {
     /// True when the whole artifact and image hashes were checked while
     /// streaming (the transfer started at frame 0).
     pub hashed_in_stream: bool,
+    /// True when the image hash was checked on the bytes read back from
+    /// the slot while streaming (nothing is left to read back).
+    pub read_back: bool,
 }
 
 /// Output offset of frame `index` in the image.
@@ -90,6 +98,9 @@ pub struct FullOptions {
     /// Hash the whole image while streaming (when the slot will not be read
     /// back).
     pub hash_image: bool,
+    /// Read the slot back while writing it (from frame 0 only), and check
+    /// the image hash on what the medium returns.
+    pub read_back: bool,
 }
 
 /// What the caller does at the two moments that matter to the state machine.
@@ -113,7 +124,11 @@ pub fn write_full(
     ticker: &mut dyn Ticker,
     hooks: WriteHooks<'_>,
 ) -> Result<FullOutcome> {
-    let FullOptions { start, hash_image } = opts;
+    let FullOptions {
+        start,
+        hash_image,
+        read_back,
+    } = opts;
     let WriteHooks {
         before_write,
         on_durable,
@@ -143,6 +158,11 @@ pub fn write_full(
     // The whole-image hash is computed here only when the slot will not be
     // read back (the read-back checks it against the medium instead).
     let mut image_hash = (from_zero && hash_image).then(Hasher::new);
+    let mut readback = if from_zero && read_back {
+        Some(ReadBack::start(writer.path())?)
+    } else {
+        None
+    };
     writer.seek(frame_out_offset(frames, start));
     let mut meter = Meter::new("download", offset, m.artifact.size);
     let mut since_sync = 0usize;
@@ -167,6 +187,9 @@ pub fn write_full(
                     on_durable((index + 1) as u64)?;
                     since_sync = 0;
                 }
+                if let Some(rb) = readback.as_mut() {
+                    rb.complete_to(writer.completed());
+                }
             }
             FrameEvent::End { preferred } => {
                 if let Some(p) = preferred {
@@ -187,9 +210,23 @@ pub fn write_full(
             );
         }
     }
+    let read_back = readback.is_some();
+    if let Some(rb) = readback {
+        writer.sync()?;
+        let got = rb.finish(m.image.size, ticker)?;
+        if got != m.image.sha256 {
+            bail!(
+                Integrity,
+                "slot {} reads back sha256 {got}, expected {}",
+                writer.path().display(),
+                m.image.sha256
+            );
+        }
+    }
     Ok(FullOutcome {
         bytes_read: m.artifact.size - offset,
-        hashed_in_stream: from_zero && hash_image,
+        hashed_in_stream: from_zero && (hash_image || read_back),
+        read_back,
     })
 }
 

@@ -11,9 +11,14 @@
 //!   `sync_bytes` the writer starts write-back of what it just wrote
 //!   (`sync_file_range`) and waits for the previous step, so the kernel
 //!   writes while updraft decodes, and no single `fdatasync` stall is long.
+//! * On a block device, aligned blocks bypass the page cache (`O_DIRECT`,
+//!   see [`crate::direct_io`]): the device reads straight from updraft's
+//!   buffers, and the read-back reads the medium. Regular files, and the
+//!   unaligned end of an image, go through the page cache.
 //! * At the end the data is made durable (`fdatasync`), the page cache for
 //!   the slot is dropped (`BLKFLSBUF` / `POSIX_FADV_DONTNEED`), and the
-//!   image is read back from the medium and hashed.
+//!   image is read back from the medium and hashed (while it is written, by
+//!   [`crate::readback`], when the write started at the first byte).
 //!
 //! It must never decide *which* slot to write: that is the caller's, after
 //! checking [`booted_slot`]. It refuses, as a last line of defence, to open
@@ -27,6 +32,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::direct_io::{self, AlignedBuf};
 use crate::error::{Context, Error, Kind, Result};
 use crate::hash::{Hasher, Sha256};
 use crate::{bail, err};
@@ -166,6 +172,8 @@ const BLKFLSBUF: libc::c_ulong = 0x1261;
 /// A slot opened for writing.
 pub struct SlotWriter {
     file: File,
+    /// The same device opened `O_DIRECT`, with its transfer unit.
+    direct: Option<(File, usize)>,
     path: PathBuf,
     block: bool,
     capacity: u64,
@@ -177,6 +185,9 @@ pub struct SlotWriter {
     written_back: u64,
     /// Everything below this is known durable.
     durable: u64,
+    /// The device has completed the writes of everything below this (it
+    /// may still hold them in a volatile cache until the next sync).
+    completed: u64,
     sync_bytes: u64,
 }
 
@@ -217,8 +228,14 @@ impl SlotWriter {
             }
         })?;
         let capacity = capacity_of(&file, path)?;
+        let direct = if block {
+            direct_io::open(path, true)
+        } else {
+            None
+        };
         Ok(SlotWriter {
             file,
+            direct,
             path: path.to_path_buf(),
             block,
             capacity,
@@ -226,8 +243,14 @@ impl SlotWriter {
             started: 0,
             written_back: 0,
             durable: 0,
+            completed: 0,
             sync_bytes,
         })
+    }
+
+    /// True when aligned blocks bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
     }
 
     pub fn capacity(&self) -> u64 {
@@ -247,6 +270,13 @@ impl SlotWriter {
         self.durable
     }
 
+    /// Everything below this offset has been handed to the device and the
+    /// device has completed the writes: reading it back now reads what the
+    /// device stored (no page cache holds newer bytes).
+    pub fn completed(&self) -> u64 {
+        self.completed
+    }
+
     /// Continue writing at `offset` (resume). Data below it is taken as
     /// already durable.
     pub fn seek(&mut self, offset: u64) {
@@ -254,6 +284,7 @@ impl SlotWriter {
         self.started = offset;
         self.written_back = offset;
         self.durable = offset;
+        self.completed = offset;
     }
 
     /// Write `data` at the current position. Returns true when a write-back
@@ -269,19 +300,54 @@ impl SlotWriter {
                 self.capacity
             );
         }
-        self.file.write_all_at(data, self.pos).kind_context(
-            Kind::Slot,
-            format!(
-                "writing slot {} at offset {}",
-                self.path.display(),
-                self.pos
-            ),
-        )?;
+        let direct = self.write_direct(data)?;
+        if direct < data.len() {
+            let at = self.pos + direct as u64;
+            self.file.write_all_at(&data[direct..], at).kind_context(
+                Kind::Slot,
+                format!("writing slot {} at offset {at}", self.path.display()),
+            )?;
+        } else if self.completed == self.pos {
+            // A direct write is complete when it returns.
+            self.completed = end;
+        }
         self.pos = end;
         if self.pos - self.started >= self.sync_bytes {
             return self.step();
         }
         Ok(false)
+    }
+
+    /// Write the aligned leading part of `data` at the current position
+    /// through the direct descriptor; returns how many bytes it took (0
+    /// when there is none, or nothing is aligned). A device that refuses
+    /// the alignment gets every later byte through the page cache.
+    fn write_direct(&mut self, data: &[u8]) -> Result<usize> {
+        let Some((file, unit)) = &self.direct else {
+            return Ok(0);
+        };
+        let n = direct_io::split(data, self.pos, *unit);
+        if n == 0 {
+            return Ok(0);
+        }
+        match file.write_all_at(&data[..n], self.pos) {
+            Ok(()) => Ok(n),
+            Err(e) if direct_io::refused(&e) => {
+                log::warn!(
+                    "slot {}: the device refused a direct write ({e}); writing through the page cache",
+                    self.path.display()
+                );
+                self.direct = None;
+                Ok(0)
+            }
+            Err(e) => Err(Error::from(e)
+                .wrap(format!(
+                    "writing slot {} at offset {}",
+                    self.path.display(),
+                    self.pos
+                ))
+                .with_kind(Kind::Slot)),
+        }
     }
 
     /// One bounded write-back step: wait for the range started last time,
@@ -298,6 +364,7 @@ impl SlotWriter {
         )
         .with_context(|| format!("flushing slot {}", self.path.display()))?;
         self.written_back = self.started;
+        self.completed = self.completed.max(self.written_back);
         sync_range(
             fd,
             self.started,
@@ -316,6 +383,7 @@ impl SlotWriter {
             .sync_data()
             .kind_context(Kind::Slot, format!("fdatasync {}", self.path.display()))?;
         self.durable = self.pos;
+        self.completed = self.pos;
         drop_cache(&self.file, self.block);
         Ok(())
     }
@@ -329,6 +397,7 @@ impl SlotWriter {
         self.started = self.pos;
         self.written_back = self.pos;
         self.durable = self.pos;
+        self.completed = self.pos;
         Ok(())
     }
 }
@@ -374,10 +443,29 @@ pub fn drop_cache(file: &File, block: bool) {
     unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
 }
 
+/// Ask the kernel to forget the cached pages of one range of a slot (they
+/// are clean once their write-back completed). Best effort, as
+/// [`drop_cache`].
+pub fn drop_range(file: &File, offset: u64, len: u64) {
+    let fd = file.as_raw_fd();
+    // SAFETY: advisory call on our fd.
+    // The 64-bit variant: a 32-bit off_t would wrap past 2 GiB on armv7.
+    unsafe {
+        libc::posix_fadvise64(
+            fd,
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+}
+
 /// A slot opened for reading (the active slot as a delta source, or any
 /// slot for read-back).
 pub struct SlotReader {
     file: File,
+    /// The same device opened `O_DIRECT`, with its transfer unit.
+    direct: Option<(File, usize)>,
     path: PathBuf,
     block: bool,
     capacity: u64,
@@ -398,8 +486,14 @@ impl SlotReader {
             .map(|m| m.file_type().is_block_device())
             .unwrap_or(false);
         let capacity = capacity_of(&file, path)?;
+        let direct = if block {
+            direct_io::open(path, false)
+        } else {
+            None
+        };
         Ok(SlotReader {
             file,
+            direct,
             path: path.to_path_buf(),
             block,
             capacity,
@@ -429,30 +523,77 @@ impl SlotReader {
     /// Hash the first `len` bytes, reading in large blocks; `tick` is called
     /// with the bytes read so far between blocks.
     pub fn hash_prefix(&self, len: u64, tick: &mut dyn FnMut(u64) -> Result<()>) -> Result<Sha256> {
-        if len > self.capacity {
-            bail!(
-                Slot,
-                "slot {} holds {} bytes, fewer than the {len} to hash",
-                self.path.display(),
-                self.capacity
-            );
-        }
-        let mut buf = vec![0u8; READ_BLOCK];
         let mut h = Hasher::new();
-        let mut off = 0u64;
-        while off < len {
-            let n = (len - off).min(READ_BLOCK as u64) as usize;
-            self.read_exact_at(&mut buf[..n], off)?;
-            h.update(&buf[..n]);
-            off += n as u64;
-            tick(off)?;
-        }
+        let mut buf = AlignedBuf::new(READ_BLOCK);
+        self.hash_range(&mut h, &mut buf, 0, len, tick)?;
         if self.block || len > 0 {
             // Reading a whole slot should not push everything else out of
             // the page cache.
             drop_cache(&self.file, false);
         }
         Ok(h.finish())
+    }
+
+    /// Feed the bytes from `from` to `to` into `h`, read from the medium:
+    /// through the direct descriptor where the device has one (rounding the
+    /// last read up to a whole unit when the slot is large enough), and
+    /// otherwise through the page cache after dropping the range from it.
+    /// `tick` gets the offset reached after each block.
+    pub fn hash_range(
+        &self,
+        h: &mut Hasher,
+        buf: &mut AlignedBuf,
+        from: u64,
+        to: u64,
+        tick: &mut dyn FnMut(u64) -> Result<()>,
+    ) -> Result<()> {
+        if to > self.capacity {
+            bail!(
+                Slot,
+                "slot {} holds {} bytes, fewer than the {to} to hash",
+                self.path.display(),
+                self.capacity
+            );
+        }
+        if self.direct.is_none() && to > from {
+            drop_range(&self.file, from, to - from);
+        }
+        let mut off = from;
+        while off < to {
+            let n = (to - off).min(buf.len() as u64) as usize;
+            self.read_block(&mut buf[..], off, n)?;
+            h.update(&buf[..n]);
+            off += n as u64;
+            tick(off)?;
+        }
+        Ok(())
+    }
+
+    /// Read `n` bytes at `off` into the start of `buf`, direct when the
+    /// offset is aligned and a whole number of units (at most `buf.len()`)
+    /// covering them fits in the slot.
+    fn read_block(&self, buf: &mut [u8], off: u64, n: usize) -> Result<()> {
+        if let Some((file, unit)) = &self.direct {
+            let whole = n.div_ceil(*unit) * unit;
+            if whole <= buf.len()
+                && off.saturating_add(whole as u64) <= self.capacity
+                && direct_io::split(&buf[..whole], off, *unit) == whole
+            {
+                match file.read_exact_at(&mut buf[..whole], off) {
+                    Ok(()) => return Ok(()),
+                    Err(e) if direct_io::refused(&e) => {}
+                    Err(e) => {
+                        return Err(Error::from(e)
+                            .wrap(format!(
+                                "reading slot {} at offset {off}",
+                                self.path.display()
+                            ))
+                            .with_kind(Kind::Slot));
+                    }
+                }
+            }
+        }
+        self.read_exact_at(&mut buf[..n], off)
     }
 }
 

@@ -84,6 +84,10 @@ pub struct Job {
     /// first frame (no resume); otherwise the read-back is mandatory.
     #[serde(default)]
     pub stream_verified: bool,
+    /// The image hash was checked on the bytes read back from the slot
+    /// while streaming, so the read-back is done.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_back: bool,
     /// When the download is abandoned if it has not finished: set when the
     /// download starts (and again on a fallback to the full image) from
     /// the signed size (`server.download_allowance` plus the size over
@@ -120,6 +124,7 @@ impl Job {
             reason: None,
             installed: None,
             stream_verified: false,
+            read_back: false,
             download_deadline: None,
         }
     }

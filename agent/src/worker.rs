@@ -16,7 +16,8 @@
 //! frame table are handed over.
 //!
 //! Helper threads only read, decode and forward bytes. They never touch the
-//! store, a slot or the bootloader, and they are never joined while blocked:
+//! store, a slot or the bootloader (the one thread that reads a slot, for
+//! the read-back, is [`crate::readback`]'s), and they are never joined while blocked:
 //! if the state machine gives up, a thread ends on its own when its read
 //! returns or fails, or when it finds nobody listening.
 
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use crate::artifact::FrameDecoder;
 use crate::bail;
+use crate::direct_io::AlignedBuf;
 use crate::error::{Error, Kind, Result};
 use crate::hash::{Hasher, Sha256};
 use crate::manifest::Frame;
@@ -214,7 +216,7 @@ pub enum FrameEvent {
     /// This many more compressed bytes arrived (progress only).
     Read(u64),
     /// Frame `index` decoded and matched its signed output hash.
-    Frame { index: usize, data: Vec<u8> },
+    Frame { index: usize, data: AlignedBuf },
     /// Nothing happened within [`TICK`]: tick and ask again.
     Idle,
     /// Every frame was delivered, the stream ended at its signed size and,
@@ -226,7 +228,7 @@ pub enum FrameEvent {
 /// What the decode thread sends.
 enum FrameMsg {
     Read(u64),
-    Frame(usize, Vec<u8>),
+    Frame(usize, AlignedBuf),
     End(Option<usize>),
     Failed(Error),
 }
@@ -242,7 +244,7 @@ enum FrameMsg {
 /// a slot; the caller writes, syncs and records progress in order.
 pub struct Frames {
     rx: Receiver<FrameMsg>,
-    spare: SyncSender<Vec<u8>>,
+    spare: SyncSender<AlignedBuf>,
     ended: bool,
 }
 
@@ -257,9 +259,9 @@ impl Frames {
         artifact_sha256: Option<Sha256>,
     ) -> Frames {
         let (tx, rx) = sync_channel(1);
-        let (spare, spare_rx) = sync_channel::<Vec<u8>>(2);
+        let (spare, spare_rx) = sync_channel::<AlignedBuf>(2);
         // The second buffer; the decoder allocates the first itself.
-        let _ = spare.try_send(Vec::new());
+        let _ = spare.try_send(AlignedBuf::default());
         let errors = tx.clone();
         let spawned = std::thread::Builder::new()
             .name("updraft-decode".into())
@@ -320,7 +322,7 @@ impl Frames {
     }
 
     /// Give a frame's buffer back once its bytes are written.
-    pub fn recycle(&mut self, buf: Vec<u8>) {
+    pub fn recycle(&mut self, buf: AlignedBuf) {
         let _ = self.spare.try_send(buf);
     }
 }
@@ -328,7 +330,7 @@ impl Frames {
 /// The decode thread's side of [`Frames`].
 struct DecodeStage<'a> {
     tx: &'a SyncSender<FrameMsg>,
-    spare: &'a Receiver<Vec<u8>>,
+    spare: &'a Receiver<AlignedBuf>,
     /// Compressed bytes read but not yet reported.
     unreported: u64,
     last_report: Instant,

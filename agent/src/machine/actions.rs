@@ -122,6 +122,7 @@ impl Machine {
                     install::FullOptions {
                         start,
                         hash_image: !self.cfg.system.readback,
+                        read_back: self.cfg.system.readback,
                     },
                     &mut tick,
                     install::WriteHooks {
@@ -133,6 +134,7 @@ impl Machine {
                 job.frames_durable = frames.len() as u64;
                 job.bytes_downloaded += outcome.bytes_read;
                 job.stream_verified = outcome.hashed_in_stream && start == 0;
+                job.read_back = outcome.read_back && start == 0;
                 src.preferred()
             }
             Method::Delta { url, .. } => {
@@ -147,6 +149,7 @@ impl Machine {
         drop(tick);
         crate::poll::set_preferred(&self.store, &mut self.preferred, pref)?;
         let what = match job.method {
+            Method::Full if job.read_back => "all frames written and read back from the slot",
             Method::Full => "all frames written; reading the slot back",
             Method::Delta { .. } => "delta downloaded and verified; applying it",
         };
@@ -166,7 +169,7 @@ impl Machine {
         };
         match job.method.clone() {
             Method::Full => {
-                if self.cfg.system.readback || !job.stream_verified {
+                if !job.stream_verified || (self.cfg.system.readback && !job.read_back) {
                     install::verify_slot(&target, &m.image, &mut tick)?;
                 }
             }
