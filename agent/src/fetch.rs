@@ -50,6 +50,10 @@ const SYSTEM_BUNDLES: &[&str] = &[
     "/etc/ssl/cert.pem",
 ];
 
+/// Per-connection buffer sizes (see `Fetcher::new`).
+const INPUT_BUFFER: usize = 64 * 1024;
+const OUTPUT_BUFFER: usize = 16 * 1024;
+
 /// Outcome of a conditional GET.
 #[derive(Debug)]
 pub enum Fetched {
@@ -180,6 +184,14 @@ impl Fetcher {
             .accept("*/*")
             // Redirects are followed by `Fetcher::call`, hop by hop.
             .max_redirects(0)
+            // ureq's default buffers are 128 KiB each way, allocated per
+            // connection and kept with an idle pooled one. Input: large
+            // enough for ureq's 64 KiB response-header limit, which stays
+            // what it was; bodies stream through it in TLS-record-sized
+            // reads either way. Output: request headers (URL, token) and
+            // report bodies in pieces.
+            .input_buffer_size(INPUT_BUFFER)
+            .output_buffer_size(OUTPUT_BUFFER)
             .max_idle_connections(2)
             .max_idle_connections_per_host(1)
             .max_idle_age(Duration::from_secs(90))

@@ -32,6 +32,7 @@ mod lock;
 pub mod logging;
 mod machine;
 pub mod manifest;
+mod memory;
 pub mod metrics;
 mod notify;
 mod poll;

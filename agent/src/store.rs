@@ -215,6 +215,14 @@ impl Store {
         Ok(())
     }
 
+    /// Free the page cache and other memory SQLite holds but does not
+    /// need until the next statement (the idle daemon calls this before it
+    /// sleeps).
+    pub fn shrink_memory(&self) -> Result<()> {
+        self.conn.execute_batch("PRAGMA shrink_memory")?;
+        Ok(())
+    }
+
     fn migrate(&self) -> Result<()> {
         self.conn.execute_batch(SCHEMA_V1)?;
         let version: Option<String> = self

@@ -44,6 +44,7 @@ use crate::control::{self, Client, ControlServer, Reply, Request};
 use crate::error::{Error, Kind, Result};
 use crate::lock::StateLock;
 use crate::machine::{CheckOutcome, Machine, Mode, Next};
+use crate::memory;
 use crate::metrics::Metrics;
 use crate::notify;
 use crate::progress;
@@ -57,6 +58,8 @@ mod front;
 
 /// Run the daemon until SIGTERM.
 pub fn run(cfg: Config) -> Result<()> {
+    // Before any thread exists (see crate::memory).
+    memory::tune_allocator();
     let _lock = StateLock::acquire(&cfg.lock_path())?;
     signals::install()?;
     let mut machine = Machine::open(cfg.clone(), Mode::Daemon)?;
@@ -140,6 +143,10 @@ impl Polls {
     }
 }
 
+/// Memory freed by a round of work (a poll, a delivery, a step, a client)
+/// is handed back before a sleep at least this long.
+const RELEASE_BEFORE_SLEEP: Duration = Duration::from_secs(1);
+
 /// First wait before reconciling the boot again after a busy bootloader.
 const BOOT_RETRY_BASE: Duration = Duration::from_secs(5);
 
@@ -175,6 +182,12 @@ struct Daemon {
     metrics: Metrics,
     /// Body bytes the fetcher had counted at the last metrics update.
     downloaded_seen: u64,
+    /// Work was done since memory was last handed back
+    /// ([`Daemon::release_memory`]).
+    release_due: bool,
+    /// The machine stepped (start-up, an install) since the program's
+    /// code pages were last released ([`memory::release_code`]).
+    code_release_due: bool,
 }
 
 impl Daemon {
@@ -210,6 +223,8 @@ impl Daemon {
             machine_active: true,
             metrics: Metrics::new(),
             downloaded_seen: 0,
+            release_due: true,
+            code_release_due: true,
             front: Front {
                 ctl,
                 snapshot,
@@ -358,13 +373,33 @@ impl Daemon {
             return;
         }
         let timeout = deadline.saturating_duration_since(Instant::now());
+        if self.release_due && timeout >= RELEASE_BEFORE_SLEEP {
+            self.release_memory();
+        }
         if sleep_until_event(&self.front.ctl, &[], timeout) {
             self.serve_idle();
         }
     }
 
+    /// Before a long sleep: let the store drop its page cache and the
+    /// allocator return free pages to the kernel (see [`crate::memory`]).
+    fn release_memory(&mut self) {
+        self.release_due = false;
+        if self.code_release_due && !self.machine_active {
+            // Idle again after the start or an install: the code that ran
+            // for it is not needed until the next one.
+            self.code_release_due = false;
+            memory::release_code();
+        }
+        if let Err(e) = self.m.store().shrink_memory() {
+            log::debug!("shrinking the store's memory: {e}");
+        }
+        memory::release_idle();
+    }
+
     /// Serve clients while the machine is idle: status is built fresh.
     fn serve_idle(&mut self) {
+        self.release_due = true;
         let mut owed = Vec::new();
         for client in self.front.ctl.accept_all() {
             if let Err(e) = control::authorize(&client) {
@@ -475,6 +510,8 @@ impl Daemon {
 
     /// Run the machine's current action once, serving the socket meanwhile.
     fn step(&mut self) -> Result<()> {
+        self.release_due = true;
+        self.code_release_due = true;
         let interruptible = self.status()?.state == "testing";
         let mut tick = Tick::new(&mut self.front, interruptible);
         tick.polls = Some(&mut self.polls);
@@ -603,6 +640,7 @@ impl Daemon {
     /// Check for a release (the configured server, or an operator's
     /// manifest), answer the client that asked, and schedule the next poll.
     fn poll_server(&mut self, origin: Option<Origin>, client: Option<Client>) {
+        self.release_due = true;
         let operator = origin.is_some();
         if let Err(e) = self.status() {
             if let Some(c) = client {
@@ -665,6 +703,7 @@ impl Daemon {
         if !self.outbox_pending() {
             return;
         }
+        self.release_due = true;
         if let Err(e) = self.status() {
             log::warn!("report delivery postponed: reading the status: {e}");
             self.next_delivery = Instant::now() + Duration::from_secs(30);

@@ -19,14 +19,21 @@
 //! * `no system roots`: like `keep-alive` but `server.system_roots = false`,
 //!   so the difference is what parsing the system CA bundle costs.
 //!
-//! At the end it reads `VmRSS`/`VmHWM` from `/proc/PID/status`, HTTP bytes
+//! Half an interval after each daemon's tenth idle poll (when that poll and
+//! any report are over) it takes the memory snapshot the figures are about:
+//! `VmRSS`/`VmHWM` and the thread count from `/proc/PID/status`, `Rss`,
+//! `Pss`, `Anonymous` and `Private_Dirty` from `/proc/PID/smaps_rollup`, and
+//! the same per mapping from `/proc/PID/smaps`, grouped into the binary's
+//! code and data, each shared library, the heap, thread stacks, glibc's
+//! per-thread malloc arenas and other anonymous mappings. At the end of the
+//! window it reads `VmRSS`/`VmHWM` once more, HTTP bytes
 //! per poll from nginx's access log (`$request_length + $bytes_sent`), TCP
 //! payload bytes per poll cycle from the proxies, and counts system calls
 //! of a few idle polls with strace. Then, with the first device polling
 //! hourly and talking to nginx directly, it publishes a new release several
 //! times and measures the time from invoking `updraft check` until nginx
 //! sees the artifact GET begin (`$msec - $request_time`), and until the
-//! command returns.
+//! command returns; `--runs 0` skips that part.
 //!
 //! Timings are printed, never asserted. Everything runs on loopback; every
 //! process started here (nginx, daemons, strace) is stopped by its PID.
@@ -46,7 +53,8 @@ use updraft_tests::tmp::TempDir;
 use super::common::{self, fmt_kib, print_table, summary};
 use crate::util::{self, Result};
 
-const USAGE: &str = "usage: cargo xtask bench daemon [--seconds N] [--interval SECS] [--runs N]";
+const USAGE: &str = "usage: cargo xtask bench daemon [--seconds N] [--interval SECS] [--runs N]\n\
+    (--runs 0: only the idle figures, no `updraft check` latency)";
 
 /// Size of the slots and release images.
 const IMAGE: usize = 16 * 1024 * 1024;
@@ -61,15 +69,24 @@ const REFERENCES: &[(&str, &str)] = &[
 
 const WAIT: Duration = Duration::from_secs(120);
 
+/// Idle polls after which the memory snapshot is taken.
+const IDLE_POLLS: usize = 10;
+
+/// Goals from the issue tracker, KiB: idle RSS, and each of Anonymous and
+/// Private_Dirty.
+const GOAL_RSS: u64 = 4 * 1024;
+const GOAL_PRIVATE: u64 = 1536;
+
 pub fn run(args: &[String]) -> Result {
     let f = common::flags(args, &["seconds", "interval", "runs"])
         .map_err(|e| format!("{e}\n{USAGE}"))?;
     let seconds = common::number_flag(&f, "seconds", 60)?;
     let interval = common::number_flag(&f, "interval", 3)?;
-    let runs = common::number_flag(&f, "runs", 5)?.max(1) as usize;
-    if !(1..=60).contains(&interval) || seconds < 2 * interval {
+    let runs = common::number_flag(&f, "runs", 5)? as usize;
+    if !(1..=60).contains(&interval) || seconds < (IDLE_POLLS as u64 + 1) * interval {
         return Err(format!(
-            "--interval must be 1..60 s and --seconds at least two intervals\n{USAGE}"
+            "--interval must be 1..60 s and --seconds at least {} intervals (the memory snapshot is taken after {IDLE_POLLS} polls)\n{USAGE}",
+            IDLE_POLLS + 1
         ));
     }
     common::require_tools(&["/usr/sbin/nginx"])
@@ -119,9 +136,18 @@ pub fn run(args: &[String]) -> Result {
     }
     let window = Duration::from_secs(seconds);
     let half = Duration::from_millis(interval * 500);
-    while rigs.iter().any(|r| r.since.elapsed() < window) {
+    while rigs
+        .iter()
+        .any(|r| r.since.elapsed() < window || r.idle.is_none())
+    {
         for r in &mut rigs {
             r.sample(half)?;
+        }
+        if rigs.iter().any(|r| r.since.elapsed() > window + WAIT) {
+            return Err(format!(
+                "a daemon did not complete {IDLE_POLLS} polls within {} s",
+                (window + WAIT).as_secs()
+            ));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -130,14 +156,102 @@ pub fn run(args: &[String]) -> Result {
         let pid = r.dev.daemon_pid().ok_or("a daemon is not running")?;
         r.mem = Some(proc_status(pid)?);
         r.cpu = proc_cpu(pid, tck)?;
-        r.maps = smaps(pid)?;
     }
 
     println!("\n== system calls of idle polls (strace -c -f, keep-alive device)");
     let strace = strace_polls(&mut rigs[0], interval)?;
 
     // ---- report: idle --------------------------------------------------------
-    println!("\n== bench daemon: idle");
+    println!(
+        "\n== bench daemon: idle memory, half an interval after the {IDLE_POLLS}th poll (smaps_rollup; KiB)"
+    );
+    let mut rows = vec![vec![
+        "daemon".to_string(),
+        "VmRSS".into(),
+        "VmHWM".into(),
+        "Rss".into(),
+        "Pss".into(),
+        "Anonymous".into(),
+        "Private_Dirty".into(),
+        "Private_Clean".into(),
+        "Shared_Clean".into(),
+        "threads".into(),
+    ]];
+    for r in &rigs {
+        let Some(s) = &r.idle else { continue };
+        rows.push(vec![
+            format!("updraft, {}", r.kind.label()),
+            format!("{} KiB", s.status.rss),
+            format!("{} KiB", s.status.hwm),
+            format!("{} KiB", s.rollup.rss),
+            format!("{} KiB", s.rollup.pss),
+            format!("{} KiB", s.rollup.anonymous),
+            format!("{} KiB", s.rollup.private_dirty),
+            format!("{} KiB", s.rollup.private_clean),
+            format!("{} KiB", s.rollup.shared_clean),
+            s.status.threads.to_string(),
+        ]);
+    }
+    for (name, rss) in REFERENCES {
+        rows.push(vec![
+            format!("{name} (quoted, not measured here)"),
+            rss.to_string(),
+        ]);
+    }
+    print_table(&rows);
+    if let Some(s) = &rigs[0].idle {
+        let verdict = |what: &str, have: u64, goal: u64| {
+            if have <= goal {
+                format!(
+                    "{what} {have} KiB ≤ {goal} KiB: met ({} KiB to spare)",
+                    goal - have
+                )
+            } else {
+                format!(
+                    "{what} {have} KiB > {goal} KiB: missed by {} KiB",
+                    have - goal
+                )
+            }
+        };
+        println!("  goals (keep-alive daemon):");
+        println!("    {}", verdict("VmRSS", s.status.rss, GOAL_RSS));
+        println!(
+            "    {}",
+            verdict("Anonymous", s.rollup.anonymous, GOAL_PRIVATE)
+        );
+        println!(
+            "    {}",
+            verdict("Private_Dirty", s.rollup.private_dirty, GOAL_PRIVATE)
+        );
+        println!(
+            "    (Anonymous + Private_Dirty, which counts dirty anonymous pages twice: {} KiB)",
+            s.rollup.anonymous + s.rollup.private_dirty
+        );
+    }
+    if let (Some(with), Some(without)) = (&rigs[0].idle, &rigs[2].idle) {
+        let bundle = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt")
+            .map(|t| t.matches("BEGIN CERTIFICATE").count())
+            .unwrap_or(0);
+        println!(
+            "  the system CA bundle ({bundle} certificates) costs {} KiB of anonymous memory (Anonymous {} vs {} KiB with system_roots = false)",
+            with.rollup.anonymous as i64 - without.rollup.anonymous as i64,
+            with.rollup.anonymous,
+            without.rollup.anonymous
+        );
+    }
+    for (i, r) in rigs.iter().enumerate() {
+        let Some(s) = &r.idle else { continue };
+        if i > 0 && !verbose_maps() {
+            break;
+        }
+        println!(
+            "\n  where the {} daemon's memory is (/proc/PID/smaps by mapping, KiB; x = code, r = read-only, rw = data):",
+            r.kind.label()
+        );
+        print_maps(&s.maps);
+    }
+
+    println!("\n== bench daemon: idle, at the end of the {seconds} s window");
     let mut rows = vec![vec![
         "daemon".to_string(),
         "VmRSS".into(),
@@ -167,32 +281,6 @@ pub fn run(args: &[String]) -> Result {
                 _ => "n/a".into(),
             },
         ]);
-    }
-    for (name, rss) in REFERENCES {
-        rows.push(vec![
-            format!("{name} (quoted, not measured here)"),
-            rss.to_string(),
-        ]);
-    }
-    print_table(&rows);
-    println!("  goal: idle RSS ≤ 4 MiB");
-    if let (Some(with), Some(without)) = (rigs[0].mem, rigs[2].mem) {
-        let bundle = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt")
-            .map(|t| t.matches("BEGIN CERTIFICATE").count())
-            .unwrap_or(0);
-        println!(
-            "  the system CA bundle ({bundle} certificates) costs {} KiB of anonymous memory (RssAnon {} vs {} KiB with system_roots = false)",
-            with.anon as i64 - without.anon as i64,
-            with.anon,
-            without.anon
-        );
-    }
-    println!(
-        "\n  where the keep-alive daemon's RSS is (/proc/PID/smaps, by mapping; x = code, r = read-only, rw = data):"
-    );
-    let mut rows = vec![vec!["mapping".to_string(), "Rss".into()]];
-    for (name, kib) in rigs[0].maps.iter().take(10) {
-        rows.push(vec![name.clone(), format!("{kib} KiB")]);
     }
     print_table(&rows);
 
@@ -251,6 +339,16 @@ pub fn run(args: &[String]) -> Result {
 
     // ---- latency ---------------------------------------------------------------
     let mut rigs = rigs;
+    if runs == 0 {
+        for r in &mut rigs {
+            r.dev.stop_daemon();
+        }
+        println!(
+            "\nbench daemon took {:.0} s (--runs 0: no latency runs)",
+            started.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     let first = rigs.remove(0);
     for mut r in rigs {
         r.dev.stop_daemon();
@@ -322,6 +420,118 @@ struct Mem {
     file: u64,
     /// Proportional set size: shared pages divided among their users.
     pss: u64,
+    threads: u64,
+}
+
+/// The fields of `/proc/PID/smaps` (one mapping, or a group of them) and
+/// of `/proc/PID/smaps_rollup` (all of them), KiB.
+#[derive(Clone, Copy, Default, Debug)]
+struct Usage {
+    rss: u64,
+    pss: u64,
+    shared_clean: u64,
+    shared_dirty: u64,
+    private_clean: u64,
+    private_dirty: u64,
+    anonymous: u64,
+}
+
+impl Usage {
+    /// Take in one `Name: N kB` line; false when it is not one of ours.
+    fn take(&mut self, line: &str) -> bool {
+        let Some((name, rest)) = line.split_once(':') else {
+            return false;
+        };
+        let field = match name {
+            "Rss" => &mut self.rss,
+            "Pss" => &mut self.pss,
+            "Shared_Clean" => &mut self.shared_clean,
+            "Shared_Dirty" => &mut self.shared_dirty,
+            "Private_Clean" => &mut self.private_clean,
+            "Private_Dirty" => &mut self.private_dirty,
+            "Anonymous" => &mut self.anonymous,
+            _ => return false,
+        };
+        match rest.trim().trim_end_matches("kB").trim().parse::<u64>() {
+            Ok(v) => {
+                *field += v;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn add(&mut self, o: &Usage) {
+        self.rss += o.rss;
+        self.pss += o.pss;
+        self.shared_clean += o.shared_clean;
+        self.shared_dirty += o.shared_dirty;
+        self.private_clean += o.private_clean;
+        self.private_dirty += o.private_dirty;
+        self.anonymous += o.anonymous;
+    }
+}
+
+/// The memory of an idle daemon at one moment.
+struct Snapshot {
+    status: Mem,
+    rollup: Usage,
+    /// By group of mappings, largest Rss first.
+    maps: Vec<(String, Usage)>,
+}
+
+impl Snapshot {
+    fn take(pid: u32) -> Result<Snapshot> {
+        let path = format!("/proc/{pid}/smaps_rollup");
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
+        let mut rollup = Usage::default();
+        for line in text.lines() {
+            rollup.take(line);
+        }
+        Ok(Snapshot {
+            status: proc_status(pid)?,
+            rollup,
+            maps: smaps(pid)?,
+        })
+    }
+}
+
+/// Whether to print the mapping breakdown of every daemon, not only the
+/// keep-alive one (`UPDRAFT_BENCH_MAPS=all`).
+fn verbose_maps() -> bool {
+    std::env::var("UPDRAFT_BENCH_MAPS").is_ok_and(|v| v == "all")
+}
+
+fn print_maps(maps: &[(String, Usage)]) {
+    let mut rows = vec![vec![
+        "mapping".to_string(),
+        "Rss".into(),
+        "Pss".into(),
+        "Anonymous".into(),
+        "Private_Dirty".into(),
+        "Shared_Clean".into(),
+    ]];
+    let mut total = Usage::default();
+    for (name, u) in maps {
+        total.add(u);
+        rows.push(vec![
+            name.clone(),
+            u.rss.to_string(),
+            u.pss.to_string(),
+            u.anonymous.to_string(),
+            u.private_dirty.to_string(),
+            u.shared_clean.to_string(),
+        ]);
+    }
+    rows.push(vec![
+        "total".into(),
+        total.rss.to_string(),
+        total.pss.to_string(),
+        total.anonymous.to_string(),
+        total.private_dirty.to_string(),
+        total.shared_clean.to_string(),
+    ]);
+    print_table(&rows);
 }
 
 /// A device with its own nginx, collector and (maybe) proxy.
@@ -342,11 +552,11 @@ struct Rig {
     /// Proxy totals at the middle of each poll cycle.
     snapshots: Vec<Totals>,
     mem: Option<Mem>,
+    /// Memory after [`IDLE_POLLS`] polls.
+    idle: Option<Snapshot>,
     cpu: Duration,
     /// CPU time and polls when the first poll cycle was over.
     cpu_first: Option<(Duration, usize)>,
-    /// RSS by mapping, largest first.
-    maps: Vec<(String, u64)>,
     outbox_before: Option<u64>,
 }
 
@@ -392,8 +602,8 @@ impl Rig {
             due: None,
             snapshots: Vec::new(),
             mem: None,
+            idle: None,
             cpu: Duration::ZERO,
-            maps: Vec::new(),
             cpu_first: None,
             outbox_before: None,
         })
@@ -447,6 +657,10 @@ impl Rig {
                     if let Some(pid) = self.dev.daemon_pid() {
                         self.cpu_first = Some((proc_cpu(pid, clock_ticks())?, self.seen));
                     }
+                }
+                if self.idle.is_none() && self.seen >= IDLE_POLLS {
+                    let pid = self.dev.daemon_pid().ok_or("a daemon is not running")?;
+                    self.idle = Some(Snapshot::take(pid)?);
                 }
                 self.due = None;
             }
@@ -606,42 +820,81 @@ fn proc_status(pid: u32) -> Result<Mem> {
         anon: kib("RssAnon:")?,
         file: kib("RssFile:")?,
         pss,
+        threads: kib("Threads:")?,
     })
 }
 
-/// Resident KiB per mapping of a process, grouped by file (or `[heap]`,
-/// `[anon]`, …) and kind of access, largest first.
-fn smaps(pid: u32) -> Result<Vec<(String, u64)>> {
+/// Memory per group of mappings of a process, largest Rss first: a file's
+/// mappings by kind of access, and anonymous ones by what they are. A
+/// thread's stack is a writable anonymous mapping right above its guard
+/// page (an inaccessible mapping of at most 64 KiB); glibc's per-thread
+/// malloc heaps are writable anonymous mappings aligned to their 64 MiB
+/// reservation (32 MiB on 32-bit), the rest of which is inaccessible.
+fn smaps(pid: u32) -> Result<Vec<(String, Usage)>> {
     let path = format!("/proc/{pid}/smaps");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
-    let mut groups: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
-    let mut current = String::new();
+    let arena_align: u64 = if cfg!(target_pointer_width = "64") {
+        64 << 20
+    } else {
+        32 << 20
+    };
+    let mut groups: std::collections::BTreeMap<String, Usage> = std::collections::BTreeMap::new();
+    let mut current: Option<String> = None;
+    // The previous mapping: end address, inaccessible, anonymous, size.
+    let mut prev: Option<(u64, bool, bool, u64)> = None;
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
-        let header = f.first().is_some_and(|a| {
-            a.contains('-') && a.split('-').all(|h| u64::from_str_radix(h, 16).is_ok())
+        let range = f.first().and_then(|a| {
+            let (lo, hi) = a.split_once('-')?;
+            Some((
+                u64::from_str_radix(lo, 16).ok()?,
+                u64::from_str_radix(hi, 16).ok()?,
+            ))
         });
-        if header {
-            let perms = f.get(1).copied().unwrap_or("");
+        if let (Some((lo, hi)), Some(perms)) = (range, f.get(1).filter(|p| p.len() == 4)) {
             let kind = if perms.contains('x') {
                 "x"
             } else if perms.contains('w') {
                 "rw"
-            } else {
+            } else if perms.contains('r') {
                 "r"
+            } else {
+                "none"
             };
-            let name = f.get(5).map_or("[anon]".to_string(), |p| {
-                Path::new(p)
-                    .file_name()
-                    .map_or(p.to_string(), |n| n.to_string_lossy().into_owned())
-            });
-            current = format!("{name} ({kind})");
-        } else if let (Some(&"Rss:"), Some(v)) = (f.first(), f.get(1)) {
-            *groups.entry(current.clone()).or_default() += v.parse::<u64>().unwrap_or(0);
+            let file = f.get(5).copied();
+            let name = match file {
+                Some(p) if p.starts_with('[') => format!("{p} ({kind})"),
+                Some(p) => format!(
+                    "{} ({kind})",
+                    Path::new(p)
+                        .file_name()
+                        .map_or(p.to_string(), |n| n.to_string_lossy().into_owned())
+                ),
+                None if kind == "rw" => {
+                    let after_guard = prev.is_some_and(|(end, none, anon, size)| {
+                        end == lo && none && anon && size <= 64 * 1024
+                    });
+                    if after_guard {
+                        "thread stacks (rw)".to_string()
+                    } else if lo % arena_align == 0 {
+                        "malloc thread arenas (rw)".to_string()
+                    } else {
+                        "other anonymous (rw)".to_string()
+                    }
+                }
+                None => format!("anonymous ({kind})"),
+            };
+            prev = Some((hi, kind == "none", file.is_none(), hi - lo));
+            current = Some(name);
+        } else if let Some(c) = &current {
+            let mut one = Usage::default();
+            if one.take(line) {
+                groups.entry(c.clone()).or_default().add(&one);
+            }
         }
     }
-    let mut out: Vec<(String, u64)> = groups.into_iter().filter(|(_, k)| *k > 0).collect();
-    out.sort_by_key(|e| std::cmp::Reverse(e.1));
+    let mut out: Vec<(String, Usage)> = groups.into_iter().filter(|(_, u)| u.rss > 0).collect();
+    out.sort_by_key(|e| std::cmp::Reverse(e.1.rss));
     Ok(out)
 }
 
