@@ -39,11 +39,13 @@
 //!   the mean spacing after the previous one; the spacing grows with the
 //!   image so the index never exceeds 1/16 of the budget, and a key seen
 //!   more often than [`MAX_POSTINGS`] times (zeros, repeated files) keeps
-//!   only its first offsets. Each window of the new image is then read,
-//!   its anchors looked up, and every hit votes for the old chunk it lands
-//!   in. The chunks at the window's own offset (where an unchanged image
-//!   is) and then the most-voted ones, up to a cap of 1/16 of the budget,
-//!   are read, concatenated in old-offset order and given a suffix array of
+//!   only its first offsets. Each window of the new image is then read and
+//!   given the chunks of the old image at its own offset (where an
+//!   unchanged image is); its anchors are looked up, and each one whose
+//!   content is in none of those chunks votes for the chunk of the first
+//!   offset its key was seen at (so votes for repeated content gather on
+//!   one copy). The chunks with at least [`MIN_VOTES`] votes, most-voted
+//!   first, are added up to a cap of 1/16 of the budget; all are read, concatenated in old-offset order and given a suffix array of
 //!   their own, and the window is matched against that. A match never
 //!   spans two chunks that are not neighbours in the old image, and bytes
 //!   outside the chosen chunks count as disagreeing when matches are grown;
@@ -76,6 +78,9 @@ const MAX_MATCH: usize = 64 << 10;
 /// An anchor key seen more often than this keeps only its first offsets:
 /// any copy of repeated content matches as well as another.
 pub const MAX_POSTINGS: usize = 4;
+
+/// Votes an old chunk needs before a window is matched against it.
+const MIN_VOTES: u32 = 2;
 
 /// The default [`DeltaOptions::memory_budget`]: 2 GiB.
 pub const DEFAULT_MEMORY_BUDGET: usize = 2 << 30;
@@ -777,13 +782,6 @@ impl RegionView {
         let shift = r.chunk_shift;
         let chunks = old_len.div_ceil(1 << shift);
         let chunk_len = |c: usize| (1usize << shift).min(old_len - (c << shift));
-        let mut votes = vec![0u32; chunks];
-        let mut gear = Gear::new();
-        gear.feed(new, start, r, &mut |key, _| {
-            for at in anchors.find(key) {
-                votes[at >> shift] += 1;
-            }
-        });
         let mut chosen = vec![false; chunks];
         let mut total = 0usize;
         // Where an unchanged image would be first, then by votes.
@@ -802,10 +800,28 @@ impl RegionView {
                 total += chunk_len(c);
             }
         }
+        // An anchor whose content is already at hand does not vote; one
+        // that is not votes for the first offset it was seen at, so the
+        // votes for repeated content gather on one copy.
+        let mut votes = vec![0u32; chunks];
+        let mut gear = Gear::new();
+        gear.feed(new, start, r, &mut |key, _| {
+            let mut first = None;
+            for at in anchors.find(key) {
+                if chosen[at >> shift] {
+                    return;
+                }
+                first = first.or(Some(at >> shift));
+            }
+            if let Some(c) = first {
+                votes[c] += 1;
+            }
+        });
+        // A single vote is as likely a common header as moved content.
         let mut ranked: Vec<(u32, usize)> = votes
             .iter()
             .enumerate()
-            .filter(|&(c, &v)| v > 0 && !chosen[c])
+            .filter(|&(_, &v)| v >= MIN_VOTES)
             .map(|(c, &v)| (v, c))
             .collect();
         ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
