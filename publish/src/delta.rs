@@ -38,13 +38,13 @@
 //!   last 64 bytes, an anchor where its top bits are zero and at least half
 //!   the mean spacing after the previous one; the spacing grows with the
 //!   image so the index never exceeds 1/16 of the budget, and a key seen
-//!   more often than [`MAX_POSTINGS`] times (zeros, repeated files) keeps
-//!   only its first offsets. Each window of the new image is then read and
+//!   more often than [`MAX_POSTINGS`] times (zeros, padding, common
+//!   headers) is left out. Each window of the new image is then read and
 //!   given the chunks of the old image at its own offset (where an
 //!   unchanged image is); its anchors are looked up, and each one whose
 //!   content is in none of those chunks votes for the chunk of the first
-//!   offset its key was seen at (so votes for repeated content gather on
-//!   one copy). The chunks with at least [`MIN_VOTES`] votes, most-voted
+//!   offset its key was seen at (so votes for content repeated a few times
+//!   gather on one copy). The chunks with at least [`MIN_VOTES`] votes, most-voted
 //!   first, are added up to a cap of 1/16 of the budget; all are read, concatenated in old-offset order and given a suffix array of
 //!   their own, and the window is matched against that. A match never
 //!   spans two chunks that are not neighbours in the old image, and bytes
@@ -75,8 +75,10 @@ use zstd::zstd_safe::CParameter;
 /// matches are found again from where this one stopped.
 const MAX_MATCH: usize = 64 << 10;
 
-/// An anchor key seen more often than this keeps only its first offsets:
-/// any copy of repeated content matches as well as another.
+/// An anchor key seen more often than this in the old image is left out of
+/// its index: such content (zeros, padding, common headers) is almost
+/// always at hand in the window's own region, and would otherwise pull
+/// every window towards the same few copies.
 pub const MAX_POSTINGS: usize = 4;
 
 /// Votes an old chunk needs before a window is matched against it.
@@ -709,8 +711,8 @@ impl Gear {
     }
 }
 
-/// The old image's anchors, sorted by key, at most [`MAX_POSTINGS`] offsets
-/// a key.
+/// The old image's anchors, sorted by key, without the keys seen more than
+/// [`MAX_POSTINGS`] times.
 struct Anchors {
     entries: Vec<(u64, u64)>,
 }
@@ -733,15 +735,20 @@ impl Anchors {
             at += n;
         }
         entries.sort_unstable();
-        let mut run = (u64::MAX, 0usize);
-        entries.retain(|&(key, _)| {
-            if key == run.0 {
-                run.1 += 1;
-            } else {
-                run = (key, 1);
+        // Keys seen too often are dropped: they would vote every window
+        // towards the same few early copies.
+        let mut kept = 0usize;
+        let mut i = 0usize;
+        while i < entries.len() {
+            let key = entries[i].0;
+            let n = entries[i..].iter().take_while(|e| e.0 == key).count();
+            if n <= MAX_POSTINGS {
+                entries.copy_within(i..i + n, kept);
+                kept += n;
             }
-            run.1 <= MAX_POSTINGS
-        });
+            i += n;
+        }
+        entries.truncate(kept);
         entries.shrink_to_fit();
         Ok(Anchors { entries })
     }
