@@ -4,9 +4,10 @@
 //!
 //! The old image is real files from `/usr` (sorted by path, 1 KiB to
 //! 32 MiB each; every 50th file is kept back for the new image) laid out
-//! 4 KiB-aligned after a 1 MiB zero header, with zero gaps (free space, 8 %
-//! of placements, 64 KiB to 4 MiB each) and, for 3 % of placements, a
-//! second copy of an earlier file (as duplicated libraries are). The new
+//! 4 KiB-aligned after a 1 MiB zero header, with zero gaps (free space, one
+//! in 200 placements, 64 KiB to 4 MiB each: about a tenth of the image)
+//! and, for 3 % of placements, a second copy of an earlier file (as
+//! duplicated libraries are). The new
 //! image starts as a copy of the old one, then:
 //!
 //! * 2.5 % of files are upgraded in place: a third of their 4 KiB blocks get
@@ -145,8 +146,8 @@ pub fn images(cache: &Path, gib: u64) -> Result<(PathBuf, PathBuf)> {
     let mut at = 1u64 << 20;
     let mut next = 0usize;
     loop {
-        let r = rng.below(100);
-        if r < 8 {
+        let r = rng.below(1000);
+        if r < 5 {
             let len = align(64 * 1024 + rng.below(4 << 20));
             if at + len > total {
                 break;
@@ -155,7 +156,7 @@ pub fn images(cache: &Path, gib: u64) -> Result<(PathBuf, PathBuf)> {
             at += len;
             continue;
         }
-        let file = if r < 11 && !placed.is_empty() {
+        let file = if r < 35 && !placed.is_empty() {
             placed[rng.below(placed.len() as u64) as usize].1
         } else {
             next += 1;
