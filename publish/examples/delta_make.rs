@@ -1,7 +1,10 @@
 //! Make a delta as the publisher does, as a process of its own, so its time
 //! and peak memory can be measured (`cargo xtask bench delta`).
 //!
-//! `delta_make OLD NEW DELTA [--threads N] [--level L]`
+//! `delta_make OLD NEW DELTA [--threads N] [--level L] [--window BYTES]
+//! [--memory MIB]`: both images are read from their files as the publisher
+//! reads them (whole when the pair fits the memory budget, by offset
+//! otherwise). Prints the delta's size and the plan followed.
 
 use std::io::{BufWriter, Write};
 use std::process::ExitCode;
@@ -14,7 +17,7 @@ fn run(args: &[String]) -> Result<(), String> {
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--threads" | "--level" | "--window" => {
+            "--threads" | "--level" | "--window" | "--memory" => {
                 let v = it.next().ok_or(format!("{a} needs a value"))?;
                 let n: i64 = v
                     .parse()
@@ -22,6 +25,7 @@ fn run(args: &[String]) -> Result<(), String> {
                 match a.as_str() {
                     "--threads" => opts.threads = n as usize,
                     "--level" => opts.zstd_level = n as i32,
+                    "--memory" => opts.memory_budget = (n as usize) << 20,
                     _ => opts.window = n as usize,
                 }
             }
@@ -30,16 +34,24 @@ fn run(args: &[String]) -> Result<(), String> {
     }
     let [old, new, out] = paths[..] else {
         return Err(
-            "usage: delta_make OLD NEW DELTA [--threads N] [--level L] [--window BYTES]".into(),
+            "usage: delta_make OLD NEW DELTA [--threads N] [--level L] [--window BYTES] [--memory MIB]"
+                .into(),
         );
     };
-    let old = std::fs::read(old).map_err(|e| format!("reading {old}: {e}"))?;
-    let new = std::fs::read(new).map_err(|e| format!("reading {new}: {e}"))?;
+    let old_file = std::fs::File::open(old).map_err(|e| format!("opening {old}: {e}"))?;
+    let new_file = std::fs::File::open(new).map_err(|e| format!("opening {new}: {e}"))?;
+    let len = |f: &std::fs::File, p: &str| {
+        f.metadata()
+            .map(|m| m.len())
+            .map_err(|e| format!("reading {p}: {e}"))
+    };
+    let plan = delta::plan(len(&old_file, old)?, len(&new_file, new)?, &opts);
     let file = std::fs::File::create(out).map_err(|e| format!("creating {out}: {e}"))?;
     let mut w = BufWriter::new(file);
-    let n = delta::make(&old, &new, &opts, &mut w).map_err(|e| format!("making the delta: {e}"))?;
+    let n = delta::make_from(&old_file, &new_file, &opts, &mut w)
+        .map_err(|e| format!("making the delta: {e}"))?;
     w.flush().map_err(|e| format!("writing {out}: {e}"))?;
-    println!("{n}");
+    println!("{n} {plan:?}");
     Ok(())
 }
 

@@ -16,19 +16,55 @@
 //! What differs from the reference implementation is speed and memory:
 //!
 //! * the suffix array is built by libsais (linear time, 4 bytes per byte of
-//!   the old image, in pieces of at most [`DeltaOptions::index_part`] bytes
-//!   so 32-bit indices suffice whatever the image size);
+//!   the indexed text, in pieces of at most [`DeltaOptions::index_part`]
+//!   bytes so 32-bit indices suffice whatever the image size);
 //! * a table of the first two or three bytes narrows every search, and the binary
 //!   search skips the prefix both of its bounds share with the query;
-//! * the new image is cut into fixed windows that are matched against the
-//!   whole old image in parallel; the cut points, not the thread count,
-//!   shape the output, so the same inputs always give the same delta.
+//! * the new image is cut into fixed windows that are matched in parallel;
+//!   the cut points, not the thread count, shape the output, so the same
+//!   inputs always give the same delta.
+//!
+//! Memory is bounded by [`DeltaOptions::memory_budget`], whatever the image
+//! sizes, with one of two plans chosen from the sizes alone:
+//!
+//! * **Whole image.** When both images, a suffix array over all of the old
+//!   one and its bucket tables fit the budget (about 5 bytes per old byte
+//!   plus 1 per new byte: a 256 MiB pair needs about 1.7 GiB), every window
+//!   is matched against the whole old image. This finds the best matches
+//!   and is what small and medium images get.
+//! * **Regions.** Otherwise neither image is held in memory. One pass over
+//!   the old image (read in pieces with positioned reads, never mapped)
+//!   builds a sparse index of content-defined anchors: a gear hash over the
+//!   last 64 bytes, an anchor where its top bits are zero and at least half
+//!   the mean spacing after the previous one; the spacing grows with the
+//!   image so the index never exceeds 1/16 of the budget, and a key seen
+//!   more often than [`MAX_POSTINGS`] times (zeros, padding, common
+//!   headers) is left out. Each window of the new image is then read and
+//!   given the chunks of the old image at its own offset (where an
+//!   unchanged image is); its anchors are looked up, and each one whose
+//!   content is in none of those chunks votes for the chunk of the first
+//!   offset its key was seen at (so votes for content repeated a few times
+//!   gather on one copy). The chunks with at least [`MIN_VOTES`] votes, most-voted
+//!   first, are added up to a cap of 1/16 of the budget; all are read, concatenated in old-offset order and given a suffix array of
+//!   their own, and the window is matched against that. A match never
+//!   spans two chunks that are not neighbours in the old image, and bytes
+//!   outside the chosen chunks count as disagreeing when matches are grown;
+//!   the diff bytes themselves are always taken from the old image, so a
+//!   poor choice of chunks costs size, never correctness. At most as many
+//!   windows are matched at once as the budget has room for (each costs
+//!   about 5 times the chunk cap), and finished windows wait for the writer
+//!   only a few at a time. The chunk choice depends on the inputs and the
+//!   budget only, so the output is still the same whatever the thread
+//!   count, and the same budget gives the same delta.
 //!
 //! This module runs on the build host only and must never be linked into
 //! the device binary. It trusts its inputs (they are the publisher's own
 //! images) but never panics on their sizes.
 
+use std::borrow::Cow;
+use std::fs::File;
 use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
@@ -39,6 +75,18 @@ use zstd::zstd_safe::CParameter;
 /// matches are found again from where this one stopped.
 const MAX_MATCH: usize = 64 << 10;
 
+/// An anchor key seen more often than this in the old image is left out of
+/// its index: such content (zeros, padding, common headers) is almost
+/// always at hand in the window's own region, and would otherwise pull
+/// every window towards the same few copies.
+pub const MAX_POSTINGS: usize = 4;
+
+/// Votes an old chunk needs before a window is matched against it.
+const MIN_VOTES: u32 = 2;
+
+/// The default [`DeltaOptions::memory_budget`]: 2 GiB.
+pub const DEFAULT_MEMORY_BUDGET: usize = 2 << 30;
+
 /// How a delta is made.
 #[derive(Debug, Clone)]
 pub struct DeltaOptions {
@@ -48,13 +96,18 @@ pub struct DeltaOptions {
     /// zstd level for the patch stream (1 to 22). The window stays at
     /// 2^[`MAX_WINDOW_LOG`] bytes whatever the level.
     pub zstd_level: i32,
-    /// The new image is matched in windows of this many bytes, each against
-    /// the whole old image. Smaller windows spread better over threads and
-    /// cost a few bytes of delta at each cut.
+    /// The new image is matched in windows of this many bytes (when matched
+    /// in regions, at most half the region cap). Smaller windows spread
+    /// better over threads and cost a few bytes of delta at each cut.
     pub window: usize,
     /// Largest piece of the old image indexed by one suffix array (at most
     /// 2^31 - 1 bytes). Matches do not span pieces.
     pub index_part: usize,
+    /// Bytes of memory the generator plans to stay within (the images'
+    /// sizes do not change it; the zstd encoder's own tables, about 100 MiB
+    /// at level 19, come on top). A pair too large to index whole within it
+    /// is matched region by region. The output depends on it.
+    pub memory_budget: usize,
 }
 
 impl Default for DeltaOptions {
@@ -64,13 +117,67 @@ impl Default for DeltaOptions {
             zstd_level: 19,
             window: 16 << 20,
             index_part: 1 << 30,
+            memory_budget: DEFAULT_MEMORY_BUDGET,
         }
+    }
+}
+
+/// An image read by offset: a byte slice, or a file read with positioned
+/// reads (so that a large image is never wholly in memory).
+pub trait Image: Sync {
+    /// Length in bytes.
+    fn size(&self) -> io::Result<u64>;
+    /// Fill `buf` from `offset`; the range lies within the image.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// The whole image, when it is already in memory.
+    fn bytes(&self) -> Option<&[u8]> {
+        None
+    }
+}
+
+impl Image for [u8] {
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.len() as u64)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let from = usize::try_from(offset).unwrap_or(usize::MAX);
+        let src = self
+            .get(from..from.saturating_add(buf.len()))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "read past the image"))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn bytes(&self) -> Option<&[u8]> {
+        Some(self)
+    }
+}
+
+impl Image for File {
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_exact_at(buf, offset)
     }
 }
 
 /// Write the zstd-wrapped bsdiff delta from `old` to `new` into `out`.
 /// Returns the number of bytes written.
 pub fn make(old: &[u8], new: &[u8], opts: &DeltaOptions, out: &mut dyn Write) -> io::Result<u64> {
+    make_from(old, new, opts, out)
+}
+
+/// [`make`] for images of any kind, read as the plan needs: whole when
+/// they fit the budget, by positioned reads otherwise.
+pub fn make_from<O: Image + ?Sized, N: Image + ?Sized>(
+    old: &O,
+    new: &N,
+    opts: &DeltaOptions,
+    out: &mut dyn Write,
+) -> io::Result<u64> {
     let mut counted = Counted {
         inner: out,
         written: 0,
@@ -94,6 +201,38 @@ pub fn make_stream(
     generate(old, new, opts, out)
 }
 
+/// Which plan [`make_from`] follows for images of these sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// One suffix array over the whole old image.
+    Whole,
+    /// Each window against chosen regions of the old image.
+    Regions,
+}
+
+/// The plan for an `old_len`-byte old and a `new_len`-byte new image.
+pub fn plan(old_len: u64, new_len: u64, opts: &DeltaOptions) -> Plan {
+    let part = opts.index_part.clamp(1, i32::MAX as usize - 1) as u64;
+    let parts = old_len.div_ceil(part);
+    let buckets = if part.min(old_len) >= 16 << 20 {
+        (4u64 << 24) * parts
+    } else {
+        (4u64 << 16) * parts
+    };
+    // Old image, its suffix array, the new image, bucket tables and the
+    // writer's buffers.
+    let need = old_len
+        .saturating_mul(5)
+        .saturating_add(new_len)
+        .saturating_add(buckets)
+        .saturating_add(64 << 20);
+    if need <= opts.memory_budget as u64 {
+        Plan::Whole
+    } else {
+        Plan::Regions
+    }
+}
+
 /// One record, in absolute coordinates: `mix` bytes of the new image from
 /// `new_start` are diffed against the old image from `old_start`, and the
 /// `copy` bytes after them are carried as they are.
@@ -109,10 +248,36 @@ fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
-/// Match the windows of the new image on worker threads while this thread
-/// serialises (and the caller's writer compresses) finished windows in
-/// order.
-fn generate(old: &[u8], new: &[u8], opts: &DeltaOptions, out: &mut dyn Write) -> io::Result<()> {
+fn size_of<I: Image + ?Sized>(image: &I, what: &str) -> io::Result<usize> {
+    let len = image
+        .size()
+        .map_err(|e| io::Error::new(e.kind(), format!("the size of the {what} image: {e}")))?;
+    usize::try_from(len).map_err(|_| invalid(format!("the {what} image is too large")))
+}
+
+/// The whole image in memory, borrowed when it already is.
+fn whole<'a, I: Image + ?Sized>(image: &'a I, len: usize, what: &str) -> io::Result<Cow<'a, [u8]>> {
+    if let Some(b) = image.bytes() {
+        return Ok(Cow::Borrowed(b));
+    }
+    let mut buf = vec![0u8; len];
+    for (i, piece) in buf.chunks_mut(8 << 20).enumerate() {
+        image
+            .read_at(piece, (i as u64) << 23)
+            .map_err(|e| io::Error::new(e.kind(), format!("reading the {what} image: {e}")))?;
+    }
+    Ok(Cow::Owned(buf))
+}
+
+/// Plan, then match the windows of the new image on worker threads while
+/// this thread serialises (and the caller's writer compresses) finished
+/// windows in order.
+fn generate<O: Image + ?Sized, N: Image + ?Sized>(
+    old: &O,
+    new: &N,
+    opts: &DeltaOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
     if opts.window == 0 {
         return Err(invalid("delta window must not be 0".into()));
     }
@@ -122,20 +287,96 @@ fn generate(old: &[u8], new: &[u8], opts: &DeltaOptions, out: &mut dyn Write) ->
             .unwrap_or(1),
         n => n,
     };
-    let index = Index::build(old, opts.index_part, threads)?;
-    let windows: Vec<(usize, usize)> = (0..new.len())
-        .step_by(opts.window)
-        .map(|s| (s, new.len().min(s.saturating_add(opts.window))))
-        .collect();
-    let workers = threads.clamp(1, windows.len().max(1));
+    let old_len = size_of(old, "old")?;
+    let new_len = size_of(new, "new")?;
+    match plan(old_len as u64, new_len as u64, opts) {
+        Plan::Whole => {
+            let old_bytes = whole(old, old_len, "old")?;
+            let new_bytes = whole(new, new_len, "new")?;
+            let (old_bytes, new_bytes) = (&*old_bytes, &*new_bytes);
+            let index = Index::build(old_bytes, opts.index_part, threads)?;
+            let windows = cut(new_len, opts.window);
+            let view = WholeView { index: &index };
+            run_windows(
+                &windows,
+                threads,
+                windows.len(),
+                |(start, end)| {
+                    let w = Window {
+                        bytes: &new_bytes[start..end],
+                        start,
+                    };
+                    Ok((scan_window(&view, w), Cow::Borrowed(w.bytes)))
+                },
+                &mut StreamWriter::new(old_bytes, out),
+            )
+        }
+        Plan::Regions => {
+            let r = Regional::plan(old_len, opts);
+            let anchors = Anchors::build(old, old_len, &r)?;
+            let windows = cut(new_len, r.window);
+            let workers = threads.clamp(1, r.workers);
+            run_windows(
+                &windows,
+                workers,
+                workers + 1,
+                |(start, end)| {
+                    let mut bytes = vec![0u8; end - start];
+                    new.read_at(&mut bytes, start as u64).map_err(|e| {
+                        io::Error::new(e.kind(), format!("reading new bytes {start}..{end}: {e}"))
+                    })?;
+                    let view = RegionView::build(old, old_len, &anchors, &r, &bytes, start)?;
+                    let recs = scan_window(
+                        &view,
+                        Window {
+                            bytes: &bytes,
+                            start,
+                        },
+                    );
+                    Ok((recs, Cow::Owned(bytes)))
+                },
+                &mut StreamWriter::new(old, out),
+            )
+        }
+    }
+}
 
-    let done: Vec<Mutex<Option<Vec<Record>>>> = windows.iter().map(|_| Mutex::new(None)).collect();
+/// `len` bytes cut into windows of `window` bytes: (start, end).
+fn cut(len: usize, window: usize) -> Vec<(usize, usize)> {
+    (0..len)
+        .step_by(window.max(1))
+        .map(|s| (s, len.min(s.saturating_add(window))))
+        .collect()
+}
+
+/// A window's records and its bytes of the new image.
+type Done<'a> = (Vec<Record>, Cow<'a, [u8]>);
+
+/// Run `work` on each window on up to `workers` threads, never more than
+/// `ahead` windows past the last one written, and hand the results to
+/// `writer` in window order.
+fn run_windows<'a, O: Image + ?Sized, F>(
+    windows: &[(usize, usize)],
+    workers: usize,
+    ahead: usize,
+    work: F,
+    writer: &mut StreamWriter<'_, O>,
+) -> io::Result<()>
+where
+    F: Fn((usize, usize)) -> io::Result<Done<'a>> + Sync,
+{
+    let workers = workers.clamp(1, windows.len().max(1));
+    let ahead = ahead.max(1);
+    let done: Vec<Mutex<Option<io::Result<Done<'a>>>>> =
+        windows.iter().map(|_| Mutex::new(None)).collect();
     let ready = Condvar::new();
+    let written = Mutex::new(0usize);
+    let room = Condvar::new();
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let lost = AtomicBool::new(false);
+    let gone = || io::Error::other("a delta worker thread panicked");
 
-    let mut writer = StreamWriter::new(old, new, out);
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| {
@@ -147,45 +388,65 @@ fn generate(old: &[u8], new: &[u8], opts: &DeltaOptions, out: &mut dyn Write) ->
                 };
                 while !stop.load(Ordering::Relaxed) {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(start, end)) = windows.get(i) else {
+                    let Some(&window) = windows.get(i) else {
                         break;
                     };
-                    let recs = scan_window(&index, new, start, end);
+                    // Wait until the writer is close enough behind.
+                    if let Ok(mut w) = written.lock() {
+                        while i >= *w + ahead && !stop.load(Ordering::Relaxed) {
+                            match room.wait_timeout(w, std::time::Duration::from_millis(100)) {
+                                Ok((g, _)) => w = g,
+                                Err(_) => return,
+                            }
+                        }
+                    }
+                    let result = work(window);
+                    let failed = result.is_err();
                     if let Ok(mut slot) = done[i].lock() {
-                        *slot = Some(recs);
+                        *slot = Some(result);
                     }
                     ready.notify_all();
+                    if failed {
+                        break;
+                    }
                 }
             });
         }
         let result = (|| {
             for (i, slot) in done.iter().enumerate() {
-                let recs = {
-                    let mut guard = slot
-                        .lock()
-                        .map_err(|_| io::Error::other("a delta worker thread panicked"))?;
+                let (recs, bytes) = {
+                    let mut guard = slot.lock().map_err(|_| gone())?;
                     loop {
-                        if let Some(recs) = guard.take() {
-                            break recs;
+                        if let Some(result) = guard.take() {
+                            break result?;
                         }
                         if lost.load(Ordering::Relaxed) {
-                            return Err(io::Error::other("a delta worker thread panicked"));
+                            return Err(gone());
                         }
                         guard = ready
                             .wait_timeout(guard, std::time::Duration::from_millis(100))
-                            .map_err(|_| io::Error::other("a delta worker thread panicked"))?
+                            .map_err(|_| gone())?
                             .0;
                     }
                 };
                 debug_assert!(recs.first().is_none_or(|r| r.new_start == windows[i].0));
+                let w = Window {
+                    bytes: &bytes,
+                    start: windows[i].0,
+                };
                 for r in recs {
-                    writer.push(r)?;
+                    writer.push(r, w)?;
                 }
+                if let Ok(mut w) = written.lock() {
+                    *w = i + 1;
+                }
+                room.notify_all();
             }
             writer.finish()
         })();
         if result.is_err() {
             stop.store(true, Ordering::Relaxed);
+            room.notify_all();
         }
         result
     })
@@ -206,47 +467,74 @@ impl Drop for PanicFlag<'_> {
     }
 }
 
+/// Bytes `start..start + bytes.len()` of the new image, indexed by their
+/// offsets in the image.
+#[derive(Clone, Copy)]
+struct Window<'a> {
+    bytes: &'a [u8],
+    start: usize,
+}
+
+impl<'a> Window<'a> {
+    /// From new offset `at` to the end of the window.
+    fn tail(&self, at: usize) -> &'a [u8] {
+        &self.bytes[at - self.start..]
+    }
+}
+
+impl std::ops::Index<usize> for Window<'_> {
+    type Output = u8;
+
+    fn index(&self, at: usize) -> &u8 {
+        &self.bytes[at - self.start]
+    }
+}
+
 /// Serialises records as the bsdiff stream. A record's seek points at the
 /// next record's old offset, so each is written once its successor is known.
-struct StreamWriter<'a, 'w> {
-    old: &'a [u8],
-    new: &'a [u8],
-    out: &'w mut dyn Write,
-    pending: Option<Record>,
+struct StreamWriter<'a, O: Image + ?Sized> {
+    old: &'a O,
+    out: &'a mut dyn Write,
+    /// The pending record and its copy of the new bytes it covers.
+    pending: Option<(Record, Vec<u8>)>,
     /// Where the patcher's old position will be before the pending record.
     old_pos: usize,
     buf: Vec<u8>,
+    old_buf: Vec<u8>,
 }
 
-impl<'a, 'w> StreamWriter<'a, 'w> {
-    fn new(old: &'a [u8], new: &'a [u8], out: &'w mut dyn Write) -> Self {
+impl<'a, O: Image + ?Sized> StreamWriter<'a, O> {
+    fn new(old: &'a O, out: &'a mut dyn Write) -> Self {
         StreamWriter {
             old,
-            new,
             out,
             pending: None,
             old_pos: 0,
             buf: Vec::with_capacity(1 << 20),
+            old_buf: Vec::new(),
         }
     }
 
-    fn push(&mut self, r: Record) -> io::Result<()> {
-        if let Some(p) = self.pending.take() {
-            self.write(p, r.old_start)?;
+    /// Queue `r`, whose new bytes lie in `w`, writing the one before it.
+    fn push(&mut self, r: Record, w: Window<'_>) -> io::Result<()> {
+        if let Some((p, bytes)) = self.pending.take() {
+            self.write(p, &bytes, r.old_start)?;
         }
-        self.pending = Some(r);
+        let from = r.new_start - w.start;
+        self.pending = Some((r, w.bytes[from..from + r.mix + r.copy].to_vec()));
         Ok(())
     }
 
     fn finish(&mut self) -> io::Result<()> {
-        if let Some(p) = self.pending.take() {
-            self.write(p, p.old_start + p.mix)?;
+        if let Some((p, bytes)) = self.pending.take() {
+            self.write(p, &bytes, p.old_start + p.mix)?;
         }
         self.out.flush()
     }
 
-    /// Write `r`, ending with a seek to old offset `next`.
-    fn write(&mut self, r: Record, next: usize) -> io::Result<()> {
+    /// Write `r` (whose new bytes are `new`), ending with a seek to old
+    /// offset `next`.
+    fn write(&mut self, r: Record, new: &[u8], next: usize) -> io::Result<()> {
         // The stream starts at old offset 0; every seek lands where the
         // next record reads.
         if r.old_start != self.old_pos {
@@ -262,18 +550,26 @@ impl<'a, 'w> StreamWriter<'a, 'w> {
         self.buf.extend_from_slice(&encode(r.copy as i64));
         self.buf.extend_from_slice(&encode(seek));
         self.out.write_all(&self.buf)?;
-        let (new, old) = (self.new, self.old);
-        for (n, o) in new[r.new_start..r.new_start + r.mix]
-            .chunks(1 << 20)
-            .zip(old[r.old_start..after].chunks(1 << 20))
-        {
+        for (i, n) in new[..r.mix].chunks(1 << 20).enumerate() {
+            let at = r.old_start + (i << 20);
+            let o: &[u8] = match self.old.bytes() {
+                Some(b) => &b[at..at + n.len()],
+                None => {
+                    self.old_buf.resize(n.len(), 0);
+                    self.old
+                        .read_at(&mut self.old_buf, at as u64)
+                        .map_err(|e| {
+                            io::Error::new(e.kind(), format!("reading old bytes at {at}: {e}"))
+                        })?;
+                    &self.old_buf
+                }
+            };
             self.buf.clear();
             self.buf
                 .extend(n.iter().zip(o).map(|(n, o)| n.wrapping_sub(*o)));
             self.out.write_all(&self.buf)?;
         }
-        let copy_start = r.new_start + r.mix;
-        self.out.write_all(&new[copy_start..copy_start + r.copy])?;
+        self.out.write_all(&new[r.mix..r.mix + r.copy])?;
         self.old_pos = next;
         Ok(())
     }
@@ -287,6 +583,343 @@ fn encode(x: i64) -> [u8; 8] {
         x as u64
     };
     raw.to_le_bytes()
+}
+
+/// What a window's scan sees of the old image.
+trait View: Sync {
+    /// Length of the old image.
+    fn len(&self) -> usize;
+    /// The old byte at `at`, if the view holds it (bytes it does not hold
+    /// count as disagreeing).
+    fn byte(&self, at: usize) -> Option<u8>;
+    /// The longest match for `query` (at most [`MAX_MATCH`] bytes of it):
+    /// (old offset, length).
+    fn search(&self, query: &[u8]) -> (usize, usize);
+}
+
+/// The whole old image.
+struct WholeView<'a, 'b> {
+    index: &'a Index<'b>,
+}
+
+impl View for WholeView<'_, '_> {
+    fn len(&self) -> usize {
+        self.index.old.len()
+    }
+
+    fn byte(&self, at: usize) -> Option<u8> {
+        self.index.old.get(at).copied()
+    }
+
+    fn search(&self, query: &[u8]) -> (usize, usize) {
+        self.index.search(query)
+    }
+}
+
+/// The sizes of the region plan, from the budget and the old image's size.
+#[derive(Debug, Clone, Copy)]
+struct Regional {
+    /// Bytes of the new image matched at a time.
+    window: usize,
+    /// The old image is chosen from in chunks of 2^`chunk_shift` bytes.
+    chunk_shift: u32,
+    /// Most bytes of the old image one window is matched against.
+    cap: usize,
+    /// An anchor has the top `bits` bits of its gear hash zero...
+    bits: u32,
+    /// ...and comes at least this many bytes after the previous one.
+    min_gap: usize,
+    /// Windows matched at once.
+    workers: usize,
+}
+
+impl Regional {
+    fn plan(old_len: usize, opts: &DeltaOptions) -> Regional {
+        let budget = opts.memory_budget.max(1 << 20);
+        let cap = (budget / 16).clamp(64 << 10, 256 << 20);
+        let chunk = ((cap / 64).clamp(4 << 10, 256 << 10) + 1).next_power_of_two() / 2;
+        let chunk_shift = chunk.trailing_zeros();
+        let cap = cap / chunk * chunk;
+        let window = opts.window.min(cap / 2).max(chunk);
+        // Anchors are at least `min_gap` apart, so there are at most
+        // old_len / min_gap of them, at 16 bytes each, in 1/16 of the budget.
+        let index_budget = budget / 16;
+        let entries = (index_budget / 16).max(1);
+        let spacing = (old_len.saturating_mul(2) / entries)
+            .max(256)
+            .checked_next_power_of_two()
+            .unwrap_or(1 << 62);
+        let min_gap = spacing / 2;
+        let bits = min_gap.trailing_zeros();
+        let buckets = if cap >= 16 << 20 { 4 << 24 } else { 4 << 16 };
+        let per_window = window * 2 + cap * 5 + buckets + (old_len >> chunk_shift) * 16;
+        let spare = budget.saturating_sub(index_budget + budget / 16);
+        Regional {
+            window,
+            chunk_shift,
+            cap,
+            bits,
+            min_gap,
+            workers: (spare / per_window.max(1)).max(1),
+        }
+    }
+}
+
+/// 256 fixed pseudo-random words for the gear hash (splitmix64 from a
+/// fixed seed), so anchors depend on content alone.
+const GEAR: [u64; 256] = gear_table();
+
+const fn gear_table() -> [u64; 256] {
+    let mut table = [0u64; 256];
+    let mut x: u64 = 0x5EED_0F0D_E17A_0001;
+    let mut i = 0;
+    while i < 256 {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        table[i] = z ^ (z >> 31);
+        i += 1;
+    }
+    table
+}
+
+/// A gear hash run over a stream: each byte shifts the hash left one bit
+/// and adds the byte's word, so the hash depends on the last 64 bytes only.
+struct Gear {
+    hash: u64,
+    since: usize,
+}
+
+impl Gear {
+    fn new() -> Gear {
+        Gear { hash: 0, since: 0 }
+    }
+
+    /// Feed `data`, found at offset `base`, calling `anchor(key, offset)`
+    /// for each anchor (the offset of its last byte).
+    fn feed(&mut self, data: &[u8], base: usize, r: &Regional, anchor: &mut dyn FnMut(u64, usize)) {
+        let shift = 64 - r.bits;
+        for (i, &b) in data.iter().enumerate() {
+            self.hash = (self.hash << 1).wrapping_add(GEAR[usize::from(b)]);
+            self.since += 1;
+            if self.since >= r.min_gap && self.hash >> shift == 0 {
+                anchor(self.hash, base + i);
+                self.since = 0;
+            }
+        }
+    }
+}
+
+/// The old image's anchors, sorted by key, without the keys seen more than
+/// [`MAX_POSTINGS`] times.
+struct Anchors {
+    entries: Vec<(u64, u64)>,
+}
+
+impl Anchors {
+    fn build<O: Image + ?Sized>(old: &O, old_len: usize, r: &Regional) -> io::Result<Anchors> {
+        let mut entries: Vec<(u64, u64)> =
+            Vec::with_capacity(old_len / (r.min_gap * 2).max(1) + 1024);
+        let mut gear = Gear::new();
+        let mut buf = vec![0u8; 8 << 20];
+        let mut at = 0usize;
+        while at < old_len {
+            let n = buf.len().min(old_len - at);
+            old.read_at(&mut buf[..n], at as u64).map_err(|e| {
+                io::Error::new(e.kind(), format!("reading old bytes {at}..{}: {e}", at + n))
+            })?;
+            gear.feed(&buf[..n], at, r, &mut |key, pos| {
+                entries.push((key, pos as u64));
+            });
+            at += n;
+        }
+        entries.sort_unstable();
+        // Keys seen too often are dropped: they would vote every window
+        // towards the same few early copies.
+        let mut kept = 0usize;
+        let mut i = 0usize;
+        while i < entries.len() {
+            let key = entries[i].0;
+            let n = entries[i..].iter().take_while(|e| e.0 == key).count();
+            if n <= MAX_POSTINGS {
+                entries.copy_within(i..i + n, kept);
+                kept += n;
+            }
+            i += n;
+        }
+        entries.truncate(kept);
+        entries.shrink_to_fit();
+        Ok(Anchors { entries })
+    }
+
+    /// Old offsets of the anchors with this key.
+    fn find(&self, key: u64) -> impl Iterator<Item = usize> + '_ {
+        let from = self.entries.partition_point(|e| e.0 < key);
+        self.entries[from..]
+            .iter()
+            .take_while(move |e| e.0 == key)
+            .map(|e| e.1 as usize)
+    }
+}
+
+/// The chunks of the old image one window is matched against, with a
+/// suffix array over their concatenation.
+struct RegionView {
+    old_len: usize,
+    chunk_shift: u32,
+    /// Offset in `text` of each chunk of the old image, or `u32::MAX`.
+    table: Vec<u32>,
+    /// (offset in `text`, old offset, length) of each run of neighbouring
+    /// chunks, in order.
+    runs: Vec<(usize, usize, usize)>,
+    text: Vec<u8>,
+    part: Option<Part>,
+}
+
+impl RegionView {
+    fn build<O: Image + ?Sized>(
+        old: &O,
+        old_len: usize,
+        anchors: &Anchors,
+        r: &Regional,
+        new: &[u8],
+        start: usize,
+    ) -> io::Result<RegionView> {
+        let shift = r.chunk_shift;
+        let chunks = old_len.div_ceil(1 << shift);
+        let chunk_len = |c: usize| (1usize << shift).min(old_len - (c << shift));
+        let mut chosen = vec![false; chunks];
+        let mut total = 0usize;
+        // Where an unchanged image would be first, then by votes.
+        if start < old_len {
+            let last = (old_len.min(start + new.len()) - 1) >> shift;
+            for (c, pick) in chosen
+                .iter_mut()
+                .enumerate()
+                .take(last + 1)
+                .skip(start >> shift)
+            {
+                if total + chunk_len(c) > r.cap {
+                    break;
+                }
+                *pick = true;
+                total += chunk_len(c);
+            }
+        }
+        // An anchor whose content is already at hand does not vote; one
+        // that is not votes for the first offset it was seen at, so the
+        // votes for repeated content gather on one copy.
+        let mut votes = vec![0u32; chunks];
+        let mut gear = Gear::new();
+        gear.feed(new, start, r, &mut |key, _| {
+            let mut first = None;
+            for at in anchors.find(key) {
+                if chosen[at >> shift] {
+                    return;
+                }
+                first = first.or(Some(at >> shift));
+            }
+            if let Some(c) = first {
+                votes[c] += 1;
+            }
+        });
+        // A single vote is as likely a common header as moved content.
+        let mut ranked: Vec<(u32, usize)> = votes
+            .iter()
+            .enumerate()
+            .filter(|&(_, &v)| v >= MIN_VOTES)
+            .map(|(c, &v)| (v, c))
+            .collect();
+        ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for (_, c) in ranked {
+            if total + chunk_len(c) <= r.cap {
+                chosen[c] = true;
+                total += chunk_len(c);
+            }
+        }
+        drop(votes);
+
+        let mut table = vec![u32::MAX; chunks];
+        let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+        let mut text = vec![0u8; total];
+        let mut filled = 0usize;
+        let mut c = 0usize;
+        while c < chunks {
+            if !chosen[c] {
+                c += 1;
+                continue;
+            }
+            let first = c;
+            while c < chunks && chosen[c] {
+                table[c] = (filled + ((c - first) << shift)) as u32;
+                c += 1;
+            }
+            let from = first << shift;
+            let len = old_len.min(c << shift) - from;
+            old.read_at(&mut text[filled..filled + len], from as u64)
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("reading old bytes {from}..{}: {e}", from + len),
+                    )
+                })?;
+            runs.push((filled, from, len));
+            filled += len;
+        }
+        let part = if text.is_empty() {
+            None
+        } else {
+            Some(Part::build(0, &text)?)
+        };
+        Ok(RegionView {
+            old_len,
+            chunk_shift: shift,
+            table,
+            runs,
+            text,
+            part,
+        })
+    }
+}
+
+impl View for RegionView {
+    fn len(&self) -> usize {
+        self.old_len
+    }
+
+    fn byte(&self, at: usize) -> Option<u8> {
+        if at >= self.old_len {
+            return None;
+        }
+        let t = self.table[at >> self.chunk_shift];
+        if t == u32::MAX {
+            return None;
+        }
+        let within = at & ((1 << self.chunk_shift) - 1);
+        Some(self.text[t as usize + within])
+    }
+
+    fn search(&self, query: &[u8]) -> (usize, usize) {
+        let q = &query[..query.len().min(MAX_MATCH)];
+        let Some(part) = &self.part else {
+            return (0, 0);
+        };
+        if q.is_empty() {
+            return (0, 0);
+        }
+        let (at, len) = part.search(&self.text, q);
+        if len == 0 {
+            return (0, 0);
+        }
+        // A match ends where its run of neighbouring chunks does.
+        let i = self.runs.partition_point(|r| r.0 <= at) - 1;
+        let (text_start, old_start, run_len) = self.runs[i];
+        (
+            old_start + (at - text_start),
+            len.min(text_start + run_len - at),
+        )
+    }
 }
 
 /// Suffix arrays over the old image, in pieces.
@@ -460,15 +1093,15 @@ impl Part {
     }
 }
 
-/// bsdiff's scan over `new[start..end]`, matched against the whole old
-/// image. The first record reads the old image from `start` (clamped to its
+/// bsdiff's scan over one window of the new image, matched against what
+/// `view` sees of the old image. The first record reads the old image from `start` (clamped to its
 /// length), which is where an unchanged image would be.
-fn scan_window(index: &Index<'_>, new_all: &[u8], start: usize, end: usize) -> Vec<Record> {
-    let old = index.old;
-    let new = &new_all[..end];
+fn scan_window<V: View>(view: &V, new: Window<'_>) -> Vec<Record> {
+    let (start, end) = (new.start, new.start + new.bytes.len());
+    let old_len = view.len();
     let same = |n: usize, offset: isize| -> bool {
         let o = n as isize + offset;
-        o >= 0 && (o as usize) < old.len() && old[o as usize] == new[n]
+        o >= 0 && view.byte(o as usize) == Some(new[n])
     };
     let mut records = Vec::new();
 
@@ -476,7 +1109,7 @@ fn scan_window(index: &Index<'_>, new_all: &[u8], start: usize, end: usize) -> V
     let mut len = 0usize;
     let mut pos = 0usize;
     let mut last_scan = start;
-    let mut last_pos = start.min(old.len());
+    let mut last_pos = start.min(old_len);
     let mut last_offset = last_pos as isize - last_scan as isize;
 
     while scan < end {
@@ -484,7 +1117,7 @@ fn scan_window(index: &Index<'_>, new_all: &[u8], start: usize, end: usize) -> V
         scan += len;
         let mut scored_to = scan;
         while scan < end {
-            (pos, len) = index.search(&new[scan..]);
+            (pos, len) = view.search(new.tail(scan));
             // How many of the match's bytes the current offset explains.
             while scored_to < scan + len {
                 if same(scored_to, last_offset) {
@@ -510,8 +1143,8 @@ fn scan_window(index: &Index<'_>, new_all: &[u8], start: usize, end: usize) -> V
         {
             let (mut s, mut best) = (0isize, 0isize);
             let mut i = 0usize;
-            while last_scan + i < scan && last_pos + i < old.len() {
-                if old[last_pos + i] == new[last_scan + i] {
+            while last_scan + i < scan && last_pos + i < old_len {
+                if view.byte(last_pos + i) == Some(new[last_scan + i]) {
                     s += 1;
                 }
                 i += 1;
@@ -527,7 +1160,7 @@ fn scan_window(index: &Index<'_>, new_all: &[u8], start: usize, end: usize) -> V
             let (mut s, mut best) = (0isize, 0isize);
             let mut i = 1usize;
             while scan >= last_scan + i && pos >= i {
-                if old[pos - i] == new[scan - i] {
+                if view.byte(pos - i) == Some(new[scan - i]) {
                     s += 1;
                 }
                 if s * 2 - i as isize > best * 2 - backward as isize {
@@ -542,10 +1175,12 @@ fn scan_window(index: &Index<'_>, new_all: &[u8], start: usize, end: usize) -> V
             let overlap = last_scan + forward - (scan - backward);
             let (mut s, mut best, mut keep) = (0isize, 0isize, 0usize);
             for i in 0..overlap {
-                if new[last_scan + forward - overlap + i] == old[last_pos + forward - overlap + i] {
+                if view.byte(last_pos + forward - overlap + i)
+                    == Some(new[last_scan + forward - overlap + i])
+                {
                     s += 1;
                 }
-                if new[scan - backward + i] == old[pos - backward + i] {
+                if view.byte(pos - backward + i) == Some(new[scan - backward + i]) {
                     s -= 1;
                 }
                 if s > best {
@@ -640,6 +1275,159 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A 12 MiB old image of compressible, repetitive and zero content and
+    /// a new one with bytes changed, inserted, deleted and moved from far
+    /// away.
+    fn pair() -> (Vec<u8>, Vec<u8>) {
+        let mut x: u64 = 0x0dd5_eed5_1234_5678;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let words: Vec<Vec<u8>> = (0..512)
+            .map(|_| {
+                (0..2 + next() % 9)
+                    .map(|_| b'a' + (next() % 26) as u8)
+                    .collect()
+            })
+            .collect();
+        let mut old = Vec::with_capacity(12 << 20);
+        while old.len() < 12 << 20 {
+            match next() % 8 {
+                0 => old.extend(std::iter::repeat_n(0u8, (next() % 65536) as usize)),
+                1 if old.len() > 1 << 20 => {
+                    // A copy of earlier content, as repeated files are.
+                    let at = (next() as usize) % (old.len() - 65536);
+                    let len = 4096 + (next() % 60000) as usize;
+                    old.extend_from_within(at..at + len);
+                }
+                _ => {
+                    for _ in 0..200 {
+                        old.extend_from_slice(&words[(next() % 512) as usize]);
+                        old.push(b' ');
+                    }
+                }
+            }
+        }
+        old.truncate(12 << 20);
+        let mut new = old.clone();
+        for _ in 0..40 {
+            let at = (next() as usize) % (new.len() - 100_000);
+            match next() % 4 {
+                0 => new[at..at + 200]
+                    .iter_mut()
+                    .for_each(|b| *b = b.wrapping_add(1)),
+                1 => {
+                    let ins: Vec<u8> = (0..1000).map(|_| next() as u8).collect();
+                    new.splice(at..at, ins);
+                }
+                2 => {
+                    new.drain(at..at + 3000);
+                }
+                _ => {
+                    let from = (next() as usize) % (old.len() - 50_000);
+                    new.splice(at..at, old[from..from + 50_000].iter().copied());
+                }
+            }
+        }
+        (old, new)
+    }
+
+    /// Apply `delta` to `old` as the device does.
+    fn device_apply(old: &[u8], delta: &[u8], new_len: usize) -> Vec<u8> {
+        let path = std::env::temp_dir().join(format!(
+            "updraft-delta-test-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::write(&path, old).unwrap();
+        let file = File::open(&path).unwrap();
+        let mut out = Vec::new();
+        let mut patch = delta;
+        let result = updraft::delta::apply(
+            &file,
+            old.len() as u64,
+            &mut patch,
+            new_len as u64,
+            &mut |b: &[u8]| {
+                out.extend_from_slice(b);
+                Ok(())
+            },
+        );
+        let _ = std::fs::remove_file(&path);
+        result.unwrap();
+        out
+    }
+
+    #[test]
+    fn regions_rebuild_the_new_image_whatever_the_thread_count() {
+        let (old, new) = pair();
+        let opts = |threads| DeltaOptions {
+            threads,
+            memory_budget: 64 << 20,
+            ..DeltaOptions::default()
+        };
+        assert_eq!(
+            plan(old.len() as u64, new.len() as u64, &opts(1)),
+            Plan::Regions
+        );
+        let r = Regional::plan(old.len(), &opts(2));
+        assert!(r.workers >= 2, "two windows are matched at once: {r:?}");
+        assert!(
+            r.cap < old.len() / 2,
+            "a window sees part of the old image: {r:?}"
+        );
+        let mut one = Vec::new();
+        make(&old, &new, &opts(1), &mut one).unwrap();
+        let mut two = Vec::new();
+        make(&old, &new, &opts(2), &mut two).unwrap();
+        assert!(one == two, "the delta depends on the thread count");
+        assert!(
+            device_apply(&old, &one, new.len()) == new,
+            "the delta does not rebuild the new image"
+        );
+
+        // Matching the whole image does better, but regions come close.
+        let mut whole = Vec::new();
+        make(&old, &new, &DeltaOptions::default(), &mut whole).unwrap();
+        assert!(device_apply(&old, &whole, new.len()) == new);
+        assert!(
+            one.len() < whole.len() * 3 / 2 + 4096,
+            "regions {} bytes, whole image {} bytes",
+            one.len(),
+            whole.len()
+        );
+    }
+
+    #[test]
+    fn files_are_read_by_offset() {
+        let (old, new) = pair();
+        let dir = std::env::temp_dir();
+        let (po, pn) = (
+            dir.join(format!("updraft-delta-old-{}", std::process::id())),
+            dir.join(format!("updraft-delta-new-{}", std::process::id())),
+        );
+        std::fs::write(&po, &old).unwrap();
+        std::fs::write(&pn, &new).unwrap();
+        let (fo, fnew) = (File::open(&po).unwrap(), File::open(&pn).unwrap());
+        for budget in [64 << 20, DEFAULT_MEMORY_BUDGET] {
+            let opts = DeltaOptions {
+                threads: 2,
+                memory_budget: budget,
+                ..DeltaOptions::default()
+            };
+            let mut from_files = Vec::new();
+            make_from(&fo, &fnew, &opts, &mut from_files).unwrap();
+            let mut from_memory = Vec::new();
+            make(&old, &new, &opts, &mut from_memory).unwrap();
+            assert!(from_files == from_memory, "budget {budget}");
+        }
+        let _ = std::fs::remove_file(&po);
+        let _ = std::fs::remove_file(&pn);
     }
 
     #[test]

@@ -82,7 +82,7 @@ const PROGRAM: Program = Program {
             usage: "updraft-publish release --key K.key [--key K2.key]... --version V \\
       --compatible HW [--compatible HW2]... --image NEW.img [--from OLD.img]... \\
       [--channel NAME] [--serial N] [--allow-serial-jump] [--expires 30d] \\
-      [--rollout PERCENT] [--frame-size BYTES] [--level N] [--threads N] --out DIR",
+      [--rollout PERCENT] [--frame-size BYTES] [--level N] [--threads N] [--delta-memory MIB] --out DIR",
             about: "",
             options: &[
                 opt(
@@ -137,6 +137,11 @@ const PROGRAM: Program = Program {
                     "--threads",
                     "N",
                     "frames compressed in parallel (default: the CPUs)",
+                ),
+                opt(
+                    "--delta-memory",
+                    "MIB",
+                    "memory a delta is made within, at least 16 (default 2048)",
                 ),
                 opt("--out", "DIR", "release directory (required)"),
             ],
@@ -423,6 +428,16 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                     .map(|n| n.get())
                     .unwrap_or(1)
             });
+            let delta_memory = match usage(f.number::<usize>("delta-memory"))? {
+                None => updraft_publish::delta::DEFAULT_MEMORY_BUDGET,
+                Some(mib) if (16..=1 << 24).contains(&mib) => mib << 20,
+                Some(_) => {
+                    return Err(Failure::Usage(
+                        None,
+                        "--delta-memory must be between 16 and 16777216 (MiB)".into(),
+                    ));
+                }
+            };
             let spec = ReleaseSpec {
                 keys,
                 version: usage(f.required("version"))?.to_string(),
@@ -438,6 +453,7 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                 frame_size: usage(f.number("frame-size"))?.unwrap_or(DEFAULT_FRAME_SIZE),
                 level: usage(f.number("level"))?.unwrap_or(19),
                 threads,
+                delta_memory,
             };
             let s = release::release(&spec)?;
             println!(

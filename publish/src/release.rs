@@ -63,6 +63,8 @@ pub struct ReleaseSpec {
     pub frame_size: usize,
     pub level: i32,
     pub threads: usize,
+    /// Memory a delta is made within ([`crate::delta::DeltaOptions::memory_budget`]).
+    pub delta_memory: usize,
 }
 
 /// What was written.
@@ -196,6 +198,42 @@ fn build_artifact(spec: &ReleaseSpec, artifacts: &Path) -> Result<(Image, Artifa
             frames,
         },
     ))
+}
+
+/// Passes writes through, hashing them.
+struct HashingWriter<W: Write> {
+    inner: W,
+    hasher: Hasher,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Size and sha256 of a file, read in pieces.
+fn hash_file(path: &Path) -> Result<(u64, Sha256)> {
+    let mut f = File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let mut hasher = Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n =
+            read_full(&mut f, &mut buf).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((size, hasher.finish()))
 }
 
 fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -359,41 +397,68 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     let mut published = Vec::new();
     let mut skipped = Vec::new();
     if !spec.from.is_empty() {
-        let new = std::fs::read(&spec.image)
-            .map_err(|e| format!("reading {}: {e}", spec.image.display()))?;
+        // Both images are read by offset as the delta plan needs, and the
+        // delta goes to a file: memory stays within --delta-memory
+        // whatever the image sizes.
+        let new = File::open(&spec.image)
+            .map_err(|e| format!("opening {}: {e}", spec.image.display()))?;
         for old_path in &spec.from {
-            let old = std::fs::read(old_path)
-                .map_err(|e| format!("reading {}: {e}", old_path.display()))?;
-            let mut bytes = Vec::new();
+            let old =
+                File::open(old_path).map_err(|e| format!("opening {}: {e}", old_path.display()))?;
             let opts = crate::delta::DeltaOptions {
                 threads: spec.threads,
+                memory_budget: spec.delta_memory,
                 ..crate::delta::DeltaOptions::default()
             };
-            crate::delta::make(&old, &new, &opts, &mut bytes)
-                .map_err(|e| format!("delta from {}: {e}", old_path.display()))?;
+            let tmp = artifacts.join(format!(".delta.tmp.{}", std::process::id()));
+            let made = (|| -> Result<(u64, Sha256)> {
+                let file =
+                    File::create(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+                let mut hashing = HashingWriter {
+                    inner: std::io::BufWriter::new(file),
+                    hasher: Hasher::new(),
+                };
+                let size = crate::delta::make_from(&old, &new, &opts, &mut hashing)
+                    .map_err(|e| format!("delta from {}: {e}", old_path.display()))?;
+                hashing
+                    .inner
+                    .into_inner()
+                    .map_err(|e| e.into_error())
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+                Ok((size, hashing.hasher.finish()))
+            })();
+            let (size, sha) = match made {
+                Ok(m) => m,
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e);
+                }
+            };
             let limit = (artifact.size as f64 * DELTA_MAX_SHARE) as u64;
-            if bytes.len() as u64 > limit {
+            if size > limit {
+                let _ = std::fs::remove_file(&tmp);
                 skipped.push((
                     old_path.clone(),
                     format!(
-                        "{} bytes is not clearly smaller than the {}-byte full artifact",
-                        bytes.len(),
+                        "{size} bytes is not clearly smaller than the {}-byte full artifact",
                         artifact.size
                     ),
                 ));
                 continue;
             }
-            let sha = Sha256::of(&bytes);
             let rel = format!("artifacts/{sha}.bsdiff.zst");
-            write_atomic(&spec.out.join(&rel), &bytes)?;
+            std::fs::rename(&tmp, spec.out.join(&rel))
+                .map_err(|e| format!("renaming {}: {e}", tmp.display()))?;
+            let (from_size, from_sha256) = hash_file(old_path)?;
             deltas.push(Delta {
-                from_size: old.len() as u64,
-                from_sha256: Sha256::of(&old),
+                from_size,
+                from_sha256,
                 url: rel,
-                size: bytes.len() as u64,
+                size,
                 sha256: sha,
             });
-            published.push((old_path.clone(), bytes.len() as u64));
+            published.push((old_path.clone(), size));
         }
     }
     let issued = Timestamp::now();

@@ -114,6 +114,17 @@ fn small_windows() -> DeltaOptions {
         zstd_level: 3,
         window: 7_001,
         index_part: 9_999,
+        memory_budget: delta::DEFAULT_MEMORY_BUDGET,
+    }
+}
+
+fn small_regions() -> DeltaOptions {
+    // A budget far below any pair's, so every window is matched against
+    // chosen 4 KiB chunks of the old image (at most 256 KiB of them), two
+    // windows at a time.
+    DeltaOptions {
+        memory_budget: 4 << 20,
+        ..small_windows()
     }
 }
 
@@ -217,6 +228,57 @@ fn the_device_patcher_agrees_with_the_reference_on_the_crates_own_deltas() {
             got == reference_patch(&old, &stream) && got == new,
             "case {case}"
         );
+    }
+}
+
+#[test]
+fn deltas_matched_in_regions_rebuild_the_new_image() {
+    let mut rng = Rng(0xde17_a000_0005);
+    for case in 0..180 {
+        let (old, new) = pair(&mut rng, case);
+        let opts = small_regions();
+        assert_eq!(
+            delta::plan(old.len() as u64, new.len() as u64, &opts),
+            delta::Plan::Regions
+        );
+        let mut delta = Vec::new();
+        let n = delta::make(&old, &new, &opts, &mut delta).unwrap();
+        assert_eq!(n, delta.len() as u64, "case {case}: reported size");
+        let expected = reference_patch(&old, &stream_of(&delta));
+        assert!(
+            expected == new,
+            "case {case}: bsdiff::patch does not rebuild it"
+        );
+        let got =
+            device_apply(&old, &delta, new.len()).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        assert!(
+            got == new,
+            "case {case}: the device patcher does not rebuild it"
+        );
+    }
+}
+
+#[test]
+fn the_output_of_the_region_plan_does_not_depend_on_the_thread_count() {
+    let mut rng = Rng(0xde17_a000_0006);
+    for case in [5, 6, 7] {
+        let (old, new) = pair(&mut rng, case);
+        let make = |threads| {
+            let mut d = Vec::new();
+            delta::make(
+                &old,
+                &new,
+                &DeltaOptions {
+                    threads,
+                    ..small_regions()
+                },
+                &mut d,
+            )
+            .unwrap();
+            d
+        };
+        assert_eq!(make(1), make(2), "case {case}");
+        assert_eq!(make(1), make(4), "case {case}");
     }
 }
 

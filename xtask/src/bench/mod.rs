@@ -6,6 +6,7 @@ mod daemon;
 mod delta;
 mod install;
 mod size;
+mod synthetic;
 
 use crate::util::Result;
 
