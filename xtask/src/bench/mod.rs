@@ -5,6 +5,7 @@ mod common;
 mod daemon;
 mod delta;
 mod install;
+mod references;
 mod size;
 mod synthetic;
 
