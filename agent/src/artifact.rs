@@ -132,6 +132,20 @@ impl FrameDecoder {
     /// Verify that `compressed` is exactly the signed frame `index`, decode
     /// it, and check its output hash. Returns the decoded bytes.
     pub fn decode(&mut self, index: usize, frame: &Frame, compressed: &[u8]) -> Result<&[u8]> {
+        self.decode_unhashed(index, frame, compressed)?;
+        check_output(index, frame, &self.out)?;
+        Ok(&self.out)
+    }
+
+    /// [`decode`](Self::decode) without the output hash, which the caller
+    /// must check with [`check_output`] before a byte of the output is
+    /// used. Lets the hash run on another thread than the decoder.
+    pub fn decode_unhashed(
+        &mut self,
+        index: usize,
+        frame: &Frame,
+        compressed: &[u8],
+    ) -> Result<()> {
         let ctx = |e: Error| e.wrap(format!("artifact frame {index}"));
         if compressed.len() as u64 != frame.size {
             return Err(ctx(Error::new(
@@ -211,14 +225,7 @@ impl FrameDecoder {
                 format!("decodes to {n} bytes, signed {}", frame.out_size),
             )));
         }
-        let got = Sha256::of(&self.out[..n]);
-        if got != frame.out_sha256 {
-            return Err(ctx(Error::new(
-                Kind::Integrity,
-                format!("decodes to sha256 {got}, signed {}", frame.out_sha256),
-            )));
-        }
-        Ok(&self.out)
+        Ok(())
     }
 
     /// Hand over the last decoded frame's bytes, taking `spare` as the
@@ -228,6 +235,20 @@ impl FrameDecoder {
     pub fn take_output(&mut self, spare: AlignedBuf) -> AlignedBuf {
         std::mem::replace(&mut self.out, spare)
     }
+}
+
+/// Check that `data`, the decoded frame `index`, hashes to its signed
+/// `out_sha256`.
+pub fn check_output(index: usize, frame: &Frame, data: &[u8]) -> Result<()> {
+    let got = Sha256::of(data);
+    if got != frame.out_sha256 {
+        return Err(Error::new(
+            Kind::Integrity,
+            format!("decodes to sha256 {got}, signed {}", frame.out_sha256),
+        )
+        .wrap(format!("artifact frame {index}")));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -10,10 +10,10 @@
 //! notices SIGTERM) while nothing arrives.
 //!
 //! A full install adds one more stage, [`Frames`]: decoding a zstd frame
-//! and hashing its output costs about as much CPU as writing it, so frames
-//! are decoded and verified on their own thread while the state machine
-//! writes the previous one. Only frames whose output matched the signed
-//! frame table are handed over.
+//! costs about as much CPU as hashing its output, so frames are decoded on
+//! their own thread while the state machine hashes and writes the previous
+//! one. Only frames whose output matched the signed frame table are handed
+//! over.
 //!
 //! Helper threads only read, decode and forward bytes. They never touch the
 //! store, a slot or the bootloader (the one thread that reads a slot, for
@@ -25,7 +25,7 @@ use std::io::{self, Read};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant};
 
-use crate::artifact::FrameDecoder;
+use crate::artifact::{FrameDecoder, check_output};
 use crate::bail;
 use crate::direct_io::AlignedBuf;
 use crate::error::{Error, Kind, Result};
@@ -233,16 +233,23 @@ enum FrameMsg {
     Failed(Error),
 }
 
-/// An artifact's frames, read from a [`Feed`], decoded and verified against
-/// the signed frame table on a helper thread (`updraft-decode`), so that
-/// decoding and hashing frame N+1 overlaps with writing frame N to the slot.
+/// An artifact's frames, read from a [`Feed`] and decoded on a helper
+/// thread (`updraft-decode`), so that decoding frame N+1 overlaps with
+/// hashing and writing frame N.
 ///
-/// Only verified frames leave the thread. Exactly two output buffers
+/// The thread checks each compressed frame against the signed frame table
+/// (size, header, window) and hashes the artifact; [`Frames::wait`] hashes
+/// each decoded frame on the caller's thread and hands it over only when it
+/// matches its signed `out_sha256`, so only verified frames come out.
+/// Splitting the work so keeps both cores busy: decoding alone is about as
+/// costly as hashing the output. Exactly two output buffers
 /// circulate: the decode thread waits for the caller to give one back
 /// ([`Frames::recycle`]) before it hands over the next frame, so memory is
 /// bounded by two frames whatever the image size. The thread never touches
 /// a slot; the caller writes, syncs and records progress in order.
 pub struct Frames {
+    /// The signed frame table, to check each decoded frame's hash.
+    frames: Vec<Frame>,
     rx: Receiver<FrameMsg>,
     spare: SyncSender<AlignedBuf>,
     ended: bool,
@@ -258,6 +265,7 @@ impl Frames {
         start: usize,
         artifact_sha256: Option<Sha256>,
     ) -> Frames {
+        let table = frames.clone();
         let (tx, rx) = sync_channel(1);
         let (spare, spare_rx) = sync_channel::<AlignedBuf>(2);
         // The second buffer; the decoder allocates the first itself.
@@ -291,6 +299,7 @@ impl Frames {
             )));
         }
         Frames {
+            frames: table,
             rx,
             spare,
             ended: false,
@@ -304,7 +313,22 @@ impl Frames {
         }
         match self.rx.recv_timeout(TICK) {
             Ok(FrameMsg::Read(n)) => Ok(FrameEvent::Read(n)),
-            Ok(FrameMsg::Frame(index, data)) => Ok(FrameEvent::Frame { index, data }),
+            Ok(FrameMsg::Frame(index, data)) => {
+                // The output hash runs here, on the caller's thread, while
+                // the decode thread already decodes the next frame.
+                let checked = match self.frames.get(index) {
+                    Some(f) => check_output(index, f, &data),
+                    None => Err(Error::new(
+                        Kind::Io,
+                        format!("decode thread sent frame {index}, past the frame table"),
+                    )),
+                };
+                if let Err(e) = checked {
+                    self.ended = true;
+                    return Err(e);
+                }
+                Ok(FrameEvent::Frame { index, data })
+            }
             Ok(FrameMsg::End(preferred)) => {
                 self.ended = true;
                 Ok(FrameEvent::End { preferred })
@@ -368,7 +392,7 @@ impl DecodeStage<'_> {
             if let Some(h) = artifact_hash.as_mut() {
                 h.update(buf);
             }
-            decoder.decode(i, f, buf)?;
+            decoder.decode_unhashed(i, f, buf)?;
             let Ok(spare) = self.spare.recv() else {
                 return Ok(None);
             };
