@@ -500,6 +500,23 @@ impl LoopDevice {
             path: PathBuf::from(out.trim()),
         }
     }
+
+    /// 512-byte sectors the kernel has read from the device since it was
+    /// attached (`/sys/block/loopN/stat`, third field): reads served from
+    /// the page cache do not count.
+    pub fn sectors_read(&self) -> u64 {
+        let name = self
+            .path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_else(|| panic!("{} has no device name", self.path.display()));
+        let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat"))
+            .unwrap_or_else(|e| panic!("reading /sys/block/{name}/stat: {e}"));
+        stat.split_whitespace()
+            .nth(2)
+            .and_then(|f| f.parse().ok())
+            .unwrap_or_else(|| panic!("/sys/block/{name}/stat has no sector count: {stat:?}"))
+    }
 }
 
 impl Drop for LoopDevice {

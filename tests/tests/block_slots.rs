@@ -1,7 +1,8 @@
 //! Block-device slots: loop devices standing in for partitions.
 //!
 //! A 256 MiB image installed into a loop device holds exactly the image's
-//! bytes, read back from the device; a slot that is mounted is refused
+//! bytes, and the install read all of them back from the device (its
+//! sector counter, not the page cache); a slot that is mounted is refused
 //! (the kernel refuses `O_EXCL` on a mounted block device) with nothing
 //! written. These need root for `losetup` and `mount`, and say so when they
 //! cannot run.
@@ -46,8 +47,17 @@ fn a_256_mib_image_installs_into_a_loop_device() {
     let repo = Repo::new(keys.join("site"));
     repo.release(&[&key], "1.0", &img, &["--frame-size", "4194304"]);
     let before_a = Sha256::of(&read_device(&a.path, 272 * MIB));
+    let read_before = b.sectors_read();
     let out = dev.ok(&["install", &repo.manifest_str()]);
     assert!(out.contains("installed release 1.0 into slot B"), "{out}");
+    // The read-back read the whole image from the device, not from the
+    // page cache the write went through.
+    let read_back = b.sectors_read() - read_before;
+    assert!(
+        read_back >= (256 * MIB / 512) as u64,
+        "the install read {read_back} sectors from slot B; the image has {}",
+        256 * MIB / 512
+    );
     let on_b = read_device(&b.path, 256 * MIB);
     assert!(on_b == bytes, "loop device B does not hold the image");
     assert_eq!(
