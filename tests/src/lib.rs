@@ -20,6 +20,7 @@ pub mod previous;
 pub mod proxied;
 pub mod proxy;
 pub mod publisher;
+pub mod rng;
 pub mod server;
 pub mod skip;
 pub mod static_server;

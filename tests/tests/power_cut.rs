@@ -26,6 +26,7 @@ use updraft::slot::SlotName;
 use updraft_tests::device::{BootSpec, Device, DeviceSpec};
 use updraft_tests::powerfs::{self, PowerFs};
 use updraft_tests::publisher::{KeyPair, image_bytes, keygen};
+use updraft_tests::rng::Rng;
 use updraft_tests::server::UpdateServer;
 use updraft_tests::tmp::TempDir;
 
@@ -39,22 +40,6 @@ const WANT_CUTS: usize = 100;
 /// exercised, the native run carries the full count.
 const WANT_CUTS_EMULATED: usize = 30;
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A tiny deterministic generator for the cut schedule.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 struct Campaign {
     fs: PowerFs,

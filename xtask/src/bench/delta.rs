@@ -170,40 +170,7 @@ pub fn run(args: &[String]) -> Result {
     ])?;
     let _ = std::fs::remove_file(p("updraft.img"));
 
-    eprintln!("bench delta: xdelta3 -9");
-    let enc = measure(
-        &[
-            "xdelta3",
-            "-e",
-            "-9",
-            "-f",
-            "-s",
-            &old_s,
-            &new_s,
-            &p("xdelta3.vcdiff"),
-        ],
-        None,
-    )?;
-    let dec = measure(
-        &[
-            "xdelta3",
-            "-d",
-            "-f",
-            "-s",
-            &old_s,
-            &p("xdelta3.vcdiff"),
-            &p("xdelta3.img"),
-        ],
-        None,
-    )?;
-    rows.push(row(
-        "xdelta3 -e -9",
-        &p("xdelta3.vcdiff"),
-        enc,
-        Some(dec),
-        &p("xdelta3.img"),
-        &new_img,
-    )?);
+    rows.push(xdelta3_row(&old_s, &new_s, &work, &new_img)?);
 
     eprintln!("bench delta: zstd -19 --long=27 --patch-from");
     let patch_from = format!("--patch-from={old_s}");
@@ -348,40 +315,7 @@ fn run_synthetic(gib: u64) -> Result {
         &new_img,
     )?);
 
-    eprintln!("bench delta: xdelta3 -9");
-    let enc = measure(
-        &[
-            "xdelta3",
-            "-e",
-            "-9",
-            "-f",
-            "-s",
-            &old_s,
-            &new_s,
-            &p("xdelta3.vcdiff"),
-        ],
-        None,
-    )?;
-    let dec = measure(
-        &[
-            "xdelta3",
-            "-d",
-            "-f",
-            "-s",
-            &old_s,
-            &p("xdelta3.vcdiff"),
-            &p("xdelta3.img"),
-        ],
-        None,
-    )?;
-    rows.push(row(
-        "xdelta3 -e -9",
-        &p("xdelta3.vcdiff"),
-        enc,
-        Some(dec),
-        &p("xdelta3.img"),
-        &new_img,
-    )?);
+    rows.push(xdelta3_row(&old_s, &new_s, &work, &new_img)?);
 
     let zstd_name = "zstd -19 --long=31 --patch-from";
     if old_len > ZSTD_MAX_WINDOW || new_len > ZSTD_MAX_WINDOW {
@@ -578,6 +512,22 @@ impl Row {
             note: Some(why.into()),
         }
     }
+}
+
+/// `xdelta3 -e -9` and its decoding of the pair, in `work`.
+fn xdelta3_row(old_s: &str, new_s: &str, work: &Path, new_img: &Path) -> Result<Row> {
+    eprintln!("bench delta: xdelta3 -9");
+    let p = |name: &str| work.join(name).to_string_lossy().into_owned();
+    let (delta, decoded) = (p("xdelta3.vcdiff"), p("xdelta3.img"));
+    let enc = measure(
+        &["xdelta3", "-e", "-9", "-f", "-s", old_s, new_s, &delta],
+        None,
+    )?;
+    let dec = measure(
+        &["xdelta3", "-d", "-f", "-s", old_s, &delta, &decoded],
+        None,
+    )?;
+    row("xdelta3 -e -9", &delta, enc, Some(dec), &decoded, new_img)
 }
 
 fn row(

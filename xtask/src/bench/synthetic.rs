@@ -30,24 +30,11 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use updraft_tests::rng::Rng;
+
 use crate::util::Result;
 
 const ALIGN: u64 = 4096;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 fn align(x: u64) -> u64 {
     x.div_ceil(ALIGN) * ALIGN
