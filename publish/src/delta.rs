@@ -648,7 +648,7 @@ impl Regional {
         let spacing = (old_len.saturating_mul(2) / entries)
             .max(256)
             .checked_next_power_of_two()
-            .unwrap_or(1 << 62);
+            .unwrap_or(usize::MAX / 2 + 1);
         let min_gap = spacing / 2;
         let bits = min_gap.trailing_zeros();
         let buckets = if cap >= 16 << 20 { 4 << 24 } else { 4 << 16 };
