@@ -145,27 +145,28 @@ fn clean_file_mappings(smaps: &str) -> Vec<(usize, usize)> {
 mod tests {
     use super::*;
 
+    // Addresses that fit a 32-bit usize, so the test runs on armv7 too.
     const SMAPS: &str = "\
-55d0c0000000-55d0c00d4000 r--p 00000000 fe:01 123 /usr/bin/updraft
+00400000-004d4000 r--p 00000000 fe:01 123 /usr/bin/updraft
 Rss:                 100 kB
 Anonymous:             0 kB
-55d0c00d4000-55d0c0333000 r-xp 000d3000 fe:01 123 /usr/bin/updraft
+004d4000-00733000 r-xp 000d3000 fe:01 123 /usr/bin/updraft
 Rss:                2000 kB
 Anonymous:             0 kB
-55d0c0334000-55d0c0346000 r--p 00332000 fe:01 123 /usr/bin/updraft
+00734000-00746000 r--p 00332000 fe:01 123 /usr/bin/updraft
 Rss:                  72 kB
 Anonymous:            72 kB
-55d0c0346000-55d0c034a000 rw-p 00343000 fe:01 123 /usr/bin/updraft
+00746000-0074a000 rw-p 00343000 fe:01 123 /usr/bin/updraft
 Anonymous:            16 kB
-55d0c1000000-55d0c1100000 rw-p 00000000 00:00 0 [heap]
+01000000-01100000 rw-p 00000000 00:00 0 [heap]
 Anonymous:          1024 kB
-7f0000000000-7f0000100000 r-xp 00000000 fe:01 456 /usr/lib/libc.so.6
+b6000000-b6100000 r-xp 00000000 fe:01 456 /usr/lib/libc.so.6
 Anonymous:             0 kB
-7f0000200000-7f0000201000 r--s 00000000 fe:01 789 /var/lib/updraft/shared
+b6200000-b6201000 r--s 00000000 fe:01 789 /var/lib/updraft/shared
 Anonymous:             0 kB
-7f0000300000-7f0000302000 r-xp 00000000 00:00 0 [vdso]
+b6300000-b6302000 r-xp 00000000 00:00 0 [vdso]
 Anonymous:             0 kB
-7f0000400000-7f0000401000 r--p 00000000 00:00 0
+b6400000-b6401000 r--p 00000000 00:00 0
 Anonymous:             0 kB
 ";
 
@@ -174,9 +175,9 @@ Anonymous:             0 kB
         assert_eq!(
             clean_file_mappings(SMAPS),
             vec![
-                (0x55d0c0000000, 0x55d0c00d4000),
-                (0x55d0c00d4000, 0x55d0c0333000),
-                (0x7f0000000000, 0x7f0000100000),
+                (0x00400000, 0x004d4000),
+                (0x004d4000, 0x00733000),
+                (0xb6000000, 0xb6100000),
             ]
         );
     }
