@@ -185,9 +185,6 @@ struct Daemon {
     /// Work was done since memory was last handed back
     /// ([`Daemon::release_memory`]).
     release_due: bool,
-    /// The machine stepped (start-up, an install) since the program's
-    /// code pages were last released ([`memory::release_code`]).
-    code_release_due: bool,
 }
 
 impl Daemon {
@@ -224,7 +221,6 @@ impl Daemon {
             metrics: Metrics::new(),
             downloaded_seen: 0,
             release_due: true,
-            code_release_due: true,
             front: Front {
                 ctl,
                 snapshot,
@@ -385,12 +381,6 @@ impl Daemon {
     /// allocator return free pages to the kernel (see [`crate::memory`]).
     fn release_memory(&mut self) {
         self.release_due = false;
-        if self.code_release_due && !self.machine_active {
-            // Idle again after the start or an install: the code that ran
-            // for it is not needed until the next one.
-            self.code_release_due = false;
-            memory::release_code();
-        }
         if let Err(e) = self.m.store().shrink_memory() {
             log::debug!("shrinking the store's memory: {e}");
         }
@@ -511,7 +501,6 @@ impl Daemon {
     /// Run the machine's current action once, serving the socket meanwhile.
     fn step(&mut self) -> Result<()> {
         self.release_due = true;
-        self.code_release_due = true;
         let interruptible = self.status()?.state == "testing";
         let mut tick = Tick::new(&mut self.front, interruptible);
         tick.polls = Some(&mut self.polls);
