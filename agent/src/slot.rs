@@ -248,11 +248,6 @@ impl SlotWriter {
         })
     }
 
-    /// True when aligned blocks bypass the page cache.
-    pub fn is_direct(&self) -> bool {
-        self.direct.is_some()
-    }
-
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -439,13 +434,12 @@ pub fn drop_cache(file: &File, block: bool) {
         // SAFETY: BLKFLSBUF takes no argument beyond the fd.
         unsafe { libc::ioctl(fd, BLKFLSBUF, 0) };
     }
-    // SAFETY: advisory call on our fd.
-    unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+    drop_range(file, 0, 0);
 }
 
 /// Ask the kernel to forget the cached pages of one range of a slot (they
-/// are clean once their write-back completed). Best effort, as
-/// [`drop_cache`].
+/// are clean once their write-back completed; `len` 0 means to the end).
+/// Best effort, as [`drop_cache`].
 pub fn drop_range(file: &File, offset: u64, len: u64) {
     let fd = file.as_raw_fd();
     // SAFETY: advisory call on our fd.
