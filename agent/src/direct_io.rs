@@ -84,25 +84,20 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
-/// How many leading bytes of a transfer of `len` bytes from `buf` at file
-/// offset `offset` may go through an `O_DIRECT` descriptor whose unit is
-/// `unit` bytes: all whole units when the offset and the address are
-/// aligned, otherwise none.
-pub fn split(buf: &[u8], offset: u64, unit: usize) -> usize {
-    if unit == 0
-        || offset % unit as u64 != 0
-        || (buf.as_ptr() as usize) % unit != 0
-        || buf.len() < unit
-    {
+/// How many leading bytes of a transfer from `buf` at file offset `offset`
+/// may go through an `O_DIRECT` descriptor: all whole [`ALIGN`] units when
+/// the offset and the address are aligned, otherwise none.
+pub fn split(buf: &[u8], offset: u64) -> usize {
+    if offset % ALIGN as u64 != 0 || (buf.as_ptr() as usize) % ALIGN != 0 {
         return 0;
     }
-    buf.len() / unit * unit
+    buf.len() / ALIGN * ALIGN
 }
 
 /// Open `path` (a block device) a second time with `O_DIRECT`, for reading
 /// or for reading and writing. `None` when the kernel refuses, in which case
 /// every transfer goes through the page cache as before.
-pub fn open(path: &Path, write: bool) -> Option<(File, usize)> {
+pub fn open(path: &Path, write: bool) -> Option<File> {
     let file = OpenOptions::new()
         .read(true)
         .write(write)
@@ -113,7 +108,7 @@ pub fn open(path: &Path, write: bool) -> Option<(File, usize)> {
     if unit == 0 || unit > ALIGN || !unit.is_power_of_two() {
         return None;
     }
-    Some((file, ALIGN))
+    Some(file)
 }
 
 /// Where the kernel refused a direct transfer for a reason the buffered
@@ -165,10 +160,10 @@ mod tests {
     #[test]
     fn only_whole_aligned_units_go_direct() {
         let b = AlignedBuf::new(3 * ALIGN + 100);
-        assert_eq!(split(&b, 0, ALIGN), 3 * ALIGN);
-        assert_eq!(split(&b, ALIGN as u64 * 7, ALIGN), 3 * ALIGN);
-        assert_eq!(split(&b, 512, ALIGN), 0, "unaligned offset");
-        assert_eq!(split(&b[1..], 0, ALIGN), 0, "unaligned address");
-        assert_eq!(split(&b[..100], 0, ALIGN), 0, "shorter than a unit");
+        assert_eq!(split(&b, 0), 3 * ALIGN);
+        assert_eq!(split(&b, ALIGN as u64 * 7), 3 * ALIGN);
+        assert_eq!(split(&b, 512), 0, "unaligned offset");
+        assert_eq!(split(&b[1..], 0), 0, "unaligned address");
+        assert_eq!(split(&b[..100], 0), 0, "shorter than a unit");
     }
 }

@@ -172,8 +172,9 @@ const BLKFLSBUF: libc::c_ulong = 0x1261;
 /// A slot opened for writing.
 pub struct SlotWriter {
     file: File,
-    /// The same device opened `O_DIRECT`, with its transfer unit.
-    direct: Option<(File, usize)>,
+    /// The same device opened `O_DIRECT` (transfers in whole
+    /// [`direct_io::ALIGN`] units).
+    direct: Option<File>,
     path: PathBuf,
     block: bool,
     capacity: u64,
@@ -318,10 +319,10 @@ impl SlotWriter {
     /// when there is none, or nothing is aligned). A device that refuses
     /// the alignment gets every later byte through the page cache.
     fn write_direct(&mut self, data: &[u8]) -> Result<usize> {
-        let Some((file, unit)) = &self.direct else {
+        let Some(file) = &self.direct else {
             return Ok(0);
         };
-        let n = direct_io::split(data, self.pos, *unit);
+        let n = direct_io::split(data, self.pos);
         if n == 0 {
             return Ok(0);
         }
@@ -458,8 +459,9 @@ pub fn drop_range(file: &File, offset: u64, len: u64) {
 /// slot for read-back).
 pub struct SlotReader {
     file: File,
-    /// The same device opened `O_DIRECT`, with its transfer unit.
-    direct: Option<(File, usize)>,
+    /// The same device opened `O_DIRECT` (transfers in whole
+    /// [`direct_io::ALIGN`] units).
+    direct: Option<File>,
     path: PathBuf,
     block: bool,
     capacity: u64,
@@ -567,11 +569,11 @@ impl SlotReader {
     /// offset is aligned and a whole number of units (at most `buf.len()`)
     /// covering them fits in the slot.
     fn read_block(&self, buf: &mut [u8], off: u64, n: usize) -> Result<()> {
-        if let Some((file, unit)) = &self.direct {
-            let whole = n.div_ceil(*unit) * unit;
+        if let Some(file) = &self.direct {
+            let whole = n.div_ceil(direct_io::ALIGN) * direct_io::ALIGN;
             if whole <= buf.len()
                 && off.saturating_add(whole as u64) <= self.capacity
-                && direct_io::split(&buf[..whole], off, *unit) == whole
+                && direct_io::split(&buf[..whole], off) == whole
             {
                 match file.read_exact_at(&mut buf[..whole], off) {
                     Ok(()) => return Ok(()),
