@@ -30,6 +30,7 @@ pub struct Config {
     pub bootloader: Bootloader,
     pub health: Health,
     pub system: System,
+    pub policy: Policy,
 }
 
 #[derive(Debug, Clone)]
@@ -149,14 +150,14 @@ impl Server {
             None => self.poll_interval.0 / 4,
         }
     }
+}
 
-    /// How long a download of `size` signed bytes may take in all, from
-    /// the start of its job: `download_allowance` plus `size` over
-    /// `download_min_average_rate`, rounded up to the second.
-    pub fn download_time(&self, size: u64) -> Duration {
-        let rate = self.download_min_average_rate.max(1);
-        self.download_allowance.0 + Duration::from_secs(size.div_ceil(rate))
-    }
+/// When and how fast an update may proceed: `[policy]`.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// Cap on artifact downloads, bytes/s (`None`: as fast as the link
+    /// goes). Manifests, key documents and reports are never slowed.
+    pub max_rate: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -302,6 +303,25 @@ impl Default for System {
 }
 
 impl Config {
+    /// The average rate a download's deadline counts with, and the key it
+    /// comes from: `server.download_min_average_rate`, or `policy.max_rate`
+    /// when the cap is lower (a capped download cannot go faster).
+    pub fn download_rate(&self) -> (u64, &'static str) {
+        let floor = self.server.download_min_average_rate.max(1);
+        match self.policy.max_rate {
+            Some(cap) if cap < floor => (cap, "policy.max_rate"),
+            _ => (floor, "server.download_min_average_rate"),
+        }
+    }
+
+    /// How long a download of `size` signed bytes may take in all, from
+    /// the start of its job: `server.download_allowance` plus `size` over
+    /// [`Config::download_rate`], rounded up to the second.
+    pub fn download_time(&self, size: u64) -> Duration {
+        let (rate, _) = self.download_rate();
+        self.server.download_allowance.0 + Duration::from_secs(size.div_ceil(rate))
+    }
+
     /// Read and check the file at `path`.
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -324,7 +344,7 @@ impl Config {
     }
 
     fn from_tables(tables: &[Table]) -> Result<Config> {
-        const SECTIONS: [&str; 7] = [
+        const SECTIONS: [&str; 8] = [
             "server",
             "device",
             "trust",
@@ -332,6 +352,7 @@ impl Config {
             "bootloader",
             "health",
             "system",
+            "policy",
         ];
         for t in tables {
             if t.name.is_empty() {
@@ -478,6 +499,12 @@ impl Config {
         };
         s.finish()?;
 
+        let mut s = section("policy");
+        let policy = Policy {
+            max_rate: s.rate("max_rate")?,
+        };
+        s.finish()?;
+
         Ok(Config {
             server,
             device,
@@ -486,6 +513,7 @@ impl Config {
             bootloader,
             health,
             system,
+            policy,
         })
     }
 
@@ -548,6 +576,17 @@ impl Config {
                 "server.download_min_average_rate",
                 "must be at least 1 (bytes/s): a download's deadline is download_allowance + signed size / download_min_average_rate".into(),
             );
+        }
+        if let Some(cap) = self.policy.max_rate {
+            if cap < s.min_rate.max(1) {
+                return bad(
+                    "policy.max_rate",
+                    format!(
+                        "{cap} bytes/s is below server.min_rate ({} bytes/s), the slow-retrieval floor: every capped download would be abandoned",
+                        s.min_rate
+                    ),
+                );
+            }
         }
         if s.client_cert.is_some() != s.client_key.is_some() {
             return bad(
@@ -640,6 +679,42 @@ impl Config {
     pub fn lock_path(&self) -> PathBuf {
         self.system.state_dir.join("updraft.lock")
     }
+}
+
+/// `"4M"`, `"512k"`, `"2Mi"`, `"1000"`: bytes per second. Decimal
+/// multipliers (`k` = 1000, `M`, `G`) as network rates are quoted, binary
+/// ones (`Ki` = 1024, `Mi`, `Gi`) for those who count in MiB; an optional
+/// `B/s` or `/s` after it. Fractions and spaces inside the number are
+/// refused.
+pub fn parse_rate(text: &str) -> std::result::Result<u64, String> {
+    let t = text.trim();
+    let t = t
+        .strip_suffix("B/s")
+        .or_else(|| t.strip_suffix("/s"))
+        .unwrap_or(t);
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let mult: u64 = match unit {
+        "" => 1,
+        "k" | "K" => 1000,
+        "M" => 1000 * 1000,
+        "G" => 1000 * 1000 * 1000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{text:?} is not a rate: a whole number of bytes/s with an optional k, M, G (×1000) or Ki, Mi, Gi (×1024) suffix, e.g. \"4M\""
+            ));
+        }
+    };
+    if num.is_empty() {
+        return Err(format!("{text:?} is not a rate: no number before {unit:?}"));
+    }
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("{text:?} is too large a rate"))
 }
 
 /// Reads one section's keys, remembering which were read so that anything
@@ -766,6 +841,34 @@ impl<'a> Section<'a> {
         }
     }
 
+    /// A rate in bytes/s: a whole number, or a string with a decimal
+    /// (`k`, `M`, `G`) or binary (`Ki`, `Mi`, `Gi`) multiplier.
+    fn rate(&mut self, key: &str) -> Result<Option<u64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(e) => {
+                let v = match &e.value {
+                    Value::Integer(n) if *n >= 0 => *n as u64,
+                    Value::Integer(n) => return Err(self.bad(e, format!("{n} is negative"))),
+                    Value::String(text) => parse_rate(text).map_err(|why| self.bad(e, why))?,
+                    _ => {
+                        return Err(self.expected(
+                            e,
+                            "bytes per second: a whole number or a string like \"4M\"",
+                        ));
+                    }
+                };
+                if v == 0 {
+                    return Err(self.bad(
+                        e,
+                        "0 bytes/s would stop every download; leave the key out for no cap",
+                    ));
+                }
+                Ok(Some(v))
+            }
+        }
+    }
+
     fn choice<T: Copy>(&mut self, key: &str, options: &[(&str, T)]) -> Result<Option<T>> {
         let Some(v) = self.string(key)? else {
             return Ok(None);
@@ -854,9 +957,9 @@ b = "/dev/b"
     fn the_download_deadline_grows_with_the_signed_size() {
         let c = Config::parse(MINIMAL).unwrap();
         // One hour, plus the size at 4 KiB/s on average.
-        assert_eq!(c.server.download_time(0), Duration::from_secs(3600));
+        assert_eq!(c.download_time(0), Duration::from_secs(3600));
         assert_eq!(
-            c.server.download_time(1 << 30),
+            c.download_time(1 << 30),
             Duration::from_secs(3600 + (1 << 30) / 4096)
         );
         let c = Config::parse(&format!(
@@ -864,7 +967,64 @@ b = "/dev/b"
         ))
         .unwrap();
         // Rounded up to the second.
-        assert_eq!(c.server.download_time(1001), Duration::from_secs(4));
+        assert_eq!(c.download_time(1001), Duration::from_secs(4));
+    }
+
+    #[test]
+    fn rates_take_decimal_and_binary_multipliers() {
+        assert_eq!(parse_rate("1000"), Ok(1000));
+        assert_eq!(parse_rate("512k"), Ok(512_000));
+        assert_eq!(parse_rate("4M"), Ok(4_000_000));
+        assert_eq!(parse_rate("4Mi"), Ok(4 << 20));
+        assert_eq!(parse_rate("2MiB/s"), Ok(2 << 20));
+        assert_eq!(parse_rate("1G/s"), Ok(1_000_000_000));
+        for bad in [
+            "",
+            "M",
+            "4 M",
+            "4.5M",
+            "4m",
+            "-4M",
+            "4MB",
+            "99999999999999999999G",
+        ] {
+            assert!(parse_rate(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn a_bad_rate_cap_is_refused_with_its_key_and_line() {
+        for (value, why) in [
+            ("\"fast\"", "is not a rate"),
+            ("0", "would stop every download"),
+            ("true", "expected bytes per second"),
+            ("\"100\"", "below server.min_rate (256 bytes/s)"),
+        ] {
+            let e = Config::parse(&format!("{MINIMAL}\n[policy]\nmax_rate = {value}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("policy.max_rate"), "{value}: {e}");
+            assert!(e.contains(why), "{value}: {e}");
+            if why != "below server.min_rate (256 bytes/s)" {
+                assert!(e.contains("(line "), "{value}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_cap_below_the_average_rate_stretches_the_download_deadline() {
+        let c = Config::parse(&format!(
+            "[server]\ndownload_allowance = \"2s\"\ndownload_min_average_rate = 1000\n{MINIMAL}\n[policy]\nmax_rate = 500\n"
+        ))
+        .unwrap();
+        assert_eq!(c.download_rate(), (500, "policy.max_rate"));
+        assert_eq!(c.download_time(1000), Duration::from_secs(4));
+        let c = Config::parse(&format!("{MINIMAL}\n[policy]\nmax_rate = \"4Mi\"\n")).unwrap();
+        assert_eq!(c.policy.max_rate, Some(4 << 20));
+        assert_eq!(
+            c.download_rate(),
+            (4096, "server.download_min_average_rate")
+        );
     }
 
     #[test]

@@ -20,6 +20,8 @@
 //!   data);
 //! * a slow-retrieval floor: a transfer that delivers fewer than `min_rate`
 //!   bytes/s over `min_rate_window` is abandoned;
+//! * the operator's bandwidth cap (`policy.max_rate`) on artifact bodies,
+//!   never on manifests, key documents or reports ([`crate::throttle`]);
 //! * conditional GETs with `If-None-Match`, and one long-lived agent so TLS
 //!   sessions are resumed and idle connections reused across polls;
 //! * the standard proxy environment variables (`HTTPS_PROXY`, `NO_PROXY`, …).
@@ -37,9 +39,10 @@ use std::time::{Duration, Instant};
 use ureq::Agent;
 use ureq::tls::{Certificate, ClientCert, PemItem, RootCerts, TlsConfig, TlsProvider, parse_pem};
 
-use crate::config::Server;
+use crate::config::Config;
 use crate::error::{Error, Kind, Result};
 use crate::hash::truncate;
+use crate::throttle::Throttle;
 use crate::{bail, err};
 
 /// Where the system CA bundle lives on common distributions.
@@ -83,6 +86,8 @@ pub struct Fetcher {
     credentialed: Arc<Vec<UrlOrigin>>,
     min_rate: u64,
     min_rate_window: Duration,
+    /// `policy.max_rate`: the cap on artifact bodies ([`Fetcher::open`]).
+    max_rate: Option<u64>,
     pub counters: Arc<Counters>,
 }
 
@@ -142,7 +147,9 @@ fn load_client_cert(cert: &Path, key: &Path) -> Result<ClientCert> {
 }
 
 impl Fetcher {
-    pub fn new(cfg: &Server) -> Result<Fetcher> {
+    /// The client for `config.server`, with `config.policy`'s cap.
+    pub fn new(config: &Config) -> Result<Fetcher> {
+        let cfg = &config.server;
         install_crypto_provider();
         let mut roots: Vec<Certificate<'static>> = Vec::new();
         if cfg.system_roots {
@@ -210,6 +217,7 @@ impl Fetcher {
             credentialed: Arc::new(credentialed),
             min_rate: cfg.min_rate,
             min_rate_window: cfg.min_rate_window.0,
+            max_rate: config.policy.max_rate,
             counters: Arc::new(Counters::default()),
         })
     }
@@ -452,6 +460,7 @@ impl Fetcher {
             reader: resp.into_body().into_reader(),
             remaining: want,
             guard: RateGuard::new(self.min_rate, self.min_rate_window),
+            throttle: self.max_rate.map(|r| Throttle::new(r, Instant::now())),
             counters: self.counters.clone(),
             received: 0,
         };
@@ -599,6 +608,9 @@ pub struct Download {
     reader: ureq::BodyReader<'static>,
     remaining: u64,
     guard: RateGuard,
+    /// The bandwidth cap; the reader sleeps in `read` (it runs on a
+    /// transfer thread).
+    throttle: Option<Throttle>,
     counters: Arc<Counters>,
     received: u64,
 }
@@ -608,7 +620,10 @@ impl Read for Download {
         if self.remaining == 0 {
             return Ok(0);
         }
-        let want = (buf.len() as u64).min(self.remaining) as usize;
+        let mut want = (buf.len() as u64).min(self.remaining) as usize;
+        if let Some(t) = &self.throttle {
+            want = want.min(t.burst());
+        }
         let n = self.reader.read(&mut buf[..want])?;
         if n == 0 {
             return Err(io::Error::new(
@@ -624,6 +639,12 @@ impl Read for Download {
         self.counters
             .body_bytes
             .fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(t) = &mut self.throttle {
+            let wait = t.take(n, Instant::now());
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
+            }
+        }
         self.guard
             .add(n as u64)
             .map_err(|e| io::Error::new(io::ErrorKind::TimedOut, e.to_string()))?;

@@ -47,6 +47,7 @@ mod source;
 mod state;
 mod status;
 mod store;
+mod throttle;
 pub mod timestamp;
 pub mod toml_subset;
 pub mod trust;

@@ -59,6 +59,9 @@ pub struct DeviceSpec {
     pub bootloader: String,
     /// Extra `[system]` lines.
     pub system: String,
+    /// `[policy]` lines; the section is left out when empty (releases
+    /// before it existed refuse it).
+    pub policy: String,
     /// `system.reboot_command` as a TOML array; `None`: touch the reboot
     /// marker (`Device::reboot_marker`).
     pub reboot_command: Option<String>,
@@ -84,6 +87,7 @@ impl DeviceSpec {
             health: String::new(),
             bootloader: String::new(),
             system: String::new(),
+            policy: String::new(),
             reboot_command: None,
             tries: 3,
             same_slot_twice: false,
@@ -271,7 +275,7 @@ impl Device {
              [bootloader]\n{boot}tries = {tries}\n{bootloader}\n\
              [health]\nchecks_dir = {checks:?}\n{health}\n\
              [system]\nstate_dir = {state:?}\nsocket = {sock:?}\nboot_id_file = {bootid:?}\n\
-             reboot_command = {reboot}\n{system}\n",
+             reboot_command = {reboot}\n{system}\n{policy}",
             server = s.server,
             compat = s.compatible,
             id = self.state_dir.join("device-id"),
@@ -290,6 +294,11 @@ impl Device {
                 .clone()
                 .unwrap_or_else(|| format!("[\"touch\", {:?}]", self.reboot_marker)),
             system = s.system,
+            policy = if s.policy.is_empty() {
+                String::new()
+            } else {
+                format!("[policy]\n{}\n", s.policy)
+            },
         );
         std::fs::write(&self.config, text).expect("writing the config");
     }

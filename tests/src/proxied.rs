@@ -68,6 +68,14 @@ impl ProxiedServer {
     /// every `poll` (jitter 1 s), with short network timeouts and the
     /// `[server]` lines in `extra`; initialised (slot A booted and good).
     pub fn device(&self, name: &str, poll: &str, extra: &str) -> Device {
+        let dev = Device::new(name, self.device_spec(poll, extra));
+        dev.init();
+        dev
+    }
+
+    /// The spec [`ProxiedServer::device`] uses, for a test to change before
+    /// it makes the device.
+    pub fn device_spec(&self, poll: &str, extra: &str) -> DeviceSpec {
         let mut spec = DeviceSpec::simple(&self.key);
         spec.server = format!(
             "{}stall_timeout = \"5s\"\nconnect_timeout = \"5s\"\n{extra}",
@@ -75,9 +83,7 @@ impl ProxiedServer {
                 .server_toml_at(&self.manifest_url(), poll, "1s")
                 .replace("retry_max = \"5s\"\n", "retry_max = \"3s\"\n")
         );
-        let dev = Device::new(name, spec);
-        dev.init();
-        dev
+        spec
     }
 
     /// Wait until the report collector holds a report (as JSON) that

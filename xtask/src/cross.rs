@@ -73,7 +73,8 @@ impl Target {
         self.triple.to_uppercase().replace('-', "_")
     }
 
-    fn runner(&self) -> String {
+    /// The emulator prefix that runs this target's executables here.
+    pub(crate) fn runner(&self) -> String {
         format!("{} -L {}", self.qemu, self.sysroot)
     }
 

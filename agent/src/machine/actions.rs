@@ -34,7 +34,7 @@ impl Machine {
         let booted = self.slots.path(self.booted).to_path_buf();
         let origin = Origin::parse(&job.source, &self.cfg.server.mirrors);
         if origin.is_remote() && self.fetcher.is_none() {
-            self.fetcher = Some(Fetcher::new(&self.cfg.server)?);
+            self.fetcher = Some(Fetcher::new(&self.cfg)?);
         }
         let (size, received) = match &job.method {
             Method::Full => {
@@ -49,7 +49,7 @@ impl Machine {
                 (d.size, held.min(d.size))
             }
         };
-        let deadline = watch::Deadline::of(&job, size, received, &self.cfg.server);
+        let deadline = watch::Deadline::of(&job, size, received, &self.cfg);
         let (polled, watched) = self.job_origin(&job);
         let reports = self
             .reports_enabled()

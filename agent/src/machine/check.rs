@@ -28,7 +28,7 @@ impl Machine {
             }
         };
         if origin.is_remote() && self.fetcher.is_none() {
-            self.fetcher = Some(Fetcher::new(&self.cfg.server)?);
+            self.fetcher = Some(Fetcher::new(&self.cfg)?);
         }
         self.last_check = Some(Timestamp::now());
         let state = self.state()?;
@@ -217,7 +217,7 @@ impl Machine {
             Method::Full => m.artifact.size,
             Method::Delta { size, .. } => *size,
         };
-        job.download_deadline = Some(job.started.plus(self.cfg.server.download_time(size)));
+        job.download_deadline = Some(job.started.plus(self.cfg.download_time(size)));
         let payload =
             serde_json::to_string(m).map_err(|e| err!(Store, "encoding manifest: {e}"))?;
         self.store.set("job_manifest", &payload)?;

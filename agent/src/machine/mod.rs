@@ -173,7 +173,7 @@ impl Machine {
         let fetcher = if cfg.server.manifest_url.is_empty() && cfg.server.report_url.is_empty() {
             None
         } else {
-            Some(Fetcher::new(&cfg.server)?)
+            Some(Fetcher::new(&cfg)?)
         };
         let slots = SlotPair {
             a: cfg.slots.a.clone(),
@@ -475,7 +475,7 @@ impl Machine {
                         full.writing = true;
                         full.frames_durable = 0;
                         if let Ok(m) = self.job_manifest() {
-                            let time = self.cfg.server.download_time(m.artifact.size);
+                            let time = self.cfg.download_time(m.artifact.size);
                             full.download_deadline = Some(Timestamp::now().plus(time));
                         }
                         let reason = format!("delta failed: {e}");

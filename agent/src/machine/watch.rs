@@ -4,7 +4,7 @@
 //!
 //! * **Deadline.** A job's download must end by `download_deadline`, set
 //!   from the signed size when the download starts
-//!   ([`crate::config::Server::download_time`]). Past it the download is
+//!   ([`crate::config::Config::download_time`]). Past it the download is
 //!   abandoned (a network failure that `guard` does not retry), so a
 //!   server that trickles bytes just above the rate floor cannot hold a
 //!   job for weeks.
@@ -33,7 +33,9 @@ pub(super) struct Deadline {
     /// Bytes of the artifact (or delta) held so far.
     received: u64,
     allowance: Duration,
+    /// The average rate counted with, and the key it comes from.
     rate: u64,
+    rate_key: &'static str,
 }
 
 impl Deadline {
@@ -44,14 +46,16 @@ impl Deadline {
         job: &Job,
         size: u64,
         received: u64,
-        cfg: &crate::config::Server,
+        cfg: &crate::config::Config,
     ) -> Option<Deadline> {
+        let (rate, rate_key) = cfg.download_rate();
         Some(Deadline {
             at: job.download_deadline?,
             size,
             received,
-            allowance: cfg.download_allowance.0,
-            rate: cfg.download_min_average_rate,
+            allowance: cfg.server.download_allowance.0,
+            rate,
+            rate_key,
         })
     }
 
@@ -66,12 +70,13 @@ impl Deadline {
         }
         bail!(
             Network,
-            "download abandoned at its deadline {}: {} of {} bytes received (deadline: server.download_allowance {} + {} bytes at server.download_min_average_rate {} bytes/s; slow retrieval)",
+            "download abandoned at its deadline {}: {} of {} bytes received (deadline: server.download_allowance {} + {} bytes at {} {} bytes/s; slow retrieval)",
             self.at,
             self.received,
             self.size,
             crate::timestamp::format_duration(self.allowance),
             self.size,
+            self.rate_key,
             self.rate
         )
     }
@@ -349,7 +354,7 @@ impl Machine {
         );
         let (origin, default_origin) = self.job_origin(job);
         if origin.is_remote() && self.fetcher.is_none() {
-            self.fetcher = Some(Fetcher::new(&self.cfg.server)?);
+            self.fetcher = Some(Fetcher::new(&self.cfg)?);
         }
         let mut poller = Poller {
             store: &self.store,

@@ -35,6 +35,15 @@
 //! sees the artifact GET begin (`$msec - $request_time`), and until the
 //! command returns; `--runs 0` skips that part.
 //!
+//! `--arch aarch64` runs the daemons' `updraft` as the aarch64 release
+//! build (cross-compiled as `cargo xtask bench size` does) under
+//! `qemu-aarch64-static`; the publisher stays native. qemu is told to keep
+//! the whole guest address space in one reserved range of its own
+//! (`-B`/`-R`), so the guest's memory is exactly the mappings inside that
+//! range of the qemu process's `/proc/PID/smaps`: that is what the idle
+//! table reports for aarch64, with qemu's own total beside it. The latency
+//! runs are skipped there (emulated CPU time says nothing about a board).
+//!
 //! Timings are printed, never asserted. Everything runs on loopback; every
 //! process started here (nginx, daemons, strace) is stopped by its PID.
 
@@ -51,10 +60,18 @@ use updraft_tests::publisher::{KeyPair, Repo, image, keygen};
 use updraft_tests::tmp::TempDir;
 
 use super::common::{self, fmt_kib, print_table, summary};
+use crate::cross;
+use crate::toolchain::{Pick, Toolchain};
 use crate::util::{self, Result};
 
-const USAGE: &str = "usage: cargo xtask bench daemon [--seconds N] [--interval SECS] [--runs N]\n\
-    (--runs 0: only the idle figures, no `updraft check` latency)";
+const USAGE: &str = "usage: cargo xtask bench daemon [--seconds N] [--interval SECS] [--runs N] [--arch x86_64|aarch64]\n\
+    (--runs 0: only the idle figures, no `updraft check` latency; aarch64 runs under qemu-user)";
+
+/// Where qemu-user keeps the aarch64 guest's address space in its own
+/// (`-B` guest base, `-R` reserved size): 4 GiB at 16 TiB, far from where
+/// the host maps anything.
+const GUEST_BASE: u64 = 0x1000_0000_0000;
+const GUEST_SPACE: u64 = 0x1_0000_0000;
 
 /// Size of the slots and release images.
 const IMAGE: usize = 16 * 1024 * 1024;
@@ -78,11 +95,16 @@ const GOAL_RSS: u64 = 4 * 1024;
 const GOAL_PRIVATE: u64 = 1536;
 
 pub fn run(args: &[String]) -> Result {
-    let f = common::flags(args, &["seconds", "interval", "runs"])
+    let f = common::flags(args, &["seconds", "interval", "runs", "arch"])
         .map_err(|e| format!("{e}\n{USAGE}"))?;
     let seconds = common::number_flag(&f, "seconds", 60)?;
     let interval = common::number_flag(&f, "interval", 3)?;
-    let runs = common::number_flag(&f, "runs", 5)? as usize;
+    let mut runs = common::number_flag(&f, "runs", 5)? as usize;
+    let emulated = match f.iter().rev().find(|(n, _)| *n == "arch").map(|(_, v)| *v) {
+        None | Some("x86_64") => false,
+        Some("aarch64") => true,
+        Some(other) => return Err(format!("--arch {other:?}: x86_64 or aarch64\n{USAGE}")),
+    };
     if !(1..=60).contains(&interval) || seconds < (IDLE_POLLS as u64 + 1) * interval {
         return Err(format!(
             "--interval must be 1..60 s and --seconds at least {} intervals (the memory snapshot is taken after {IDLE_POLLS} polls)\n{USAGE}",
@@ -93,7 +115,18 @@ pub fn run(args: &[String]) -> Result {
         .or_else(|_| common::require_tools(&["nginx"]))
         .map_err(|_| "nginx is not installed (apt-get install nginx)".to_string())?;
     let started = Instant::now();
-    let bins = common::release_binaries()?;
+    let tmp = TempDir::new("bench-daemon");
+    let mut bins = common::release_binaries()?;
+    if emulated {
+        bins = aarch64_bin_dir(&bins, &tmp.join("bin-aarch64"))?;
+        if runs > 0 {
+            println!(
+                "(aarch64 under qemu-user: no latency runs, emulated CPU time says nothing about a board)"
+            );
+            runs = 0;
+        }
+    }
+    let space = emulated.then_some((GUEST_BASE, GUEST_BASE + GUEST_SPACE));
     // SAFETY: no other thread exists yet (nginx, proxies and collectors
     // start their threads below), so nothing reads the environment while
     // it changes.
@@ -102,7 +135,6 @@ pub fn run(args: &[String]) -> Result {
         std::env::remove_var("UPDRAFT_TEST_RUNNER");
     }
 
-    let tmp = TempDir::new("bench-daemon");
     let key = keygen(tmp.path(), "release");
     let repo = Repo::new(tmp.join("releases"));
     let v1 = tmp.join("1.0.0.img");
@@ -114,7 +146,7 @@ pub fn run(args: &[String]) -> Result {
     let kinds = [Kind::KeepAlive, Kind::NewConnection, Kind::NoSystemRoots];
     let mut rigs = Vec::new();
     for kind in kinds {
-        rigs.push(Rig::start(kind, &repo, &ca, &key, interval)?);
+        rigs.push(Rig::start(kind, &repo, &ca, &key, interval, space)?);
     }
     for r in &mut rigs {
         r.dev.start_daemon();
@@ -177,20 +209,39 @@ pub fn run(args: &[String]) -> Result {
         "Shared_Clean".into(),
         "threads".into(),
     ]];
+    let kib = |v: u64| format!("{v} KiB");
+    let usage_cells = |u: &Usage| {
+        [
+            kib(u.rss),
+            kib(u.pss),
+            kib(u.anonymous),
+            kib(u.private_dirty),
+            kib(u.private_clean),
+            kib(u.shared_clean),
+        ]
+    };
     for r in &rigs {
         let Some(s) = &r.idle else { continue };
-        rows.push(vec![
-            format!("updraft, {}", r.kind.label()),
-            format!("{} KiB", s.status.rss),
-            format!("{} KiB", s.status.hwm),
-            format!("{} KiB", s.rollup.rss),
-            format!("{} KiB", s.rollup.pss),
-            format!("{} KiB", s.rollup.anonymous),
-            format!("{} KiB", s.rollup.private_dirty),
-            format!("{} KiB", s.rollup.private_clean),
-            format!("{} KiB", s.rollup.shared_clean),
-            s.status.threads.to_string(),
-        ]);
+        let (name, hwm) = match s.host {
+            None => (format!("updraft, {}", r.kind.label()), kib(s.status.hwm)),
+            Some(_) => (
+                format!("updraft aarch64 (guest), {}", r.kind.label()),
+                "n/a".into(),
+            ),
+        };
+        let mut row = vec![name, kib(s.rss()), hwm];
+        row.extend(usage_cells(&s.rollup));
+        row.push(s.status.threads.to_string());
+        rows.push(row);
+        if let Some(host) = &s.host {
+            let mut row = vec![
+                "  the whole qemu-aarch64 process".to_string(),
+                kib(s.status.rss),
+                kib(s.status.hwm),
+            ];
+            row.extend(usage_cells(host));
+            rows.push(row);
+        }
     }
     for (name, rss) in REFERENCES {
         rows.push(vec![
@@ -214,7 +265,7 @@ pub fn run(args: &[String]) -> Result {
             }
         };
         println!("  goals (keep-alive daemon):");
-        println!("    {}", verdict("VmRSS", s.status.rss, GOAL_RSS));
+        println!("    {}", verdict("VmRSS", s.rss(), GOAL_RSS));
         println!(
             "    {}",
             verdict("Anonymous", s.rollup.anonymous, GOAL_PRIVATE)
@@ -251,7 +302,14 @@ pub fn run(args: &[String]) -> Result {
         print_maps(&s.maps);
     }
 
-    println!("\n== bench daemon: idle, at the end of the {seconds} s window");
+    println!(
+        "\n== bench daemon: idle, at the end of the {seconds} s window{}",
+        if emulated {
+            " (/proc/PID/status of the whole qemu-aarch64 process)"
+        } else {
+            ""
+        }
+    );
     let mut rows = vec![vec![
         "daemon".to_string(),
         "VmRSS".into(),
@@ -475,24 +533,50 @@ impl Usage {
 /// The memory of an idle daemon at one moment.
 struct Snapshot {
     status: Mem,
+    /// The daemon's memory: the whole process, or under qemu-user the
+    /// mappings inside the guest's address space.
     rollup: Usage,
     /// By group of mappings, largest Rss first.
     maps: Vec<(String, Usage)>,
+    /// Under qemu-user: the whole emulator process (guest and qemu).
+    host: Option<Usage>,
 }
 
 impl Snapshot {
-    fn take(pid: u32) -> Result<Snapshot> {
+    /// `space`: the guest's address range inside an emulator process.
+    fn take(pid: u32, space: Option<(u64, u64)>) -> Result<Snapshot> {
         let path = format!("/proc/{pid}/smaps_rollup");
         let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
-        let mut rollup = Usage::default();
+        let mut whole = Usage::default();
         for line in text.lines() {
-            rollup.take(line);
+            whole.take(line);
         }
+        let maps = smaps(pid, space)?;
+        let (rollup, host) = match space {
+            None => (whole, None),
+            Some(_) => {
+                let mut guest = Usage::default();
+                for (_, u) in &maps {
+                    guest.add(u);
+                }
+                (guest, Some(whole))
+            }
+        };
         Ok(Snapshot {
             status: proc_status(pid)?,
             rollup,
-            maps: smaps(pid)?,
+            maps,
+            host,
         })
+    }
+
+    /// Resident memory of the daemon: `VmRSS`, or the guest's share of an
+    /// emulator process.
+    fn rss(&self) -> u64 {
+        match self.host {
+            None => self.status.rss,
+            Some(_) => self.rollup.rss,
+        }
     }
 }
 
@@ -558,10 +642,19 @@ struct Rig {
     /// CPU time and polls when the first poll cycle was over.
     cpu_first: Option<(Duration, usize)>,
     outbox_before: Option<u64>,
+    /// The guest's address range when the daemon runs under qemu-user.
+    space: Option<(u64, u64)>,
 }
 
 impl Rig {
-    fn start(kind: Kind, repo: &Repo, ca: &TestCa, key: &KeyPair, interval: u64) -> Result<Rig> {
+    fn start(
+        kind: Kind,
+        repo: &Repo,
+        ca: &TestCa,
+        key: &KeyPair,
+        interval: u64,
+        space: Option<(u64, u64)>,
+    ) -> Result<Rig> {
         let collector = Collector::start().map_err(|e| format!("starting a collector: {e}"))?;
         let keepalive = if kind == Kind::NewConnection { 0 } else { 75 };
         let nginx = Nginx::builder(&repo.dir)
@@ -606,6 +699,7 @@ impl Rig {
             cpu: Duration::ZERO,
             cpu_first: None,
             outbox_before: None,
+            space,
         })
     }
 
@@ -660,7 +754,7 @@ impl Rig {
                 }
                 if self.idle.is_none() && self.seen >= IDLE_POLLS {
                     let pid = self.dev.daemon_pid().ok_or("a daemon is not running")?;
-                    self.idle = Some(Snapshot::take(pid)?);
+                    self.idle = Some(Snapshot::take(pid, self.space)?);
                 }
                 self.due = None;
             }
@@ -673,6 +767,49 @@ impl Rig {
         }
         Ok(())
     }
+}
+
+/// A directory whose `updraft` runs the aarch64 release build under
+/// qemu-user with the guest kept in [`GUEST_BASE`]..+[`GUEST_SPACE`], and
+/// whose `updraft-publish` is the native one from `native`.
+fn aarch64_bin_dir(native: &Path, dir: &Path) -> Result<PathBuf> {
+    let t = cross::TARGETS
+        .iter()
+        .find(|t| t.short == "aarch64")
+        .ok_or("no aarch64 target is defined")?;
+    cross::ensure_host_tools(&[t])?;
+    let tc = Toolchain::ensure(Pick::Newest)?;
+    let target_dir = util::root().join("target").join("cross");
+    println!("building the aarch64 release binary ({})", t.triple);
+    util::run(cross::cross_cargo(t, &tc, &target_dir).args([
+        "build",
+        "--release",
+        "--package",
+        "updraft",
+        "--bin",
+        "updraft",
+        "--target",
+        t.triple,
+    ]))?;
+    let binary = target_dir.join(t.triple).join("release").join("updraft");
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let script = format!(
+        "#!/bin/sh\nexec {} -B {GUEST_BASE:#x} -R {GUEST_SPACE:#x} {} \"$@\"\n",
+        t.runner(),
+        binary.display()
+    );
+    let wrapper = dir.join("updraft");
+    std::fs::write(&wrapper, script).map_err(|e| format!("writing {}: {e}", wrapper.display()))?;
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .map_err(|e| format!("making {} executable: {e}", wrapper.display()))?;
+    let publish = dir.join("updraft-publish");
+    let _ = std::fs::remove_file(&publish);
+    std::os::unix::fs::symlink(native.join("updraft-publish"), &publish)
+        .map_err(|e| format!("linking {}: {e}", publish.display()))?;
+    Ok(dir.to_path_buf())
 }
 
 fn server_toml(manifest: &str, report: &str, ca: &Path, poll: &str, system_roots: bool) -> String {
@@ -830,7 +967,10 @@ fn proc_status(pid: u32) -> Result<Mem> {
 /// page (an inaccessible mapping of at most 64 KiB); glibc's per-thread
 /// malloc heaps are writable anonymous mappings aligned to their 64 MiB
 /// reservation (32 MiB on 32-bit), the rest of which is inaccessible.
-fn smaps(pid: u32) -> Result<Vec<(String, Usage)>> {
+///
+/// With `within`, only the mappings inside that address range count (the
+/// guest of a qemu-user process; addresses are taken relative to its start).
+fn smaps(pid: u32, within: Option<(u64, u64)>) -> Result<Vec<(String, Usage)>> {
     let path = format!("/proc/{pid}/smaps");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
     let arena_align: u64 = if cfg!(target_pointer_width = "64") {
@@ -852,6 +992,13 @@ fn smaps(pid: u32) -> Result<Vec<(String, Usage)>> {
             ))
         });
         if let (Some((lo, hi)), Some(perms)) = (range, f.get(1).filter(|p| p.len() == 4)) {
+            if within.is_some_and(|(start, end)| lo < start || hi > end) {
+                prev = None;
+                current = None;
+                continue;
+            }
+            let lo = lo - within.map_or(0, |(start, _)| start);
+            let hi = hi - within.map_or(0, |(start, _)| start);
             let kind = if perms.contains('x') {
                 "x"
             } else if perms.contains('w') {

@@ -344,7 +344,7 @@ fn secs(s: Option<Summary>) -> String {
     s.map_or("n/a".into(), |s| format!("{:.2} s", s.median))
 }
 
-fn file_len(p: &Path) -> Result<u64> {
+pub(super) fn file_len(p: &Path) -> Result<u64> {
     std::fs::metadata(p)
         .map(|m| m.len())
         .map_err(|e| format!("{}: {e}", p.display()))
@@ -353,7 +353,7 @@ fn file_len(p: &Path) -> Result<u64> {
 // ---- the image ----------------------------------------------------------------
 
 /// Make (or reuse) an ext4 image of `size` bytes filled from [`TREE`].
-fn make_image(work: &Path, image: &Path, size: u64) -> Result {
+pub(super) fn make_image(work: &Path, image: &Path, size: u64) -> Result {
     let stamp = image.with_extension("done");
     if stamp.is_file() && file_len(image).ok() == Some(size) {
         println!(
@@ -409,7 +409,7 @@ fn make_image(work: &Path, image: &Path, size: u64) -> Result {
     std::fs::write(&stamp, format!("{what}\n")).map_err(|e| format!("{}: {e}", stamp.display()))
 }
 
-fn remove_dir(p: &Path) -> Result {
+pub(super) fn remove_dir(p: &Path) -> Result {
     match std::fs::remove_dir_all(p) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

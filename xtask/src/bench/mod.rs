@@ -5,6 +5,7 @@ mod common;
 mod daemon;
 mod delta;
 mod install;
+mod publish;
 mod references;
 mod size;
 mod synthetic;
@@ -16,14 +17,15 @@ pub(crate) use common::release_binaries;
 pub fn run(args: &[String]) -> Result {
     let (what, rest) = args
         .split_first()
-        .ok_or("usage: cargo xtask bench install|daemon|delta|size")?;
+        .ok_or("usage: cargo xtask bench install|daemon|delta|publish|size")?;
     match what.as_str() {
         "install" => install::run(rest),
         "daemon" => daemon::run(rest),
         "delta" => delta::run(rest),
+        "publish" => publish::run(rest),
         "size" => size::run(rest),
         other => Err(format!(
-            "unknown benchmark {other:?} (install, daemon, delta, size)"
+            "unknown benchmark {other:?} (install, daemon, delta, publish, size)"
         )),
     }
 }

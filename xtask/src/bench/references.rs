@@ -350,6 +350,65 @@ impl Signer {
 
 // ---- RAUC -------------------------------------------------------------------
 
+/// The `rauc bundle` command that packs `image` as the one raw image of a
+/// bundle in `format` (squashfs, zstd at `level`, 1 MiB blocks), signed by
+/// `signer`. Its input directory is `dir/content` (made afresh, holding the
+/// RAUC manifest and a hard link to the image); the caller removes it.
+fn rauc_bundle_command(
+    dir: &Path,
+    signer: &Signer,
+    image: &Path,
+    level: u64,
+    format: &str,
+    bundle: &Path,
+) -> Result<Command> {
+    let content = dir.join("content");
+    let _ = std::fs::remove_dir_all(&content);
+    let _ = std::fs::remove_file(bundle);
+    std::fs::create_dir_all(&content)
+        .map_err(|e| format!("creating {}: {e}", content.display()))?;
+    let manifest = format!(
+        "[update]\ncompatible={COMPATIBLE}\nversion=1.0.0\n\n\
+         [bundle]\nformat={format}\n\n[image.rootfs]\nfilename=rootfs.ext4\n"
+    );
+    std::fs::write(content.join("manifest.raucm"), manifest)
+        .map_err(|e| format!("writing the RAUC manifest: {e}"))?;
+    let img = content.join("rootfs.ext4");
+    if std::fs::hard_link(image, &img).is_err() {
+        std::fs::copy(image, &img)
+            .map_err(|e| format!("copying the image into {}: {e}", content.display()))?;
+    }
+    let mut cmd = Command::new("rauc");
+    cmd.arg("bundle")
+        .arg(format!("--cert={}", signer.cert.display()))
+        .arg(format!("--key={}", signer.key.display()))
+        .arg(format!("--keyring={}", signer.cert.display()))
+        .arg(format!(
+            "--mksquashfs-args=-comp zstd -Xcompression-level {level} -b 1M"
+        ))
+        .arg(&content)
+        .arg(bundle);
+    Ok(cmd)
+}
+
+/// `rauc bundle` for `bench publish`: a signing certificate under `dir`
+/// and the command packing `image` into `bundle`, or why RAUC is absent.
+pub(super) fn rauc_bundle(dir: &Path, image: &Path, level: u64, bundle: &Path) -> Result<Command> {
+    let missing: Vec<&str> = ["rauc", "mksquashfs", "openssl"]
+        .into_iter()
+        .filter(|t| !util::have(t))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "not installed (missing {}; apt-get install rauc squashfs-tools openssl)",
+            missing.join(", ")
+        ));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let signer = Signer::make(dir)?;
+    rauc_bundle_command(dir, &signer, image, level, "plain", bundle)
+}
+
 struct Rauc {
     conf: PathBuf,
     bundle: PathBuf,
@@ -394,39 +453,13 @@ impl Rauc {
         {
             println!("  rauc: reusing {}", bundle.display());
         } else {
-            let content = rdir.join("content");
-            let _ = std::fs::remove_dir_all(&content);
-            let _ = std::fs::remove_file(&bundle);
-            let _ = std::fs::remove_file(&stamp);
-            std::fs::create_dir_all(&content)
-                .map_err(|e| format!("creating {}: {e}", content.display()))?;
-            let manifest = format!(
-                "[update]\ncompatible={COMPATIBLE}\nversion=1.0.0\n\n\
-                 [bundle]\nformat={format}\n\n[image.rootfs]\nfilename=rootfs.ext4\n"
-            );
-            std::fs::write(content.join("manifest.raucm"), manifest)
-                .map_err(|e| format!("writing the RAUC manifest: {e}"))?;
-            let img = content.join("rootfs.ext4");
-            if std::fs::hard_link(inp.image, &img).is_err() {
-                std::fs::copy(inp.image, &img)
-                    .map_err(|e| format!("copying the image into {}: {e}", content.display()))?;
-            }
-            let mut cmd = Command::new("rauc");
-            cmd.arg("bundle")
-                .arg(format!("--cert={}", signer.cert.display()))
-                .arg(format!("--key={}", signer.key.display()))
-                .arg(format!("--keyring={}", signer.cert.display()))
-                .arg(format!(
-                    "--mksquashfs-args=-comp zstd -Xcompression-level {} -b 1M",
-                    inp.level
-                ))
-                .arg(&content)
-                .arg(&bundle);
+            let mut cmd =
+                rauc_bundle_command(&rdir, signer, inp.image, inp.level, format, &bundle)?;
             println!("  rauc: {}", shell_line(&cmd));
             let t = Instant::now();
             util::output(&mut cmd)?;
             println!("  rauc: bundle made in {:.1} s", t.elapsed().as_secs_f64());
-            let _ = std::fs::remove_dir_all(&content);
+            let _ = std::fs::remove_dir_all(rdir.join("content"));
             std::fs::write(&stamp, want).map_err(|e| format!("{}: {e}", stamp.display()))?;
         }
         let len = std::fs::metadata(&bundle)
