@@ -93,6 +93,26 @@ pub struct TimeReport {
     pub exit: i32,
 }
 
+/// `cmd` (program, arguments and environment) run under GNU time, which
+/// writes its report to `report`; stdin is closed.
+pub fn under_gnu_time(cmd: &Command, report: &Path) -> Command {
+    let mut timed = Command::new(GNU_TIME);
+    timed
+        .arg("-v")
+        .arg("-o")
+        .arg(report)
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .stdin(std::process::Stdio::null());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => timed.env(k, v),
+            None => timed.env_remove(k),
+        };
+    }
+    timed
+}
+
 /// Parse a report written by `time -v -o FILE`.
 pub fn read_time_report(path: &Path) -> Result<TimeReport> {
     let text = std::fs::read_to_string(path)

@@ -417,11 +417,20 @@ pub(super) fn remove_dir(p: &Path) -> Result {
     }
 }
 
-/// Copies regular files and symlinks, in name order, while they fit.
+/// Copies regular files and symlinks, in name order, while they fit. What a
+/// file uses is counted in whole 4 KiB blocks and every directory as one,
+/// as ext4 will store them, so a small image of many small files fits.
 struct Copier {
     budget: u64,
     used: u64,
     files: u64,
+}
+
+const BLOCK: u64 = 4096;
+
+/// Bytes of whole blocks a file of `len` bytes takes.
+fn blocks(len: u64) -> u64 {
+    len.div_ceil(BLOCK) * BLOCK
 }
 
 impl Copier {
@@ -448,11 +457,12 @@ impl Copier {
                         .map_err(|e| format!("linking {}: {e}", to.display()))?;
                 }
             } else if ft.is_dir() {
+                self.used += BLOCK;
                 self.copy_dir(&from, &to)?;
-            } else if ft.is_file() && self.used + md.len() <= self.budget {
+            } else if ft.is_file() && self.used + blocks(md.len()) <= self.budget {
                 // Files that vanish or cannot be read are left out.
                 if std::fs::copy(&from, &to).is_ok() {
-                    self.used += md.len();
+                    self.used += blocks(md.len());
                     self.files += 1;
                 }
             }

@@ -25,12 +25,12 @@
 //! cold read alike.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 use super::common::{
     self, GNU_TIME, TimeReport, fmt_kib, fmt_secs, print_table, read_time_report, shell_line,
-    summary,
+    summary, under_gnu_time,
 };
 use super::install::{file_len, make_image, remove_dir};
 use super::references;
@@ -212,14 +212,7 @@ pub fn run(args: &[String]) -> Result {
 
 /// Run `cmd` under GNU time; wall seconds and the report.
 fn timed(cmd: &mut Command, report: &Path) -> Result<(f64, TimeReport)> {
-    let mut timed = Command::new(GNU_TIME);
-    timed
-        .arg("-v")
-        .arg("-o")
-        .arg(report)
-        .arg(cmd.get_program())
-        .args(cmd.get_args())
-        .stdin(Stdio::null());
+    let mut timed = under_gnu_time(cmd, report);
     let t0 = Instant::now();
     let out = timed
         .output()

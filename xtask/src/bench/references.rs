@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::common::{GNU_TIME, drop_caches, read_time_report, shell_line, shell_quote};
+use super::common::{drop_caches, read_time_report, shell_line, shell_quote, under_gnu_time};
 use crate::util::{self, Result};
 
 /// The compatible string the release, bundle and `.swu` are made for.
@@ -278,20 +278,7 @@ fn fsync_slot(slot: &Path) -> Result {
 
 /// Run `cmd` under GNU time, then fsync the slot; wall time spans both.
 fn timed(cmd: &mut Command, report: &Path, slot: &Path) -> Result<Run> {
-    let mut timed = Command::new(GNU_TIME);
-    timed
-        .arg("-v")
-        .arg("-o")
-        .arg(report)
-        .arg(cmd.get_program())
-        .args(cmd.get_args())
-        .stdin(Stdio::null());
-    for (k, v) in cmd.get_envs() {
-        match v {
-            Some(v) => timed.env(k, v),
-            None => timed.env_remove(k),
-        };
-    }
+    let mut timed = under_gnu_time(cmd, report);
     let t0 = Instant::now();
     let out = timed
         .output()
