@@ -51,6 +51,7 @@ mod throttle;
 pub mod timestamp;
 pub mod toml_subset;
 pub mod trust;
+pub mod window;
 mod worker;
 
 #[cfg(test)]
