@@ -124,6 +124,19 @@ pub const PROGRAM: Program = Program {
             examples: &["updraft mark-bad"],
         },
         help::Command {
+            name: "apply",
+            summary: "switch in and reboot into a release the policy holds",
+            usage: "updraft [--config FILE] apply",
+            about: "A release written and verified waits for its maintenance window, or\n\
+                    for this command with policy.switch or policy.reboot = \"manual\".\n\
+                    apply lets it through now, window or not: the slot is hashed again,\n\
+                    switched in for a trial boot, and the daemon reboots into it. Without\n\
+                    a daemon it switches the slot in and stops before the reboot.",
+            options: &[],
+            words: &[],
+            examples: &["updraft apply"],
+        },
+        help::Command {
             name: "channel",
             summary: "show or change the release channel this device follows",
             usage: "updraft [--config FILE] channel [NAME | --default]",
@@ -195,6 +208,7 @@ pub enum Command {
     },
     MarkGood,
     MarkBad,
+    Apply,
     /// Show the channel (`None`), or follow another: `Some(None)` is the
     /// configuration's.
     Channel(Option<Option<String>>),
@@ -302,6 +316,7 @@ pub fn parse(args: &[String]) -> std::result::Result<Args, UsageError> {
         "check" => none(Command::Check)?,
         "mark-good" => none(Command::MarkGood)?,
         "mark-bad" => none(Command::MarkBad)?,
+        "apply" => none(Command::Apply)?,
         "channel" => match (words.as_slice(), switches.contains(&DEFAULT.name)) {
             ([], false) => Command::Channel(None),
             ([], true) => Command::Channel(Some(None)),
@@ -362,6 +377,7 @@ pub fn run(args: Args) -> i32 {
         }
         Command::MarkGood => Config::load(&args.config).and_then(|c| mark(c, true)),
         Command::MarkBad => Config::load(&args.config).and_then(|c| mark(c, false)),
+        Command::Apply => Config::load(&args.config).and_then(apply),
         Command::Channel(None) => Config::load(&args.config).and_then(|c| show_channel(&c)),
         Command::Channel(Some(to)) => {
             Config::load(&args.config).and_then(|c| choose_channel(c, to))
@@ -530,7 +546,7 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
             loop {
                 match m.step(&mut t) {
                     Ok(Next::Continue) => continue,
-                    Ok(Next::Done) | Ok(Next::WaitReboot) | Ok(Next::Idle) => break,
+                    Ok(Next::Done | Next::WaitReboot | Next::Idle | Next::Hold(_)) => break,
                     Ok(Next::Retry(_)) => continue,
                     Err(e) => {
                         t.done();
@@ -543,6 +559,20 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
                 }
             }
             t.done();
+            if let Ok(State::Installed(job)) = m.state() {
+                if job.held.is_some() {
+                    let (gate, key) = m.cfg.policy.switch_gate();
+                    println!(
+                        "installed release {version} into slot {target}; held by the policy ({key} = \"{}\"): the daemon switches it in {}",
+                        gate.as_str(),
+                        match gate {
+                            crate::config::Gate::Manual => "at `updraft apply`",
+                            _ => "the next maintenance window",
+                        }
+                    );
+                    return Ok(());
+                }
+            }
             let tries = m.cfg.bootloader.tries;
             println!(
                 "installed release {version} into slot {target}; it boots next for a trial ({tries} {}); reboot to try it",
@@ -634,6 +664,27 @@ fn mark(cfg: Config, good: bool) -> Result<()> {
     Ok(())
 }
 
+/// `updraft apply`: through the daemon, or in this process (switch only).
+fn apply(cfg: Config) -> Result<()> {
+    if let Some(reply) = control::try_request(&cfg.system.socket, &control::Request::Apply)? {
+        println!("{}", reply.message.unwrap_or_default());
+        return Ok(());
+    }
+    let _lock = StateLock::acquire(&cfg.lock_path())?;
+    let mut m = Machine::open(cfg, Mode::Oneshot)?;
+    m.on_boot()?;
+    let msg = m.apply()?;
+    while let Next::Continue = m.step(&mut NoTick)? {}
+    match m.state()? {
+        State::Installed(job) if job.held.is_none() => println!(
+            "{msg}: slot {} boots next for a trial; reboot to try it (no daemon is running)",
+            job.target
+        ),
+        _ => println!("{msg}"),
+    }
+    Ok(())
+}
+
 // ---- status and history ----------------------------------------------------------
 
 fn status(cfg: &Config, json: bool) -> Result<()> {
@@ -700,6 +751,7 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         last_error,
         outbox: store.outbox_len()?,
         last_install: status::last_install(&store)?,
+        policy: status::PolicyStatus::of(&cfg.policy, state.job(), Timestamp::now()),
     })
 }
 
@@ -763,6 +815,18 @@ pub(crate) fn render_status(st: &Status, now: Timestamp) -> String {
     }
     if let Some(l) = &st.last_install {
         line("last install:", last_install_line(l, now));
+    }
+    if let Some(p) = &st.policy {
+        let mut v = format!("switch {}", p.switch);
+        if let Some(t) = p.held_since {
+            v.push_str(&format!(", verified slot held since {t}"));
+        }
+        match &p.window {
+            Some(w) if w.open => v.push_str(&format!(", window open until {}", w.closes)),
+            Some(w) => v.push_str(&format!(", next window {} – {}", w.opens, w.closes)),
+            None => {}
+        }
+        line("policy:", v);
     }
     if let Some(t) = st.last_check {
         line("last check:", t.to_string());
@@ -985,6 +1049,7 @@ mod tests {
                 time: Timestamp(1_796_000_000),
                 slot: Some(SlotName::A),
             }),
+            policy: None,
         }
     }
 

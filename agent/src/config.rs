@@ -14,6 +14,7 @@ use crate::error::{Error, Kind, Result};
 use crate::timestamp::parse_duration;
 use crate::toml_subset::{self, Entry, Table, Value};
 use crate::trust::{Anchor, KeySet, PublicKey};
+use crate::window::{Window, Windows};
 
 pub const DEFAULT_PATH: &str = "/etc/updraft/updraft.toml";
 
@@ -153,11 +154,66 @@ impl Server {
 }
 
 /// When and how fast an update may proceed: `[policy]`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Policy {
     /// Cap on artifact downloads, bytes/s (`None`: as fast as the link
     /// goes). Manifests, key documents and reports are never slowed.
     pub max_rate: Option<u64>,
+    /// When a verified slot may go first in the boot order.
+    pub switch: Gate,
+    /// When the daemon may reboot into it.
+    pub reboot: Gate,
+    /// Maintenance windows (`Gate::Window`).
+    pub windows: Windows,
+    /// What a trial boot needs besides `health.timeout` before the window
+    /// closes: the time from the reboot command to the daemon's start.
+    pub boot_time: Dur,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            max_rate: None,
+            switch: Gate::Auto,
+            reboot: Gate::Auto,
+            windows: Windows::default(),
+            boot_time: Dur(Duration::from_secs(300)),
+        }
+    }
+}
+
+/// When a phase of an update may happen, from the loosest to the strictest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Gate {
+    /// As soon as it can.
+    Auto,
+    /// Only inside a maintenance window.
+    Window,
+    /// Only when an operator runs `updraft apply`.
+    Manual,
+}
+
+impl Gate {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Gate::Auto => "auto",
+            Gate::Window => "window",
+            Gate::Manual => "manual",
+        }
+    }
+}
+
+impl Policy {
+    /// What holds the switch: the stricter of `switch` and `reboot`, since
+    /// the switch waits for a gated reboot (a power cut must never boot a
+    /// trial outside its window), and the key it comes from.
+    pub fn switch_gate(&self) -> (Gate, &'static str) {
+        if self.reboot > self.switch {
+            (self.reboot, "policy.reboot")
+        } else {
+            (self.switch, "policy.switch")
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -500,8 +556,18 @@ impl Config {
         s.finish()?;
 
         let mut s = section("policy");
+        let d = Policy::default();
+        let gates = [
+            ("auto", Gate::Auto),
+            ("window", Gate::Window),
+            ("manual", Gate::Manual),
+        ];
         let policy = Policy {
             max_rate: s.rate("max_rate")?,
+            switch: s.choice("switch", &gates)?.unwrap_or(d.switch),
+            reboot: s.choice("reboot", &gates)?.unwrap_or(d.reboot),
+            windows: s.windows("windows")?.unwrap_or(d.windows),
+            boot_time: s.duration("boot_time")?.unwrap_or(d.boot_time),
         };
         s.finish()?;
 
@@ -575,6 +641,13 @@ impl Config {
             return bad(
                 "server.download_min_average_rate",
                 "must be at least 1 (bytes/s): a download's deadline is download_allowance + signed size / download_min_average_rate".into(),
+            );
+        }
+        let (gate, key) = self.policy.switch_gate();
+        if gate == Gate::Window && self.policy.windows.0.is_empty() {
+            return bad(
+                key,
+                "\"window\" needs at least one window in policy.windows".into(),
             );
         }
         if let Some(cap) = self.policy.max_rate {
@@ -841,6 +914,28 @@ impl<'a> Section<'a> {
         }
     }
 
+    /// A list of maintenance windows, each checked (the error names the
+    /// key, the line and the window).
+    fn windows(&mut self, key: &str) -> Result<Option<Windows>> {
+        let Some(list) = self.strings(key)? else {
+            return Ok(None);
+        };
+        let mut out = Vec::new();
+        for text in &list {
+            match Window::parse(text) {
+                Ok(w) => out.push(w),
+                Err(why) => {
+                    let e = self.get(key).cloned();
+                    return Err(match e {
+                        Some(e) => self.bad(&e, why),
+                        None => Error::new(Kind::Config, format!("{}.{key}: {why}", self.name)),
+                    });
+                }
+            }
+        }
+        Ok(Some(Windows(out)))
+    }
+
     /// A rate in bytes/s: a whole number, or a string with a decimal
     /// (`k`, `M`, `G`) or binary (`Ki`, `Mi`, `Gi`) multiplier.
     fn rate(&mut self, key: &str) -> Result<Option<u64>> {
@@ -1009,6 +1104,52 @@ b = "/dev/b"
                 assert!(e.contains("(line "), "{value}: {e}");
             }
         }
+    }
+
+    #[test]
+    fn a_gated_reboot_holds_the_switch_too() {
+        let c = Config::parse(&format!(
+            "{MINIMAL}\n[policy]\nreboot = \"window\"\nwindows = [\"Mon-Fri 02:00/3h\", \"Sat,Sun 00:00/8h UTC\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(c.policy.switch, Gate::Auto);
+        assert_eq!(c.policy.switch_gate(), (Gate::Window, "policy.reboot"));
+        assert_eq!(c.policy.windows.0.len(), 2);
+        let c = Config::parse(&format!(
+            "{MINIMAL}\n[policy]\nswitch = \"manual\"\nreboot = \"window\"\nwindows = [\"Mon 02:00/1h\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(c.policy.switch_gate(), (Gate::Manual, "policy.switch"));
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!(c.policy.switch_gate(), (Gate::Auto, "policy.switch"));
+    }
+
+    #[test]
+    fn malformed_windows_are_refused_with_the_key_and_line() {
+        let e = Config::parse(&format!(
+            "{MINIMAL}\n[policy]\nswitch = \"window\"\nwindows = [\"Mon 02:00/3h\", \"Mon-Frii 02:00/3h\"]\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("policy.windows (line "), "{e}");
+        assert!(
+            e.contains("\"Mon-Frii 02:00/3h\": \"Frii\" is not a day"),
+            "{e}"
+        );
+        let e = Config::parse(&format!("{MINIMAL}\n[policy]\nreboot = \"window\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("policy.reboot: \"window\" needs at least one window in policy.windows"),
+            "{e}"
+        );
+        let e = Config::parse(&format!("{MINIMAL}\n[policy]\nswitch = \"later\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"later\" is not one of \"auto\", \"window\", \"manual\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub enum Request {
     },
     MarkGood,
     MarkBad,
+    /// Switch in and reboot into a slot the policy holds.
+    Apply,
     /// Follow another channel (`None`: the configuration's again).
     Channel {
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,6 +86,7 @@ impl Request {
             Request::Install { .. } => "install",
             Request::MarkGood => "mark-good",
             Request::MarkBad => "mark-bad",
+            Request::Apply => "apply",
             Request::Channel { .. } => "channel",
         }
     }

@@ -24,6 +24,7 @@
 //! | `updraft_release_info{slot,version}` | gauge | 1 per slot whose installed release is known |
 //! | `updraft_state{state}` | gauge | 1 for the current state, 0 for every other (a state set) |
 //! | `updraft_outbox_depth` | gauge | reports queued, not yet delivered |
+//! | `updraft_held_since_timestamp_seconds` | gauge | Unix time since when a verified release waits for the policy (its maintenance window or `updraft apply`); absent when none does |
 //!
 //! The state is exposed as a state set (one series per state, 0 or 1)
 //! rather than one series whose label changes: every series exists from
@@ -123,6 +124,7 @@ pub struct Metrics {
     release_b: Option<String>,
     state: String,
     outbox_depth: u64,
+    held_since: Option<Timestamp>,
 }
 
 impl Default for Metrics {
@@ -147,6 +149,7 @@ impl Metrics {
             release_b: None,
             state: STATES[0].to_string(),
             outbox_depth: 0,
+            held_since: None,
         }
     }
 
@@ -198,6 +201,11 @@ impl Metrics {
     /// The current state by name (`crate::state::State::name`).
     pub fn set_state(&mut self, name: &str) {
         self.state = name.to_string();
+    }
+
+    /// Since when a verified release waits for the policy, if one does.
+    pub fn set_held_since(&mut self, since: Option<Timestamp>) {
+        self.held_since = since;
     }
 
     pub fn set_outbox_depth(&mut self, depth: u64) {
@@ -334,6 +342,15 @@ impl Metrics {
             "Reports queued and not yet delivered.",
         );
         f.sample("updraft_outbox_depth", &[], self.outbox_depth);
+
+        if let Some(t) = self.held_since {
+            f.header(
+                "updraft_held_since_timestamp_seconds",
+                "gauge",
+                "Unix time since when a verified release waits for the policy (maintenance window or updraft apply).",
+            );
+            f.sample("updraft_held_since_timestamp_seconds", &[], t.0);
+        }
 
         out
     }
@@ -499,6 +516,22 @@ mod tests {
                 .filter(|l| l.starts_with("updraft_release_info{"))
                 .count(),
             1
+        );
+    }
+
+    #[test]
+    fn a_held_release_is_shown_since_when_it_waits() {
+        let mut m = Metrics::new();
+        assert!(!m.render().contains("updraft_held_since"));
+        m.set_held_since(Some(Timestamp(1_796_000_000)));
+        let text = m.render();
+        assert!(
+            text.contains("# TYPE updraft_held_since_timestamp_seconds gauge\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nupdraft_held_since_timestamp_seconds 1796000000\n"),
+            "{text}"
         );
     }
 

@@ -65,6 +65,20 @@ pub(crate) fn reconcile(state: State, booted: SlotName, boot_id: &str) -> Decisi
     };
     match state {
         State::Checking => Decision::Settle,
+        // Held by the policy: nothing was switched, so a boot of the old
+        // slot says nothing about the image; it is still the good one (and
+        // boot scripts count every boot down). Should the bootloader have
+        // booted the target after all, its trial starts.
+        State::Installed(job) if job.held.is_some() && rebooted(&job) => {
+            if booted == job.target {
+                Decision::Test {
+                    job: this_boot(job),
+                    why: "booted the new slot",
+                }
+            } else {
+                Decision::MarkBootedGood
+            }
+        }
         State::Installed(job) | State::Rebooting(job) if rebooted(&job) => {
             let on_target = booted == job.target;
             match (job.purpose, on_target) {
@@ -141,6 +155,37 @@ mod tests {
 
     fn trial() -> Job {
         job(Some(RebootPurpose::Trial))
+    }
+
+    fn held() -> Job {
+        let mut j = trial();
+        j.held = Some(crate::timestamp::Timestamp(1_800_000_000));
+        j
+    }
+
+    #[test]
+    fn a_slot_held_by_the_policy_survives_a_boot_of_the_old_slot() {
+        assert_eq!(
+            reconcile(State::Installed(held()), SlotName::A, NEW_BOOT),
+            Decision::MarkBootedGood
+        );
+        assert_eq!(
+            reconcile(State::Installed(held()), SlotName::A, OLD_BOOT),
+            Decision::Resume
+        );
+        // Not held: the same boot of the old slot is a failed trial.
+        assert!(matches!(
+            reconcile(State::Installed(trial()), SlotName::A, NEW_BOOT),
+            Decision::RollBack { reject: true, .. }
+        ));
+    }
+
+    #[test]
+    fn a_held_slot_that_booted_after_all_starts_its_trial() {
+        assert!(matches!(
+            reconcile(State::Installed(held()), SlotName::B, NEW_BOOT),
+            Decision::Test { .. }
+        ));
     }
 
     fn rollback() -> Job {

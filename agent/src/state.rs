@@ -94,6 +94,15 @@ pub struct Job {
     /// `server.download_min_average_rate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub download_deadline: Option<Timestamp>,
+    /// Since when the verified slot waits for the policy (a maintenance
+    /// window, `updraft apply`) before its switch. Set only in
+    /// `installed`, before anything is switched; cleared in the same
+    /// transaction that enters `rebooting`, after the switch. While it is
+    /// set the slot is certainly out of the boot order, so a boot in the
+    /// meantime concludes nothing about the image. An older release does
+    /// not know it and switches at its next step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<Timestamp>,
 }
 
 impl Job {
@@ -126,6 +135,7 @@ impl Job {
             stream_verified: false,
             read_back: false,
             download_deadline: None,
+            held: None,
         }
     }
 }

@@ -79,6 +79,59 @@ pub struct Status {
     /// How the newest finished install ended; absent before the first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_install: Option<LastInstall>,
+    /// When the policy lets a verified slot be switched in; absent when
+    /// it switches at once (`auto`, and releases before policies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyStatus>,
+}
+
+/// The switch gate and what it waits for.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct PolicyStatus {
+    /// `window` or `manual`: the stricter of `policy.switch` and
+    /// `policy.reboot`.
+    pub switch: String,
+    /// Since when the verified slot of the job waits, if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_since: Option<Timestamp>,
+    /// The maintenance window open now, or the next one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowStatus>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct WindowStatus {
+    pub opens: Timestamp,
+    pub closes: Timestamp,
+    pub open: bool,
+}
+
+impl PolicyStatus {
+    /// What `policy` says at `now` about `job`; `None` for the `auto` gate.
+    pub fn of(
+        policy: &crate::config::Policy,
+        job: Option<&Job>,
+        now: Timestamp,
+    ) -> Option<PolicyStatus> {
+        let (gate, _) = policy.switch_gate();
+        if gate == crate::config::Gate::Auto {
+            return None;
+        }
+        crate::window::Local::refresh();
+        let window = policy
+            .windows
+            .current_or_next(now, &crate::window::Local)
+            .map(|s| WindowStatus {
+                opens: s.opens,
+                closes: s.closes,
+                open: s.opens <= now,
+            });
+        Some(PolicyStatus {
+            switch: gate.as_str().into(),
+            held_since: job.and_then(|j| j.held),
+            window,
+        })
+    }
 }
 
 /// How the newest finished install job ended.

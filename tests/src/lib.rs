@@ -12,6 +12,7 @@ pub mod bootenv;
 pub mod ca;
 pub mod collector;
 pub mod device;
+pub mod faketime;
 pub mod hostile_client;
 pub mod nginx;
 pub mod powerfs;

@@ -720,17 +720,6 @@ fn missing_key_document() {
 
 // ---- clock ------------------------------------------------------------------------
 
-fn faketime() -> Option<PathBuf> {
-    [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/faketime/libfaketime.so.1",
-    ]
-    .into_iter()
-    .map(PathBuf::from)
-    .find(|p| p.exists())
-}
-
 #[test]
 fn clock_before_build_time() {
     if updraft_tests::bin::emulated() {
@@ -744,7 +733,7 @@ fn clock_before_build_time() {
     if updraft_tests::bin::emulated() {
         updraft_tests::skip!("libfaketime cannot be preloaded into an emulated binary");
     }
-    let Some(lib) = faketime() else {
+    let Some(lib) = updraft_tests::faketime::library() else {
         panic!("libfaketime is missing: install the Debian package libfaketime");
     };
     let before = f.dev.snapshot();

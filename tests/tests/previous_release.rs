@@ -383,3 +383,38 @@ impl Db {
         );
     }
 }
+
+/// A slot the current release holds for the policy (written, verified,
+/// waiting for `updraft apply`): the previous release, which knows no
+/// policy, switches it in and asks for the reboot at its first step, as
+/// docs/compatibility.md says.
+#[test]
+fn the_previous_release_switches_a_slot_the_current_one_holds() {
+    updraft_tests::require!("nginx", "git");
+    if let Some(why) = previous::unavailable() {
+        skip!("{why}");
+    }
+    let old = previous::binary().unwrap_or_else(|e| panic!("{e}"));
+    let ps = updraft_tests::proxied::ProxiedServer::start("held-to-old", false);
+    ps.publish("1.0", 41, IMAGE, &[]);
+    let mut spec = ps.device_spec("1h", "");
+    spec.policy = "switch = \"manual\"\n".into();
+    let mut dev = Device::new("held-to-old", spec);
+    dev.init();
+    dev.start_daemon();
+    let st = dev.wait_for("a release held for `updraft apply`", WAIT, |s| {
+        s["state"] == json!("installed") && s["policy"]["held_since"].is_string()
+    });
+    assert_eq!(st["next_boot"], json!("A"), "{st:#}");
+    dev.stop_daemon();
+    // The previous release's image carries its own configuration: no
+    // [policy] section.
+    dev.reconfigure(|s| s.policy.clear());
+    dev.use_binary(Some(old));
+    dev.start_daemon();
+    dev.wait_reboot_requested(WAIT);
+    let st = dev.status();
+    assert_eq!(st["state"], json!("rebooting"), "{st:#}");
+    assert_eq!(st["next_boot"], json!("B"), "{st:#}");
+    dev.stop_daemon();
+}

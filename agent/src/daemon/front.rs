@@ -53,6 +53,7 @@ pub(super) enum Queued {
     Check(Option<Client>),
     Install(Client, String),
     Mark(Client, bool),
+    Apply(Client),
     Channel(Client, Option<String>),
 }
 
@@ -81,6 +82,7 @@ impl Front {
                 Queued::Check(Some(c))
                 | Queued::Install(c, _)
                 | Queued::Mark(c, _)
+                | Queued::Apply(c)
                 | Queued::Channel(c, _) => c.reply(&Reply::error(&busy)),
                 Queued::Check(None) => {}
             }
@@ -276,6 +278,7 @@ pub(super) fn dispatch(client: Client, snapshot: &Status, queue: &mut VecDeque<Q
         Request::Install { manifest } => queue.push_back(Queued::Install(client, manifest)),
         Request::MarkGood => queue.push_back(Queued::Mark(client, true)),
         Request::MarkBad => queue.push_back(Queued::Mark(client, false)),
+        Request::Apply => queue.push_back(Queued::Apply(client)),
         Request::Channel { name } => queue.push_back(Queued::Channel(client, name)),
     }
 }

@@ -167,6 +167,9 @@ struct Daemon {
     /// The state after the last step was `downloading` (a download waits
     /// for its retry): polls go on meanwhile.
     downloading: bool,
+    /// The last step held a verified slot for the policy: polls go on, and
+    /// one that finds another image supersedes it.
+    held: bool,
     next_heartbeat: Instant,
     /// Reports are not sent before this instant: it moves only when
     /// delivery fails (backoff). Whatever is queued — a transition's
@@ -211,6 +214,7 @@ impl Daemon {
                 ended: Vec::new(),
             },
             downloading: false,
+            held: false,
             next_heartbeat: now
                 + backoff::poll_delay(s.heartbeat_interval.0, s.heartbeat_interval.0 / 10),
             next_delivery: now,
@@ -332,10 +336,11 @@ impl Daemon {
     }
 
     /// Whether the loop polls when the timer says so: while nothing is in
-    /// progress, and while a download waits for its next step. (During a
-    /// step, the download polls through its tick.)
+    /// progress, while a download waits for its next step, and while the
+    /// policy holds a verified slot. (During a step, the download polls
+    /// through its tick.)
     fn loop_polls(&self) -> bool {
-        !self.machine_active || self.downloading
+        !self.machine_active || self.downloading || self.held
     }
 
     /// Sleep in poll(2) until the nearest deadline or a client connects.
@@ -414,6 +419,7 @@ impl Daemon {
                     .push_back(Queued::Install(client, manifest)),
                 Request::MarkGood => self.front.queue.push_back(Queued::Mark(client, true)),
                 Request::MarkBad => self.front.queue.push_back(Queued::Mark(client, false)),
+                Request::Apply => self.front.queue.push_back(Queued::Apply(client)),
                 Request::Channel { name } => {
                     self.front.queue.push_back(Queued::Channel(client, name))
                 }
@@ -447,6 +453,8 @@ impl Daemon {
                     self.metrics.set_release(s.slot, s.version.as_deref());
                 }
                 self.metrics.set_outbox_depth(st.outbox);
+                self.metrics
+                    .set_held_since(st.policy.as_ref().and_then(|p| p.held_since));
             }
             Err(e) => log::warn!("metrics: reading the status: {e}"),
         }
@@ -540,6 +548,7 @@ impl Daemon {
             _ => {}
         }
         let next = next?;
+        self.held = matches!(next, Next::Hold(_));
         notify::status(&format!("state {}", self.m.state()?.name()));
         match next {
             Next::Continue => self.next_step = Instant::now(),
@@ -550,6 +559,7 @@ impl Daemon {
                 log::info!("retrying in {}", crate::timestamp::format_duration(d));
                 self.next_step = Instant::now() + d;
             }
+            Next::Hold(d) => self.next_step = Instant::now() + d,
         }
         Ok(())
     }
@@ -558,7 +568,7 @@ impl Daemon {
         while let Some(q) = self.front.queue.pop_front() {
             match q {
                 Queued::Check(client) => {
-                    if self.machine_active {
+                    if self.machine_active && !self.held {
                         // Nothing to poll for while an update runs; say
                         // which (not an error: the check is moot).
                         if let Some(c) = client {
@@ -612,6 +622,14 @@ impl Daemon {
                         Err(e) => client.reply(&Reply::error(&e)),
                     }
                 }
+                Queued::Apply(client) => match self.m.apply() {
+                    Ok(msg) => {
+                        log::info!("{msg}");
+                        self.next_step = Instant::now();
+                        client.reply(&Reply::ok(msg));
+                    }
+                    Err(e) => client.reply(&Reply::error(&e)),
+                },
                 Queued::Channel(client, name) => match self.m.choose_channel(name.as_deref()) {
                     Ok(msg) => {
                         // The new channel's manifest is looked at now.

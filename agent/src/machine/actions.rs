@@ -214,6 +214,14 @@ impl Machine {
     }
 
     pub(super) fn installed(&mut self, mut job: Job, t: &mut dyn Ticker) -> Result<Next> {
+        // The operator's policy first: a held slot waits here, checked by
+        // nothing but polls, until its window or `updraft apply`.
+        if let policy::Allowed::Later { recheck, .. } = self.hold(&mut job)? {
+            if self.mode == Mode::Oneshot {
+                return Ok(Next::Done);
+            }
+            return Ok(Next::Hold(recheck));
+        }
         // Never switch on an expired promise: the slot goes first in the
         // boot order only while a valid manifest names its image.
         match self.promise(&job, t) {
@@ -253,6 +261,32 @@ impl Machine {
             }
         }
         self.download_failures = 0;
+        if let Some(since) = job.held {
+            // It waited (reboots and power cuts included): what is on the
+            // medium now is what gets booted, so hash it again.
+            let m = self.job_manifest()?;
+            let target = self.slots.path(job.target).to_path_buf();
+            log::info!(
+                "release {} slot {}: held since {since}; verifying the slot again before the switch",
+                job.version,
+                job.target
+            );
+            if let Err(e) = install::verify_slot(&target, &m.image, t) {
+                if e.kind() == Kind::Stopped {
+                    return Err(e);
+                }
+                let e = install::context(e, &job.version, job.target);
+                let state = self.state()?;
+                self.abandon(
+                    &state,
+                    job,
+                    &format!("{e} (re-verified after the hold)"),
+                    "failed",
+                    t,
+                )?;
+                return Err(e);
+            }
+        }
         self.boot.trial_with(job.target, self.tries(), t)?;
         log::info!(
             "release {} slot {}: first in the boot order for a trial boot ({} tries)",
@@ -261,10 +295,15 @@ impl Machine {
             self.tries()
         );
         if self.mode == Mode::Oneshot {
+            if job.held.take().is_some() {
+                // Switched: no longer held (see `Job::held`).
+                self.store.update_state(&State::Installed(job))?;
+            }
             return Ok(Next::Done);
         }
         job.boot_id = Some(self.boot_id.clone());
         job.purpose = Some(RebootPurpose::Trial);
+        job.held = None;
         self.enter(
             State::Rebooting(job),
             "reboot",

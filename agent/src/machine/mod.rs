@@ -31,7 +31,9 @@
 //! concern each: `check.rs` (what a verified manifest leads to),
 //! `actions.rs` (the busy states' actions), `watch.rs` (a job's download
 //! deadline, polls while it downloads, a valid manifest before the
-//! switch), `operator.rs` (operator commands, reports, status). What a
+//! switch), `policy.rs` (when the operator's policy lets a verified slot
+//! be switched in: windows, `updraft apply`), `operator.rs` (operator
+//! commands, reports, status). What a
 //! start concludes is the pure [`crate::reconcile`]; fetching and
 //! verifying a manifest is [`crate::poll`].
 //!
@@ -75,6 +77,7 @@ use check::job_delta;
 mod actions;
 mod check;
 mod operator;
+mod policy;
 mod watch;
 
 /// How the machine is driven.
@@ -100,6 +103,9 @@ pub enum Next {
     Done,
     /// A transient failure: step again after this delay.
     Retry(Duration),
+    /// A verified slot held by the policy: step again after this delay
+    /// (or at `updraft apply`); polls go on meanwhile.
+    Hold(Duration),
 }
 
 /// Outcome of a check for a new release.
@@ -145,6 +151,9 @@ pub struct Machine {
     health: Option<HealthRun>,
     reboot_requested: bool,
     waiting_logged: bool,
+    /// `updraft apply` came for this job: its hold lets the switch through
+    /// (until it switches; a superseding job is not applied with it).
+    apply_requested: Option<String>,
     download_failures: u32,
     /// Shown by status.
     pub last_error: Option<String>,
@@ -200,6 +209,7 @@ impl Machine {
             health: None,
             reboot_requested: false,
             waiting_logged: false,
+            apply_requested: None,
             download_failures: 0,
             last_error: None,
             last_check: None,

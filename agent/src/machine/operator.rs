@@ -165,6 +165,7 @@ impl Machine {
             last_error: self.last_error.clone(),
             outbox: self.store.outbox_len()?,
             last_install: status::last_install(&self.store)?,
+            policy: status::PolicyStatus::of(&self.cfg.policy, state.job(), Timestamp::now()),
         })
     }
 }
