@@ -272,13 +272,10 @@ fn a_local_window_in_the_spring_forward_gap_opens_at_the_jump() {
         );
     }
     updraft_tests::require!("lib:faketime/libfaketime.so.1");
-    updraft_tests::require!("nginx");
+    updraft_tests::require!("nginx", "/usr/share/zoneinfo/Europe/Berlin");
     let Some(lib) = updraft_tests::faketime::library() else {
         panic!("libfaketime is missing: install the Debian package libfaketime");
     };
-    if !std::path::Path::new("/usr/share/zoneinfo/Europe/Berlin").exists() {
-        panic!("the zone Europe/Berlin is missing: install the Debian package tzdata");
-    }
     let ps = ProxiedServer::start("window-dst", false);
     let dev = device(
         &ps,
