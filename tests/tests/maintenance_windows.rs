@@ -58,10 +58,11 @@ fn now() -> i64 {
         .unwrap_or(0)
 }
 
-/// A weekly UTC window starting at the first whole minute at least 30 s
-/// from now, `length` long; returns its text and when it opens.
+/// A weekly UTC window starting at the first whole minute at least 90 s
+/// from now (time for the install first, under an emulator too),
+/// `length` long; returns its text and when it opens.
 fn window_soon(length: &str) -> (String, i64) {
-    let opens = (now() + 30).div_euclid(60) * 60 + 60;
+    let opens = (now() + 90).div_euclid(60) * 60 + 60;
     let day = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"]
         [opens.div_euclid(86_400).rem_euclid(7) as usize];
     let secs = opens.rem_euclid(86_400);
@@ -102,7 +103,7 @@ fn a_release_written_outside_a_window_is_switched_only_when_it_opens() {
         "{}",
         dev.ok(&["status"])
     );
-    dev.wait_reboot_requested(Duration::from_secs(150));
+    dev.wait_reboot_requested(Duration::from_secs(240));
     assert!(
         now() >= opens,
         "rebooted before the window opened at {}",
