@@ -117,7 +117,7 @@ impl PolicyStatus {
         if gate == crate::config::Gate::Auto {
             return None;
         }
-        crate::window::Local::refresh();
+        // The zone as the last hold decision (which re-reads it) saw it.
         let window = policy
             .windows
             .current_or_next(now, &crate::window::Local)

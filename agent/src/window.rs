@@ -26,7 +26,6 @@
 //! offset from UTC at an instant ([`Zone`]), so the rules above are tested
 //! with zones of any shape, and the system's zone is a thin call into libc.
 
-use std::fmt;
 use std::time::Duration;
 
 use crate::timestamp::{Timestamp, parse_duration};
@@ -87,13 +86,6 @@ pub struct Window {
     start: i64,
     length: Duration,
     utc: bool,
-    text: String,
-}
-
-impl fmt::Display for Window {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
 }
 
 /// A window open now or coming: when it opens and when it closes.
@@ -148,13 +140,7 @@ impl Window {
             start,
             length,
             utc,
-            text: text.trim().to_string(),
         })
-    }
-
-    /// Whether the window is in UTC rather than local time.
-    pub fn is_utc(&self) -> bool {
-        self.utc
     }
 
     /// Occurrences that start from a week and a day before `t` to a week
@@ -275,12 +261,6 @@ impl Windows {
         }
         open.or(next)
     }
-
-    /// How long the window open at `now` stays open; `None` when none is.
-    pub fn open_for(&self, now: Timestamp, local: &dyn Zone) -> Option<Duration> {
-        let s = self.current_or_next(now, local)?;
-        (s.opens <= now).then(|| Duration::from_secs((s.closes.0 - now.0).max(0) as u64))
-    }
 }
 
 #[cfg(test)]
@@ -306,6 +286,12 @@ mod tests {
 
     fn at(s: &str) -> Timestamp {
         Timestamp::parse_rfc3339(s).unwrap()
+    }
+
+    /// How long the window open at `now` stays open; `None` when none is.
+    fn open_for(w: &Windows, now: Timestamp) -> Option<Duration> {
+        let s = w.current_or_next(now, &Utc)?;
+        (s.opens <= now).then(|| Duration::from_secs((s.closes.0 - now.0).max(0) as u64))
     }
 
     fn windows(list: &[&str]) -> Windows {
@@ -356,11 +342,11 @@ mod tests {
         assert_eq!(open.opens, at("2026-12-02T02:00:00Z"));
         assert_eq!(open.closes, at("2026-12-02T05:00:00Z"));
         assert_eq!(
-            w.open_for(at("2026-12-02T03:00:00Z"), &Utc),
+            open_for(&w, at("2026-12-02T03:00:00Z")),
             Some(Duration::from_secs(7200))
         );
         // Closed at its end; the next opens on Thursday.
-        assert_eq!(w.open_for(at("2026-12-02T05:00:00Z"), &Utc), None);
+        assert_eq!(open_for(&w, at("2026-12-02T05:00:00Z")), None);
         let next = w.current_or_next(at("2026-12-02T05:00:00Z"), &Utc).unwrap();
         assert_eq!(next.opens, at("2026-12-03T02:00:00Z"));
         // Friday evening: the next is Monday.
@@ -383,7 +369,7 @@ mod tests {
     fn overlapping_windows_are_a_union() {
         let w = windows(&["Wed 02:00/2h UTC", "Wed 03:00/3h UTC"]);
         assert_eq!(
-            w.open_for(at("2026-12-02T03:30:00Z"), &Utc),
+            open_for(&w, at("2026-12-02T03:30:00Z")),
             Some(Duration::from_secs(9000))
         );
         assert_eq!(

@@ -522,6 +522,25 @@ pub(crate) fn cross_cargo(t: &Target, tc: &Toolchain, target_dir: &Path) -> Comm
     c
 }
 
+/// Build the release `updraft` for `t` (installing the host tools and the
+/// cross toolchain when missing) under `target/cross`; returns its path.
+pub(crate) fn release_agent(t: &Target) -> Result<PathBuf> {
+    ensure_host_tools(&[t])?;
+    let tc = Toolchain::ensure(Pick::Newest)?;
+    let target_dir = util::root().join("target").join("cross");
+    util::run(cross_cargo(t, &tc, &target_dir).args([
+        "build",
+        "--release",
+        "-p",
+        "updraft",
+        "--bin",
+        "updraft",
+        "--target",
+        t.triple,
+    ]))?;
+    Ok(target_dir.join(t.triple).join("release").join("updraft"))
+}
+
 /// Run `cmd`, echoing its stdout, and add up libtest's result lines.
 fn run_counting(cmd: &mut Command, o: &mut Outcome) -> Result {
     let shown = format!("{cmd:?}");

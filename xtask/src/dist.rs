@@ -23,7 +23,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::cross::{self, TARGETS};
-use crate::toolchain::{Pick, Toolchain};
 use crate::util::{self, Result, root};
 
 const HOST_TRIPLE: &str = "x86_64-unknown-linux-gnu";
@@ -77,22 +76,7 @@ fn build_host() -> Result<Vec<PathBuf>> {
 
 /// Release build of the agent for a cross target.
 fn build_cross(t: &cross::Target) -> Result<Vec<PathBuf>> {
-    cross::ensure_host_tools(&[t])?;
-    let tc = Toolchain::ensure(Pick::Newest)?;
-    let target_dir = root().join("target").join("cross");
-    util::run(cross::cross_cargo(t, &tc, &target_dir).args([
-        "build",
-        "--release",
-        "-p",
-        "updraft",
-        "--bin",
-        "updraft",
-        "--target",
-        t.triple,
-    ]))?;
-    Ok(vec![
-        target_dir.join(t.triple).join("release").join("updraft"),
-    ])
+    Ok(vec![cross::release_agent(t)?])
 }
 
 fn copy(from: &Path, to: &Path, mode: u32) -> Result {

@@ -57,6 +57,22 @@ pub(super) enum Queued {
     Channel(Client, Option<String>),
 }
 
+impl Queued {
+    /// A command that changes state, as the loop's queue holds it; `None`
+    /// for `status` and `history`, which are answered where they arrive.
+    pub(super) fn of(client: Client) -> Option<Queued> {
+        Some(match client.request.clone() {
+            Request::Status | Request::History => return None,
+            Request::Check => Queued::Check(Some(client)),
+            Request::Install { manifest } => Queued::Install(client, manifest),
+            Request::MarkGood => Queued::Mark(client, true),
+            Request::MarkBad => Queued::Mark(client, false),
+            Request::Apply => Queued::Apply(client),
+            Request::Channel { name } => Queued::Channel(client, name),
+        })
+    }
+}
+
 /// What faces the outside while the machine works: the control socket,
 /// the status clients are told, the requests waiting for the loop, the
 /// watchdog.
@@ -257,7 +273,7 @@ pub(super) fn dispatch(client: Client, snapshot: &Status, queue: &mut VecDeque<Q
         client.reply(&Reply::error(&e));
         return;
     }
-    match client.request.clone() {
+    match client.request {
         Request::Status => {
             let reply = Reply {
                 ok: true,
@@ -274,11 +290,6 @@ pub(super) fn dispatch(client: Client, snapshot: &Status, queue: &mut VecDeque<Q
                 "an install is running; `updraft history` reads the database directly",
             )));
         }
-        Request::Check => queue.push_back(Queued::Check(Some(client))),
-        Request::Install { manifest } => queue.push_back(Queued::Install(client, manifest)),
-        Request::MarkGood => queue.push_back(Queued::Mark(client, true)),
-        Request::MarkBad => queue.push_back(Queued::Mark(client, false)),
-        Request::Apply => queue.push_back(Queued::Apply(client)),
-        Request::Channel { name } => queue.push_back(Queued::Channel(client, name)),
+        _ => queue.extend(Queued::of(client)),
     }
 }

@@ -402,7 +402,7 @@ impl Daemon {
                 client.reply(&Reply::error(&e));
                 continue;
             }
-            match client.request.clone() {
+            match client.request {
                 Request::Status => owed.push(client),
                 Request::History => match self.m.store().history(200) {
                     Ok(h) => client.reply(&Reply {
@@ -412,17 +412,7 @@ impl Daemon {
                     }),
                     Err(e) => client.reply(&Reply::error(&e)),
                 },
-                Request::Check => self.front.queue.push_back(Queued::Check(Some(client))),
-                Request::Install { manifest } => self
-                    .front
-                    .queue
-                    .push_back(Queued::Install(client, manifest)),
-                Request::MarkGood => self.front.queue.push_back(Queued::Mark(client, true)),
-                Request::MarkBad => self.front.queue.push_back(Queued::Mark(client, false)),
-                Request::Apply => self.front.queue.push_back(Queued::Apply(client)),
-                Request::Channel { name } => {
-                    self.front.queue.push_back(Queued::Channel(client, name))
-                }
+                _ => self.front.queue.extend(Queued::of(client)),
             }
         }
         if !owed.is_empty() {

@@ -26,8 +26,8 @@ use crate::window::{Local, Span};
 const HOLD_RECHECK: Duration = Duration::from_secs(900);
 
 /// What the policy says about the switch now.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Allowed {
+#[derive(Debug)]
+pub(super) enum Allowed {
     /// Switch now.
     Now,
     /// Wait; look again after this long (until the next window, or
@@ -64,7 +64,7 @@ impl Machine {
     }
 
     /// The gate alone, at `now`.
-    pub(crate) fn allowed_now(&self, now: Timestamp) -> Allowed {
+    fn allowed_now(&self, now: Timestamp) -> Allowed {
         let (gate, key) = self.cfg.policy.switch_gate();
         match gate {
             Gate::Auto => Allowed::Now,

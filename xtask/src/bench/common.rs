@@ -239,6 +239,32 @@ pub fn print_table(rows: &[Vec<String>]) {
     }
 }
 
+/// `--size MIB --level N --runs N` of the benchmarks that publish the
+/// bench image (defaults 256 MiB, level 19, 3 runs).
+pub struct ImageRuns {
+    pub size_mib: u64,
+    pub level: u64,
+    pub runs: usize,
+}
+
+/// Parse and check [`ImageRuns`]; errors end with `usage`.
+pub fn image_runs(args: &[String], usage: &str) -> Result<ImageRuns> {
+    let f = flags(args, &["size", "level", "runs"]).map_err(|e| format!("{e}\n{usage}"))?;
+    let size_mib = number_flag(&f, "size", 256)?;
+    let level = number_flag(&f, "level", 19)?;
+    let runs = number_flag(&f, "runs", 3)?.max(1) as usize;
+    if !(16..=4096).contains(&size_mib) || !(1..=22).contains(&level) {
+        return Err(format!(
+            "--size must be 16..4096 MiB and --level 1..22\n{usage}"
+        ));
+    }
+    Ok(ImageRuns {
+        size_mib,
+        level,
+        runs,
+    })
+}
+
 /// Parse `--name VALUE` flags; anything else is a usage error.
 pub fn flags<'a>(args: &'a [String], known: &[&str]) -> Result<Vec<(&'a str, &'a str)>> {
     let mut out = Vec::new();

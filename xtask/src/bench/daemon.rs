@@ -61,7 +61,6 @@ use updraft_tests::tmp::TempDir;
 
 use super::common::{self, fmt_kib, print_table, summary};
 use crate::cross;
-use crate::toolchain::{Pick, Toolchain};
 use crate::util::{self, Result};
 
 const USAGE: &str = "usage: cargo xtask bench daemon [--seconds N] [--interval SECS] [--runs N] [--arch x86_64|aarch64]\n\
@@ -777,21 +776,8 @@ fn aarch64_bin_dir(native: &Path, dir: &Path) -> Result<PathBuf> {
         .iter()
         .find(|t| t.short == "aarch64")
         .ok_or("no aarch64 target is defined")?;
-    cross::ensure_host_tools(&[t])?;
-    let tc = Toolchain::ensure(Pick::Newest)?;
-    let target_dir = util::root().join("target").join("cross");
     println!("building the aarch64 release binary ({})", t.triple);
-    util::run(cross::cross_cargo(t, &tc, &target_dir).args([
-        "build",
-        "--release",
-        "--package",
-        "updraft",
-        "--bin",
-        "updraft",
-        "--target",
-        t.triple,
-    ]))?;
-    let binary = target_dir.join(t.triple).join("release").join("updraft");
+    let binary = cross::release_agent(t)?;
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let script = format!(
         "#!/bin/sh\nexec {} -B {GUEST_BASE:#x} -R {GUEST_SPACE:#x} {} \"$@\"\n",

@@ -59,15 +59,11 @@ const TREE: &[(&str, f64)] = &[
 ];
 
 pub fn run(args: &[String]) -> Result {
-    let f = common::flags(args, &["size", "level", "runs"]).map_err(|e| format!("{e}\n{USAGE}"))?;
-    let size_mib = common::number_flag(&f, "size", 256)?;
-    let level = common::number_flag(&f, "level", 19)?;
-    let runs = common::number_flag(&f, "runs", 3)?.max(1) as usize;
-    if !(16..=4096).contains(&size_mib) || !(1..=22).contains(&level) {
-        return Err(format!(
-            "--size must be 16..4096 MiB and --level 1..22\n{USAGE}"
-        ));
-    }
+    let common::ImageRuns {
+        size_mib,
+        level,
+        runs,
+    } = common::image_runs(args, USAGE)?;
     if !is_root() {
         return Err(
             "needs root: it attaches loop devices and drops the page cache (run it with sudo)"

@@ -48,15 +48,11 @@ struct Method {
 }
 
 pub fn run(args: &[String]) -> Result {
-    let f = common::flags(args, &["size", "level", "runs"]).map_err(|e| format!("{e}\n{USAGE}"))?;
-    let size_mib = common::number_flag(&f, "size", 256)?;
-    let level = common::number_flag(&f, "level", 19)?;
-    let runs = common::number_flag(&f, "runs", 3)?.max(1) as usize;
-    if !(16..=4096).contains(&size_mib) || !(1..=22).contains(&level) {
-        return Err(format!(
-            "--size must be 16..4096 MiB and --level 1..22\n{USAGE}"
-        ));
-    }
+    let common::ImageRuns {
+        size_mib,
+        level,
+        runs,
+    } = common::image_runs(args, USAGE)?;
     common::require_tools(&[GNU_TIME, "mkfs.ext4", "zstd"])?;
     let started = Instant::now();
     let bins = common::release_binaries()?;
