@@ -137,6 +137,21 @@ pub const PROGRAM: Program = Program {
             examples: &["updraft apply"],
         },
         help::Command {
+            name: "cancel",
+            summary: "stop the update in progress before its reboot",
+            usage: "updraft [--config FILE] cancel",
+            about: "A download or install stops at its next frame (a delta at its next\n\
+                    output block); the slot it was writing stays out of the boot order and\n\
+                    the running slot is untouched. A written slot waiting for its window or\n\
+                    for `updraft apply` is dropped. A slot switched in but not yet booted\n\
+                    is switched back, without a reboot. The job ends as cancelled, and the\n\
+                    release is installed again only when a manifest names another image or\n\
+                    by `updraft install`. After the trial boot, cancel is mark-bad.",
+            options: &[],
+            words: &[],
+            examples: &["updraft cancel"],
+        },
+        help::Command {
             name: "channel",
             summary: "show or change the release channel this device follows",
             usage: "updraft [--config FILE] channel [NAME | --default]",
@@ -209,6 +224,7 @@ pub enum Command {
     MarkGood,
     MarkBad,
     Apply,
+    Cancel,
     /// Show the channel (`None`), or follow another: `Some(None)` is the
     /// configuration's.
     Channel(Option<Option<String>>),
@@ -317,6 +333,7 @@ pub fn parse(args: &[String]) -> std::result::Result<Args, UsageError> {
         "mark-good" => none(Command::MarkGood)?,
         "mark-bad" => none(Command::MarkBad)?,
         "apply" => none(Command::Apply)?,
+        "cancel" => none(Command::Cancel)?,
         "channel" => match (words.as_slice(), switches.contains(&DEFAULT.name)) {
             ([], false) => Command::Channel(None),
             ([], true) => Command::Channel(Some(None)),
@@ -378,6 +395,7 @@ pub fn run(args: Args) -> i32 {
         Command::MarkGood => Config::load(&args.config).and_then(|c| mark(c, true)),
         Command::MarkBad => Config::load(&args.config).and_then(|c| mark(c, false)),
         Command::Apply => Config::load(&args.config).and_then(apply),
+        Command::Cancel => Config::load(&args.config).and_then(cancel),
         Command::Channel(None) => Config::load(&args.config).and_then(|c| show_channel(&c)),
         Command::Channel(Some(to)) => {
             Config::load(&args.config).and_then(|c| choose_channel(c, to))
@@ -682,6 +700,21 @@ fn apply(cfg: Config) -> Result<()> {
         ),
         _ => println!("{msg}"),
     }
+    Ok(())
+}
+
+/// `updraft cancel`: through the daemon, or in this process.
+fn cancel(cfg: Config) -> Result<()> {
+    if let Some(reply) = control::try_request(&cfg.system.socket, &control::Request::Cancel)? {
+        println!("{}", reply.message.unwrap_or_default());
+        return Ok(());
+    }
+    let _lock = StateLock::acquire(&cfg.lock_path())?;
+    let mut m = Machine::open(cfg, Mode::Oneshot)?;
+    m.on_boot()?;
+    let msg = m.cancel(&mut NoTick)?;
+    while let Next::Continue = m.step(&mut NoTick)? {}
+    println!("{msg}");
     Ok(())
 }
 

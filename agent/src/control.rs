@@ -69,6 +69,9 @@ pub enum Request {
     MarkBad,
     /// Switch in and reboot into a slot the policy holds.
     Apply,
+    /// Stop the update in progress (before its reboot), or reject the
+    /// release under test.
+    Cancel,
     /// Follow another channel (`None`: the configuration's again).
     Channel {
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,6 +90,7 @@ impl Request {
             Request::MarkGood => "mark-good",
             Request::MarkBad => "mark-bad",
             Request::Apply => "apply",
+            Request::Cancel => "cancel",
             Request::Channel { .. } => "channel",
         }
     }
@@ -594,6 +598,8 @@ mod tests {
             },
             Request::MarkGood,
             Request::MarkBad,
+            Request::Apply,
+            Request::Cancel,
             Request::History,
             Request::Channel { name: None },
             Request::Channel {

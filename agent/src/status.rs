@@ -157,7 +157,8 @@ const JOB_ENDS: [(&str, &str); 5] = [
     ("committed", "committed"),
     ("rolled-back", "rolled_back"),
     ("failed", "failed"),
-    ("cancelled", "failed"),
+    // `updraft cancel`, or mark-bad before the trial boot.
+    ("cancelled", "cancelled"),
     // A newer release replaced the job before its switch.
     ("superseded", "failed"),
 ];
@@ -248,10 +249,17 @@ mod tests {
         // Starting the next job does not hide how the last one ended.
         add("download", "3.0", "full image");
         assert_eq!(last_install(&store).unwrap().unwrap().release, "2.0");
-        // A cancelled trial boot is a failed install, as its report says.
-        add("cancelled", "3.0", "trial boot cancelled by the operator");
+        // A cancelled job is neither committed nor failed.
+        add(
+            "cancelled",
+            "3.0",
+            "cancelled by the operator: switched back before the reboot",
+        );
         let l = last_install(&store).unwrap().unwrap();
-        assert_eq!((l.release.as_str(), l.result.as_str()), ("3.0", "failed"));
+        assert_eq!(
+            (l.release.as_str(), l.result.as_str()),
+            ("3.0", "cancelled")
+        );
         add("failed", "4.0", "artifact sha256 mismatch");
         let l = last_install(&store).unwrap().unwrap();
         assert_eq!((l.release.as_str(), l.result.as_str()), ("4.0", "failed"));

@@ -54,6 +54,7 @@ pub(super) enum Queued {
     Install(Client, String),
     Mark(Client, bool),
     Apply(Client),
+    Cancel(Client),
     Channel(Client, Option<String>),
 }
 
@@ -68,6 +69,7 @@ impl Queued {
             Request::MarkGood => Queued::Mark(client, true),
             Request::MarkBad => Queued::Mark(client, false),
             Request::Apply => Queued::Apply(client),
+            Request::Cancel => Queued::Cancel(client),
             Request::Channel { name } => Queued::Channel(client, name),
         })
     }
@@ -99,6 +101,7 @@ impl Front {
                 | Queued::Install(c, _)
                 | Queued::Mark(c, _)
                 | Queued::Apply(c)
+                | Queued::Cancel(c)
                 | Queued::Channel(c, _) => c.reply(&Reply::error(&busy)),
                 Queued::Check(None) => {}
             }
@@ -106,11 +109,35 @@ impl Front {
     }
 }
 
+/// Which queued commands end the running step at its next tick, rather
+/// than wait for it to end. The step is left in its persisted state, as
+/// on a stop request, and the loop then carries the command out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Interrupt {
+    /// None: commands wait for the step.
+    Never,
+    /// `cancel` (a download, an install, the checks before a switch).
+    Cancel,
+    /// `cancel`, `mark-good` and `mark-bad` (health checks).
+    Operator,
+}
+
+impl Interrupt {
+    fn by(self, q: &Queued) -> bool {
+        match (self, q) {
+            (Interrupt::Never, _) => false,
+            (_, Queued::Cancel(_)) => true,
+            (Interrupt::Operator, Queued::Mark(..)) => true,
+            _ => false,
+        }
+    }
+}
+
 /// The tick callback while the machine is busy.
 pub(super) struct Tick<'a> {
     pub(super) front: &'a mut Front,
-    /// Operator commands interrupt this step (health checks).
-    pub(super) interruptible: bool,
+    /// Which operator commands interrupt this step.
+    pub(super) interrupt: Interrupt,
     /// Commands are refused as they arrive: the boot waits to be
     /// reconciled (the bootloader was busy). Otherwise they are queued for
     /// the loop.
@@ -130,10 +157,10 @@ pub(super) struct Tick<'a> {
 pub(super) const STATUS_PATIENCE: Duration = Duration::from_millis(500);
 
 impl<'a> Tick<'a> {
-    pub(super) fn new(front: &'a mut Front, interruptible: bool) -> Tick<'a> {
+    pub(super) fn new(front: &'a mut Front, interrupt: Interrupt) -> Tick<'a> {
         Tick {
             front,
-            interruptible,
+            interrupt,
             refusing: false,
             last_status: Instant::now(),
             owed: Vec::new(),
@@ -143,7 +170,7 @@ impl<'a> Tick<'a> {
     }
 
     /// Ping the watchdog, answer clients, and end the step on a stop
-    /// request or (during health checks) an operator command.
+    /// request or an operator command that interrupts it.
     pub(super) fn serve(&mut self) -> Result<()> {
         let front = &mut *self.front;
         front.watchdog.ping_if_due();
@@ -166,7 +193,7 @@ impl<'a> Tick<'a> {
         if signals::stop_requested() {
             return Err(Error::new(Kind::Stopped, "stopping on request (SIGTERM)"));
         }
-        if self.interruptible && front.queue.iter().any(|q| matches!(q, Queued::Mark(..))) {
+        if front.queue.iter().any(|q| self.interrupt.by(q)) {
             return Err(Error::new(
                 Kind::Stopped,
                 "interrupted by an operator command",

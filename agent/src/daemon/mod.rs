@@ -52,7 +52,7 @@ use crate::signals;
 use crate::source::Origin;
 use crate::status::{BootView, Status};
 use crate::timestamp::Timestamp;
-use front::{Front, Queued, Tick, Watchdog, sleep_until_event};
+use front::{Front, Interrupt, Queued, Tick, Watchdog, sleep_until_event};
 
 mod front;
 
@@ -310,7 +310,7 @@ impl Daemon {
     /// the daemon, as it would have at start.
     fn retry_boot(&mut self) -> Result<()> {
         let r = {
-            let mut tick = Tick::new(&mut self.front, false);
+            let mut tick = Tick::new(&mut self.front, Interrupt::Never);
             tick.refusing = true;
             self.m.on_boot_with(&mut tick)
         };
@@ -471,7 +471,7 @@ impl Daemon {
         let built = match self.m.status(&self.boot_view) {
             Ok(known) => {
                 self.front.snapshot = known;
-                let mut tick = Tick::new(&mut self.front, false);
+                let mut tick = Tick::new(&mut self.front, Interrupt::Never);
                 tick.owed = owed;
                 self.boot_view = self.m.read_boot(&mut tick);
                 owed = std::mem::take(&mut tick.owed);
@@ -499,8 +499,12 @@ impl Daemon {
     /// Run the machine's current action once, serving the socket meanwhile.
     fn step(&mut self) -> Result<()> {
         self.release_due = true;
-        let interruptible = self.status()?.state == "testing";
-        let mut tick = Tick::new(&mut self.front, interruptible);
+        let interrupt = match self.status()?.state.as_str() {
+            "testing" => Interrupt::Operator,
+            "downloading" | "installing" | "installed" => Interrupt::Cancel,
+            _ => Interrupt::Never,
+        };
+        let mut tick = Tick::new(&mut self.front, interrupt);
         tick.polls = Some(&mut self.polls);
         let next = self.m.step(&mut tick);
         for (at, failure) in std::mem::take(&mut self.polls.ended) {
@@ -596,13 +600,25 @@ impl Daemon {
                     self.poll_server(Some(Origin::parse(&manifest, &mirrors)), Some(client));
                 }
                 Queued::Mark(client, good) => {
-                    let mut tick = Tick::new(&mut self.front, false);
+                    let mut tick = Tick::new(&mut self.front, Interrupt::Never);
                     let r = if good {
                         self.m.mark_good(&mut tick)
                     } else {
                         self.m.mark_bad(&mut tick)
                     };
                     match r {
+                        Ok(msg) => {
+                            log::info!("{msg}");
+                            self.machine_active = true;
+                            self.next_step = Instant::now();
+                            client.reply(&Reply::ok(msg));
+                        }
+                        Err(e) => client.reply(&Reply::error(&e)),
+                    }
+                }
+                Queued::Cancel(client) => {
+                    let mut tick = Tick::new(&mut self.front, Interrupt::Never);
+                    match self.m.cancel(&mut tick) {
                         Ok(msg) => {
                             log::info!("{msg}");
                             self.machine_active = true;
@@ -647,7 +663,7 @@ impl Daemon {
         }
         self.front.snapshot.state = "checking".into();
         let result = {
-            let mut tick = Tick::new(&mut self.front, false);
+            let mut tick = Tick::new(&mut self.front, Interrupt::Never);
             self.m.check(origin, operator, &mut tick)
         };
         let reply = match &result {
@@ -706,7 +722,7 @@ impl Daemon {
             self.next_delivery = Instant::now() + Duration::from_secs(30);
             return;
         }
-        let mut tick = Tick::new(&mut self.front, false);
+        let mut tick = Tick::new(&mut self.front, Interrupt::Never);
         match self.m.deliver_reports(&mut tick) {
             Ok(n) => {
                 if n > 0 {

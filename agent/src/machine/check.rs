@@ -136,6 +136,20 @@ impl Machine {
             );
             self.store.unreject(&m.image.sha256)?;
         }
+        let cancelled = self.store.get(operator::CANCELLED_IMAGE)?;
+        if cancelled.as_deref() == Some(m.image.sha256.to_hex().as_str()) {
+            if !operator {
+                return Ok(CheckOutcome::NoChange(format!(
+                    "release {} was cancelled by the operator; it is installed again by `updraft install` or when a manifest names another image",
+                    m.release.version
+                )));
+            }
+            log::info!(
+                "release {}: installing on operator request after an earlier cancel",
+                m.release.version
+            );
+            self.store.set(operator::CANCELLED_IMAGE, "")?;
+        }
         if !operator {
             if let Some(r) = &m.release.rollout {
                 if !rollout::eligible(&self.device_id, &m.release.version, r.percent) {

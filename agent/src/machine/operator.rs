@@ -1,8 +1,13 @@
-//! What an operator asks of the machine (`mark-good`, `mark-bad`), what it
+//! What an operator asks of the machine (`mark-good`, `mark-bad`,
+//! `cancel`), what it
 //! reports on its own (heartbeats, the outbox) and the status view the
 //! daemon serves (the one-shot CLI builds the same view in `cli.rs`).
 
 use super::*;
+
+/// The store key naming the image of the last cancelled job (its sha256):
+/// polls leave it be until a manifest names another image.
+pub(super) const CANCELLED_IMAGE: &str = "cancelled_image";
 
 impl Machine {
     // ---- operator commands ----------------------------------------------------
@@ -29,7 +34,7 @@ impl Machine {
     }
 
     /// `updraft mark-bad`: fail a slot under test (roll back), or cancel an
-    /// installed release before its trial boot.
+    /// installed release before its trial boot (as `updraft cancel`).
     pub fn mark_bad(&mut self, t: &mut dyn Ticker) -> Result<String> {
         match self.state()? {
             State::Testing(job) => {
@@ -42,23 +47,119 @@ impl Machine {
                 self.start_rollback(job, "marked bad by the operator")?;
                 Ok(msg)
             }
-            State::Installed(job) | State::Rebooting(job)
-                if job.purpose != Some(RebootPurpose::Rollback) =>
-            {
-                self.boot.mark_bad_with(job.target, t)?;
-                let msg = format!(
-                    "release {} in slot {}: trial boot cancelled",
-                    job.version, job.target
-                );
-                self.fail(job, "trial boot cancelled by the operator", "cancelled")?;
-                Ok(msg)
-            }
+            // Before the trial boot there is nothing to reject yet: the
+            // update is cancelled.
+            State::Installed(_) => self.cancel(t),
+            State::Rebooting(job) if job.purpose != Some(RebootPurpose::Rollback) => self.cancel(t),
             s => bail!(
                 Busy,
                 "nothing to mark bad: no release is under test (state {})",
                 s.name()
             ),
         }
+    }
+
+    /// `updraft cancel`: end the update in progress before its reboot.
+    ///
+    /// A download or an install stops where it was interrupted (the loop
+    /// interrupts the step at its next tick, between frames or output
+    /// blocks); the target is already out of the boot order if a byte was
+    /// written, and nothing else changes. A written slot waiting to be
+    /// switched is dropped. A slot already switched in but not yet
+    /// rebooted into is switched back. Each ends as `cancelled`, and the
+    /// image is not installed again until a manifest names another image
+    /// or an operator runs `updraft install`. Once the trial boot has
+    /// happened, cancel is `mark-bad`.
+    pub fn cancel(&mut self, t: &mut dyn Ticker) -> Result<String> {
+        let state = self.state()?;
+        let name = state.name();
+        let done = |job: &Job, what: &str| {
+            format!(
+                "release {} slot {}: cancelled; {what}",
+                job.version, job.target
+            )
+        };
+        match state {
+            State::Downloading(job) | State::Installing(job) => {
+                if let Method::Delta { url, .. } = &job.method {
+                    if let Ok(d) = self.job_manifest().and_then(|m| job_delta(&m, url)) {
+                        let _ =
+                            std::fs::remove_file(spool_path(&self.cfg.system.state_dir, &d.sha256));
+                    }
+                }
+                let what = if job.writing || name == "installing" {
+                    "the partly written slot stays out of the boot order"
+                } else {
+                    "nothing was written"
+                };
+                let msg = done(&job, what);
+                self.end_cancelled(job, &format!("{name} stopped; {what}"))?;
+                Ok(msg)
+            }
+            State::Installed(job) => {
+                // Installed: never switched, the slot has been out of the
+                // boot order since its first write.
+                self.store.forget_slot(job.target)?;
+                let msg = done(
+                    &job,
+                    "the written slot is dropped and stays out of the boot order",
+                );
+                self.end_cancelled(job, "the written slot was dropped before its switch")?;
+                Ok(msg)
+            }
+            State::Rebooting(job) if job.purpose != Some(RebootPurpose::Rollback) => {
+                if self.reboot_requested {
+                    bail!(
+                        Busy,
+                        "release {} slot {}: the reboot into it is under way; after the reboot, `updraft cancel` rejects it (mark-bad)",
+                        job.version,
+                        job.target
+                    );
+                }
+                self.boot.mark_bad_with(job.target, t)?;
+                self.store.forget_slot(job.target)?;
+                let msg = done(
+                    &job,
+                    &format!("switched back to slot {}, no reboot", self.booted),
+                );
+                self.end_cancelled(job, "switched back before the reboot")?;
+                Ok(msg)
+            }
+            State::Testing(_) => self.mark_bad(t),
+            s => bail!(
+                Busy,
+                "nothing to cancel (state {}): cancel stops an update before its reboot, or rejects the release under test",
+                s.name()
+            ),
+        }
+    }
+
+    /// The job ends as cancelled: its image is remembered so that polls do
+    /// not start it again, then `failed` with a `cancelled` install result.
+    fn end_cancelled(&mut self, job: Job, detail: &str) -> Result<()> {
+        self.progress = None;
+        self.health = None;
+        self.apply_requested = None;
+        self.store
+            .set(CANCELLED_IMAGE, &job.image.sha256.to_string())?;
+        let reason = "cancelled by the operator";
+        let detail = format!("{reason}: {detail}");
+        let r = report::install_result(
+            &self.device_id,
+            self.booted,
+            "cancelled",
+            &job,
+            Some(&detail),
+        );
+        self.enter(
+            State::Failed {
+                reason: reason.to_string(),
+                job: Some(job),
+            },
+            "cancelled",
+            Some(&detail),
+            vec![r],
+        )
     }
 
     /// `updraft channel NAME`: follow `to` from now on (`None`: the
