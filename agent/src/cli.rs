@@ -784,7 +784,19 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         last_error,
         outbox: store.outbox_len()?,
         last_install: status::last_install(&store)?,
-        policy: status::PolicyStatus::of(&cfg.policy, state.job(), Timestamp::now()),
+        policy: {
+            // Without a daemon, what the job waits for is read from the
+            // job as last written: no inhibitor is asked from here.
+            let job = state.job();
+            let waiting = job.filter(|j| j.held.is_some()).map(|j| {
+                match (j.inhibited, cfg.policy.switch_gate().0) {
+                    (Some(_), _) | (None, crate::config::Gate::Auto) => "inhibitor",
+                    (None, crate::config::Gate::Manual) => "operator",
+                    (None, crate::config::Gate::Window) => "window",
+                }
+            });
+            status::PolicyStatus::of(&cfg.policy, job, None, waiting, &[], Timestamp::now())
+        },
     })
 }
 
@@ -850,7 +862,13 @@ pub(crate) fn render_status(st: &Status, now: Timestamp) -> String {
         line("last install:", last_install_line(l, now));
     }
     if let Some(p) = &st.policy {
-        let mut v = format!("switch {}", p.switch);
+        let mut v = match &p.write {
+            Some(w) => format!("write {w}, switch {}", p.switch),
+            None => format!("switch {}", p.switch),
+        };
+        if let Some(r) = &p.pending_release {
+            v.push_str(&format!(", release {r} waits to be downloaded"));
+        }
         if let Some(t) = p.held_since {
             v.push_str(&format!(", verified slot held since {t}"));
         }
@@ -860,6 +878,12 @@ pub(crate) fn render_status(st: &Status, now: Timestamp) -> String {
             None => {}
         }
         line("policy:", v);
+        if let Some(w) = &p.waiting_for {
+            line("waiting for:", w.clone());
+        }
+        for i in &p.inhibitors {
+            line("inhibited by:", i.describe());
+        }
     }
     if let Some(t) = st.last_check {
         line("last check:", t.to_string());

@@ -159,6 +159,9 @@ pub struct Policy {
     /// Cap on artifact downloads, bytes/s (`None`: as fast as the link
     /// goes). Manifests, key documents and reports are never slowed.
     pub max_rate: Option<u64>,
+    /// When a new release may be downloaded and written into the inactive
+    /// slot.
+    pub write: Gate,
     /// When a verified slot may go first in the boot order.
     pub switch: Gate,
     /// When the daemon may reboot into it.
@@ -168,16 +171,44 @@ pub struct Policy {
     /// What a trial boot needs besides `health.timeout` before the window
     /// closes: the time from the reboot command to the daemon's start.
     pub boot_time: Dur,
+    /// Applications hold off the switch and reboot by putting a file here
+    /// (its first line is the reason). Honoured only in a directory owned
+    /// by root (or the daemon's user) that others cannot write, and only
+    /// for files owned by root, the daemon's user or `inhibit_group`.
+    pub inhibit_dir: PathBuf,
+    /// Group whose members may inhibit through `inhibit_dir`. Resolved
+    /// when the daemon starts, not here: an unknown group fails the start.
+    pub inhibit_group: Option<String>,
+    /// Also count systemd-logind `block` locks on `shutdown`.
+    pub logind: bool,
+    /// Where logind keeps its inhibitor files; only for tests and systems
+    /// that keep logind's runtime state elsewhere.
+    pub logind_dir: PathBuf,
+    /// A program (argv) asked before a switch or reboot: exit status 0
+    /// lets it go ahead, anything else holds it, with the first line of
+    /// its output as the reason.
+    pub inhibit_command: Option<Vec<String>>,
+    /// How long inhibitors may hold an update back before they are
+    /// overridden. Written as a duration (`24h`); `"0"` or `"0s"` reads as
+    /// `None`: inhibitors may hold it forever.
+    pub max_deferral: Option<Dur>,
 }
 
 impl Default for Policy {
     fn default() -> Self {
         Policy {
             max_rate: None,
+            write: Gate::Auto,
             switch: Gate::Auto,
             reboot: Gate::Auto,
             windows: Windows::default(),
             boot_time: Dur(Duration::from_secs(300)),
+            inhibit_dir: PathBuf::from("/run/updraft/inhibit.d"),
+            inhibit_group: None,
+            logind: true,
+            logind_dir: PathBuf::from("/run/systemd/inhibit"),
+            inhibit_command: None,
+            max_deferral: Some(Dur(Duration::from_secs(24 * 3600))),
         }
     }
 }
@@ -564,11 +595,38 @@ impl Config {
         ];
         let policy = Policy {
             max_rate: s.rate("max_rate")?,
+            write: s.choice("write", &gates)?.unwrap_or(d.write),
             switch: s.choice("switch", &gates)?.unwrap_or(d.switch),
             reboot: s.choice("reboot", &gates)?.unwrap_or(d.reboot),
             windows: s.windows("windows")?.unwrap_or(d.windows),
             boot_time: s.duration("boot_time")?.unwrap_or(d.boot_time),
+            inhibit_dir: s.path("inhibit_dir")?.unwrap_or(d.inhibit_dir),
+            inhibit_group: s.string("inhibit_group")?,
+            logind: s.boolean("logind")?.unwrap_or(d.logind),
+            logind_dir: s.path("logind_dir")?.unwrap_or(d.logind_dir),
+            inhibit_command: s.strings("inhibit_command")?,
+            // A bare "0" is the one number without a unit accepted here:
+            // it switches the limit off, as "0s" does.
+            max_deferral: match s.get("max_deferral").map(|e| &e.value) {
+                Some(Value::String(t)) if t.trim() == "0" => None,
+                _ => s
+                    .duration("max_deferral")?
+                    .map_or(d.max_deferral, |v| (!v.0.is_zero()).then_some(v)),
+            },
         };
+        if let Some(argv) = &policy.inhibit_command {
+            if argv.first().is_none_or(String::is_empty) {
+                let why = if argv.is_empty() {
+                    "is empty; leave the key out to ask no command"
+                } else {
+                    "names no program (its first element is empty)"
+                };
+                return Err(match s.get("inhibit_command").cloned() {
+                    Some(e) => s.bad(&e, why),
+                    None => Error::new(Kind::Config, format!("policy.inhibit_command: {why}")),
+                });
+            }
+        }
         s.finish()?;
 
         Ok(Config {
@@ -643,12 +701,16 @@ impl Config {
                 "must be at least 1 (bytes/s): a download's deadline is download_allowance + signed size / download_min_average_rate".into(),
             );
         }
-        let (gate, key) = self.policy.switch_gate();
-        if gate == Gate::Window && self.policy.windows.0.is_empty() {
-            return bad(
-                key,
-                "\"window\" needs at least one window in policy.windows".into(),
-            );
+        for (gate, key) in [
+            self.policy.switch_gate(),
+            (self.policy.write, "policy.write"),
+        ] {
+            if gate == Gate::Window && self.policy.windows.0.is_empty() {
+                return bad(
+                    key,
+                    "\"window\" needs at least one window in policy.windows".into(),
+                );
+            }
         }
         if let Some(cap) = self.policy.max_rate {
             if cap < s.min_rate.max(1) {
@@ -1150,6 +1212,80 @@ b = "/dev/b"
             e.contains("\"later\" is not one of \"auto\", \"window\", \"manual\""),
             "{e}"
         );
+    }
+
+    #[test]
+    fn inhibitor_keys_take_defaults_and_values() {
+        let c = Config::parse(MINIMAL).unwrap();
+        let p = &c.policy;
+        assert_eq!(p.inhibit_dir, PathBuf::from("/run/updraft/inhibit.d"));
+        assert_eq!(p.inhibit_group, None);
+        assert!(p.logind);
+        assert_eq!(p.logind_dir, PathBuf::from("/run/systemd/inhibit"));
+        assert_eq!(p.inhibit_command, None);
+        assert_eq!(p.max_deferral, Some(Dur(Duration::from_secs(24 * 3600))));
+        let c = Config::parse(&format!(
+            "{MINIMAL}\n[policy]\ninhibit_dir = \"/x\"\ninhibit_group = \"wheel\"\n\
+             inhibit_command = [\"/bin/check\", \"--quiet\"]\nlogind = false\n\
+             logind_dir = \"/y\"\nmax_deferral = \"2h\"\n"
+        ))
+        .unwrap();
+        let p = &c.policy;
+        assert_eq!(p.inhibit_dir, PathBuf::from("/x"));
+        // Parsing never looks the group up: it need not exist here.
+        assert_eq!(p.inhibit_group.as_deref(), Some("wheel"));
+        assert_eq!(
+            p.inhibit_command,
+            Some(vec!["/bin/check".to_string(), "--quiet".to_string()])
+        );
+        assert!(!p.logind);
+        assert_eq!(p.logind_dir, PathBuf::from("/y"));
+        assert_eq!(p.max_deferral, Some(Dur(Duration::from_secs(7200))));
+    }
+
+    #[test]
+    fn a_zero_max_deferral_means_no_limit() {
+        for zero in ["\"0\"", "\"0s\"", "\" 0 \"", "\"0m\""] {
+            let c = Config::parse(&format!("{MINIMAL}\n[policy]\nmax_deferral = {zero}\n"))
+                .unwrap_or_else(|e| panic!("{zero}: {e}"));
+            assert_eq!(c.policy.max_deferral, None, "{zero}");
+        }
+        for (bad, why) in [
+            ("0", "expected a duration in quotes"),
+            ("\"2\"", "is not a duration"),
+            ("\"-1h\"", "is not a duration"),
+            ("\"soon\"", "is not a duration"),
+        ] {
+            let e = Config::parse(&format!("{MINIMAL}\n[policy]\nmax_deferral = {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("policy.max_deferral (line "), "{bad}: {e}");
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_empty_inhibit_command_is_refused_with_the_key_and_line() {
+        for (value, why) in [
+            ("[]", "is empty"),
+            ("[\"\", \"x\"]", "names no program"),
+            ("\"/bin/check\"", "expected an array of strings"),
+            ("[\"/bin/check\", 1]", "expected an array of strings"),
+        ] {
+            let e = Config::parse(&format!("{MINIMAL}\n[policy]\ninhibit_command = {value}\n"))
+                .unwrap_err();
+            assert_eq!(e.kind(), Kind::Config);
+            let e = e.to_string();
+            assert!(
+                e.starts_with("policy.inhibit_command (line "),
+                "{value}: {e}"
+            );
+            assert!(e.contains(why), "{value}: {e}");
+        }
+        let e = Config::parse(&format!("{MINIMAL}\n[policy]\nlogind = \"yes\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("policy.logind (line "), "{e}");
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod hash;
 mod health;
 pub mod help;
 mod identity;
+pub mod inhibit;
 mod install;
 pub mod keys;
 mod lock;

@@ -25,6 +25,8 @@
 //! | `updraft_state{state}` | gauge | 1 for the current state, 0 for every other (a state set) |
 //! | `updraft_outbox_depth` | gauge | reports queued, not yet delivered |
 //! | `updraft_held_since_timestamp_seconds` | gauge | Unix time since when a verified release waits for the policy (its maintenance window or `updraft apply`); absent when none does |
+//! | `updraft_waiting{for}` | gauge | 1 for what a held release waits for now (`window`, `operator`, `inhibitor`), 0 for the others (a state set) |
+//! | `updraft_inhibitors` | gauge | applications inhibiting the held release's switch or reboot at the last look |
 //!
 //! The state is exposed as a state set (one series per state, 0 or 1)
 //! rather than one series whose label changes: every series exists from
@@ -125,7 +127,12 @@ pub struct Metrics {
     state: String,
     outbox_depth: u64,
     held_since: Option<Timestamp>,
+    waiting: Option<String>,
+    inhibitors: u64,
 }
+
+/// What a held release can wait for (`updraft_waiting`).
+const WAITS: [&str; 3] = ["window", "operator", "inhibitor"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -150,6 +157,8 @@ impl Metrics {
             state: STATES[0].to_string(),
             outbox_depth: 0,
             held_since: None,
+            waiting: None,
+            inhibitors: 0,
         }
     }
 
@@ -206,6 +215,13 @@ impl Metrics {
     /// Since when a verified release waits for the policy, if one does.
     pub fn set_held_since(&mut self, since: Option<Timestamp>) {
         self.held_since = since;
+    }
+
+    /// What a held release waits for (`None`: nothing waits), and how many
+    /// inhibitors hold it.
+    pub fn set_waiting(&mut self, waiting: Option<&str>, inhibitors: usize) {
+        self.waiting = waiting.map(str::to_string);
+        self.inhibitors = inhibitors as u64;
     }
 
     pub fn set_outbox_depth(&mut self, depth: u64) {
@@ -351,6 +367,22 @@ impl Metrics {
             );
             f.sample("updraft_held_since_timestamp_seconds", &[], t.0);
         }
+
+        f.header(
+            "updraft_waiting",
+            "gauge",
+            "What a held release waits for: a maintenance window, an operator's updraft apply, an application inhibitor.",
+        );
+        for w in WAITS {
+            let on = self.waiting.as_deref() == Some(w);
+            f.sample("updraft_waiting", &[("for", w)], u8::from(on));
+        }
+        f.header(
+            "updraft_inhibitors",
+            "gauge",
+            "Applications inhibiting the held release's switch or reboot at the last look.",
+        );
+        f.sample("updraft_inhibitors", &[], self.inhibitors);
 
         out
     }
@@ -533,6 +565,30 @@ mod tests {
             text.contains("\nupdraft_held_since_timestamp_seconds 1796000000\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn what_a_held_release_waits_for_is_a_state_set() {
+        let mut m = Metrics::new();
+        let text = m.render();
+        for w in WAITS {
+            assert!(
+                text.contains(&format!("\nupdraft_waiting{{for=\"{w}\"}} 0\n")),
+                "{text}"
+            );
+        }
+        assert!(text.contains("\nupdraft_inhibitors 0\n"), "{text}");
+        m.set_waiting(Some("inhibitor"), 2);
+        let text = m.render();
+        assert!(
+            text.contains("\nupdraft_waiting{for=\"inhibitor\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nupdraft_waiting{for=\"window\"} 0\n"),
+            "{text}"
+        );
+        assert!(text.contains("\nupdraft_inhibitors 2\n"), "{text}");
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub const STATE: &str = "state";
 pub const INSTALL: &str = "install";
 pub const HEARTBEAT: &str = "heartbeat";
 pub const CHECK_FAILED: &str = "check_failed";
+pub const WAITING: &str = "waiting";
 
 /// A queued report ready to hand to [`Store::transition`] or
 /// [`Store::push_report`].
@@ -135,6 +136,28 @@ pub fn install_result(
             "duration_s": (now.0 - job.started.0).max(0),
             "bytes_downloaded": job.bytes_downloaded,
             "reason": reason,
+        }),
+    )
+}
+
+/// A verified release waits before its switch or reboot: for a
+/// maintenance window, an operator's `updraft apply`, or an application
+/// inhibitor (`waiting_for`). Sent when the job starts waiting and when
+/// what it waits for changes.
+pub fn waiting(device: &str, booted: SlotName, job: &Job, waiting_for: &str, why: &str) -> Pending {
+    pending(
+        WAITING,
+        false,
+        json!({
+            "kind": WAITING,
+            "device_id": device,
+            "time": Timestamp::now(),
+            "booted_slot": booted.as_str(),
+            "job": job_fields(job),
+            "waiting_for": waiting_for,
+            "reason": why,
+            "held_since": job.held,
+            "inhibited_since": job.inhibited,
         }),
     )
 }

@@ -103,6 +103,13 @@ pub struct Job {
     /// not know it and switches at its next step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<Timestamp>,
+    /// Since when application inhibitors have held the switch or reboot
+    /// back (`policy.max_deferral` counts from here). Set in `installed`
+    /// or `rebooting` the first time an inhibitor holds the job, kept
+    /// while it waits. An older release does not know it and does not ask
+    /// inhibitors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inhibited: Option<Timestamp>,
 }
 
 impl Job {
@@ -136,6 +143,7 @@ impl Job {
             read_back: false,
             download_deadline: None,
             held: None,
+            inhibited: None,
         }
     }
 }

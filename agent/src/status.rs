@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::bootloader::BootState;
 use crate::error::Result;
 use crate::hash::Sha256;
+use crate::inhibit::Inhibitor;
 use crate::progress::Progress;
 use crate::slot::{SlotName, SlotPair};
 use crate::state::Job;
@@ -88,9 +89,25 @@ pub struct Status {
 /// The switch gate and what it waits for.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct PolicyStatus {
-    /// `window` or `manual`: the stricter of `policy.switch` and
+    /// `auto`, `window` or `manual`: the stricter of `policy.switch` and
     /// `policy.reboot`.
     pub switch: String,
+    /// What the job's switch or reboot waits for now: `window`,
+    /// `operator`, `inhibitor`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    /// `window` or `manual` when `policy.write` gates the download.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write: Option<String>,
+    /// A release seen but not downloaded yet: `policy.write` holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_release: Option<String>,
+    /// Who inhibits, as last asked (only while a job waits).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inhibitors: Vec<Inhibitor>,
+    /// Since when inhibitors have held the job back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inhibited_since: Option<Timestamp>,
     /// Since when the verified slot of the job waits, if it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_since: Option<Timestamp>,
@@ -107,14 +124,20 @@ pub struct WindowStatus {
 }
 
 impl PolicyStatus {
-    /// What `policy` says at `now` about `job`; `None` for the `auto` gate.
+    /// What `policy` says at `now` about `job` (or `pending_release`, a
+    /// release the write gate holds), waiting for `waiting_for` with
+    /// `inhibitors`; `None` with every gate `auto` and nothing held.
     pub fn of(
         policy: &crate::config::Policy,
         job: Option<&Job>,
+        pending_release: Option<&str>,
+        waiting_for: Option<&str>,
+        inhibitors: &[Inhibitor],
         now: Timestamp,
     ) -> Option<PolicyStatus> {
+        use crate::config::Gate;
         let (gate, _) = policy.switch_gate();
-        if gate == crate::config::Gate::Auto {
+        if gate == Gate::Auto && policy.write == Gate::Auto && waiting_for.is_none() {
             return None;
         }
         // The zone as the last hold decision (which re-reads it) saw it.
@@ -128,6 +151,15 @@ impl PolicyStatus {
             });
         Some(PolicyStatus {
             switch: gate.as_str().into(),
+            write: (policy.write != Gate::Auto).then(|| policy.write.as_str().to_string()),
+            pending_release: pending_release.map(str::to_string),
+            waiting_for: waiting_for.map(str::to_string),
+            inhibitors: if waiting_for.is_some() {
+                inhibitors.to_vec()
+            } else {
+                Vec::new()
+            },
+            inhibited_since: job.and_then(|j| j.inhibited),
             held_since: job.and_then(|j| j.held),
             window,
         })

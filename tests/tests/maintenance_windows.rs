@@ -9,6 +9,7 @@
 //!   waiting, and is hashed again before its switch; a slot changed on the
 //!   medium meanwhile is refused and the job fails, nothing switched.
 //! * A manifest naming another image drops the held slot.
+//! * `policy.write` holds the download itself until `updraft apply`.
 //! * Malformed windows are refused with the key and the line; local
 //!   windows across a daylight-saving change open as documented.
 //!
@@ -209,6 +210,44 @@ fn a_held_slot_changed_on_the_medium_is_refused_at_its_switch() {
 }
 
 #[test]
+fn a_release_the_write_gate_holds_is_not_downloaded_until_updraft_apply() {
+    updraft_tests::require!("nginx");
+    let ps = ProxiedServer::start("write-manual", false);
+    ps.publish("1.0", 27, IMAGE, &[]);
+    let size = ps.artifact_size();
+    let mut dev = device(&ps, "write-manual", "1h", "write = \"manual\"\n");
+    dev.start_daemon();
+    let st = dev.wait_for("the release seen and held before its download", WAIT, |s| {
+        s["policy"]["pending_release"] == json!("1.0")
+    });
+    assert_eq!(st["state"], json!("idle"), "{st:#}");
+    assert_eq!(st["policy"]["write"], json!("manual"), "{st:#}");
+    assert_eq!(st["policy"]["waiting_for"], json!("operator"), "{st:#}");
+    let sent = ps.proxy.totals().to_client;
+    assert!(
+        sent < size / 2,
+        "{sent} bytes sent before apply: the artifact?"
+    );
+    let out = dev.ok(&["check"]);
+    assert!(
+        out.contains("release 1.0 waits for `updraft apply` to be downloaded"),
+        "{out}"
+    );
+    assert!(
+        dev.ok(&["status"])
+            .contains("release 1.0 waits to be downloaded"),
+        "{}",
+        dev.ok(&["status"])
+    );
+    let out = dev.ok(&["apply"]);
+    assert!(out.contains("release 1.0: downloading it now"), "{out}");
+    // The switch gate is "auto": written, switched and rebooted into.
+    dev.wait_reboot_requested(WAIT);
+    assert_eq!(dev.status()["next_boot"], json!("B"));
+    dev.stop_daemon();
+}
+
+#[test]
 fn a_manifest_naming_another_image_drops_the_held_slot() {
     updraft_tests::require!("nginx");
     let ps = ProxiedServer::start("held-superseded", false);
@@ -255,6 +294,10 @@ fn malformed_windows_are_refused_with_the_key_and_line() {
             "policy.switch: \"window\" needs at least one window",
         ),
         ("switch = \"nightly\"\n", "policy.switch (line "),
+        (
+            "write = \"window\"\n",
+            "policy.write: \"window\" needs at least one window",
+        ),
     ] {
         dev.reconfigure(|s| s.policy = policy.into());
         let out = dev.updraft(&["status"]);

@@ -418,3 +418,80 @@ fn the_previous_release_switches_a_slot_the_current_one_holds() {
     assert_eq!(st["next_boot"], json!("B"), "{st:#}");
     dev.stop_daemon();
 }
+
+#[test]
+fn the_previous_release_switches_a_slot_inhibitors_hold() {
+    updraft_tests::require!("nginx", "git");
+    if let Some(why) = previous::unavailable() {
+        skip!("{why}");
+    }
+    let old = previous::binary().unwrap_or_else(|e| panic!("{e}"));
+    let ps = updraft_tests::proxied::ProxiedServer::start("inhibited-to-old", false);
+    ps.publish("1.0", 42, IMAGE, &[]);
+    let spec = ps.device_spec("1h", "");
+    let mut dev = Device::new("inhibited-to-old", spec);
+    let dir = dev.path("inhibit.d");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("backup"), "copying\n").unwrap();
+    let logind = dev.path("logind");
+    std::fs::create_dir_all(&logind).unwrap();
+    dev.reconfigure(|s| {
+        s.policy = format!(
+            "inhibit_dir = {:?}\nlogind_dir = {:?}\n",
+            dir.display().to_string(),
+            logind.display().to_string()
+        )
+    });
+    dev.init();
+    dev.start_daemon();
+    let st = dev.wait_for("a release inhibitors hold", WAIT, |s| {
+        s["policy"]["waiting_for"] == json!("inhibitor")
+    });
+    assert!(st["job"]["inhibited"].is_string(), "{st:#}");
+    dev.stop_daemon();
+    dev.reconfigure(|s| s.policy.clear());
+    dev.use_binary(Some(old));
+    dev.start_daemon();
+    dev.wait_reboot_requested(WAIT);
+    assert_eq!(dev.status()["next_boot"], json!("B"));
+    dev.stop_daemon();
+}
+
+#[test]
+fn the_previous_release_settles_a_job_the_current_one_cancelled() {
+    updraft_tests::require!("nginx", "git");
+    if let Some(why) = previous::unavailable() {
+        skip!("{why}");
+    }
+    let old = previous::binary().unwrap_or_else(|e| panic!("{e}"));
+    let ps = updraft_tests::proxied::ProxiedServer::start("cancelled-to-old", false);
+    ps.publish("1.0", 43, IMAGE, &[]);
+    let mut spec = ps.device_spec("1h", "");
+    spec.policy = "switch = \"manual\"\n".into();
+    let mut dev = Device::new("cancelled-to-old", spec);
+    dev.init();
+    dev.start_daemon();
+    dev.wait_for("a release held for `updraft apply`", WAIT, |s| {
+        s["state"] == json!("installed") && s["policy"]["held_since"].is_string()
+    });
+    dev.ok(&["cancel"]);
+    dev.wait_for("the cancelled job settled", WAIT, |s| {
+        s["state"] == json!("idle") && s["last_install"]["result"] == json!("cancelled")
+    });
+    dev.stop_daemon();
+    dev.reconfigure(|s| s.policy.clear());
+    dev.use_binary(Some(old));
+    // Offline, then with its daemon: the state, the history with its
+    // `cancelled` line, and the boot selection read as they are.
+    let st = dev.status();
+    assert_eq!(st["state"], json!("idle"), "{st:#}");
+    assert_eq!(st["next_boot"], json!("A"), "{st:#}");
+    let history = dev.ok(&["history"]);
+    assert!(history.contains("cancelled"), "{history}");
+    // Its daemon comes up and stays up. It does not know the cancel, so
+    // its first poll may install the release again (compatibility.md).
+    dev.start_daemon();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(dev.daemon_running(), "{}", dev.log_tail());
+    dev.stop_daemon();
+}

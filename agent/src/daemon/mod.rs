@@ -64,6 +64,11 @@ pub fn run(cfg: Config) -> Result<()> {
     signals::install()?;
     let mut machine = Machine::open(cfg.clone(), Mode::Daemon)?;
     let ctl = ControlServer::bind(&cfg.system.socket, cfg.system.socket_group.as_deref())?;
+    // Applications must find the inhibit directory; without it nothing can
+    // inhibit, which is no reason not to update.
+    if let Err(e) = crate::inhibit::prepare_dir(&cfg.policy) {
+        log::warn!("{e}; inhibitor files cannot be placed there");
+    }
     // Before the daemon serves: reconciliation and the first status may
     // wait for the bootloader (within its own timeouts); clients that
     // connect meanwhile are answered once it is done, and systemd hears
@@ -443,8 +448,13 @@ impl Daemon {
                     self.metrics.set_release(s.slot, s.version.as_deref());
                 }
                 self.metrics.set_outbox_depth(st.outbox);
+                let policy = st.policy.as_ref();
                 self.metrics
-                    .set_held_since(st.policy.as_ref().and_then(|p| p.held_since));
+                    .set_held_since(policy.and_then(|p| p.held_since));
+                self.metrics.set_waiting(
+                    policy.and_then(|p| p.waiting_for.as_deref()),
+                    policy.map_or(0, |p| p.inhibitors.len()),
+                );
             }
             Err(e) => log::warn!("metrics: reading the status: {e}"),
         }
@@ -632,6 +642,10 @@ impl Daemon {
                     Ok(msg) => {
                         log::info!("{msg}");
                         self.next_step = Instant::now();
+                        // A write the policy held starts at the next check.
+                        if !self.machine_active && self.polls.next.is_some() {
+                            self.polls.next = Some(Instant::now());
+                        }
                         client.reply(&Reply::ok(msg));
                     }
                     Err(e) => client.reply(&Reply::error(&e)),
@@ -700,6 +714,12 @@ impl Daemon {
             }
         };
         self.polls.after(result.as_ref().err());
+        // A release waiting for its write window is looked at again when
+        // the window opens, not an interval later.
+        if let (Some(at), Some(next)) = (self.m.write_waits_until(), self.polls.next) {
+            let wait = Duration::from_secs(u64::try_from(at.0 - Timestamp::now().0).unwrap_or(0));
+            self.polls.next = Some(next.min(Instant::now() + wait));
+        }
         if let Some(c) = client {
             c.reply(&reply);
         }

@@ -328,6 +328,18 @@ impl Machine {
         };
         match self.cfg.system.reboot {
             RebootMode::Auto if !self.reboot_requested => {
+                // An application may have become busy since the switch (a
+                // logind lock, a file): the trial reboot waits for it. A
+                // rollback reboot never does.
+                if job.purpose != Some(RebootPurpose::Rollback) {
+                    let mut held = job.clone();
+                    let asked = self.inhibitors_allow(&mut held, State::Rebooting)?;
+                    if let policy::Allowed::Later { recheck, why, wait } = asked {
+                        self.note_wait(&held, wait, &format!("reboot held: {why}"))?;
+                        return Ok(Next::Hold(recheck));
+                    }
+                    self.waiting = None;
+                }
                 log::info!(
                     "release {} slot {}: rebooting into slot {into}",
                     job.version,

@@ -88,6 +88,7 @@ impl Machine {
     ) -> Result<CheckOutcome> {
         let m = &verified.manifest;
         let freshness = verified.freshness;
+        self.write_waiting = None;
         if let Some(job) = state.job().filter(|_| state.busy()) {
             if job.image == m.image {
                 return Ok(CheckOutcome::NoChange(format!(
@@ -158,6 +159,9 @@ impl Machine {
                         m.release.version, r.percent
                     )));
                 }
+            }
+            if let Some(why) = self.write_held(&m.release.version) {
+                return Ok(CheckOutcome::NoChange(why));
             }
         }
         self.plan(origin, m, t)

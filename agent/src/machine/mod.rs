@@ -154,6 +154,18 @@ pub struct Machine {
     /// `updraft apply` came for this job: its hold lets the switch through
     /// (until it switches; a superseding job is not applied with it).
     apply_requested: Option<String>,
+    /// The release `policy.write` holds, and whether `updraft apply` lets
+    /// the next one through.
+    write_waiting: Option<policy::WriteWait>,
+    apply_write: bool,
+    /// The applications' inhibitors, and who inhibited at the last look.
+    inhibitors: crate::inhibit::Inhibitors,
+    inhibited_now: Vec<crate::inhibit::Inhibitor>,
+    /// What the held job (its id) waits for, as last logged and reported.
+    waiting: Option<(String, policy::Wait)>,
+    /// The job whose inhibitors were overridden by `policy.max_deferral`
+    /// (logged once).
+    deferral_logged: Option<String>,
     download_failures: u32,
     /// Shown by status.
     pub last_error: Option<String>,
@@ -176,6 +188,7 @@ impl Machine {
         let channel = Followed::resolve(&cfg.server, &store)?;
         cfg.server.follow(&channel.name)?;
         let boot = bootloader::from_config(&cfg)?;
+        let inhibitors = crate::inhibit::Inhibitors::new(&cfg.policy)?;
         let booted = slot::booted_slot(&cfg.slots.cmdline)?;
         let boot_id = identity::boot_id(&cfg.system.boot_id_file)?;
         let device_id = identity::device_id(&cfg.device.id_file)?;
@@ -210,6 +223,12 @@ impl Machine {
             reboot_requested: false,
             waiting_logged: false,
             apply_requested: None,
+            write_waiting: None,
+            apply_write: false,
+            inhibitors,
+            inhibited_now: Vec::new(),
+            waiting: None,
+            deferral_logged: None,
             download_failures: 0,
             last_error: None,
             last_check: None,

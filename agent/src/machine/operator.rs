@@ -266,7 +266,24 @@ impl Machine {
             last_error: self.last_error.clone(),
             outbox: self.store.outbox_len()?,
             last_install: status::last_install(&self.store)?,
-            policy: status::PolicyStatus::of(&self.cfg.policy, state.job(), Timestamp::now()),
+            policy: {
+                let job = state.job();
+                let pending = self.write_waiting.as_ref().filter(|_| job.is_none());
+                let waiting = self
+                    .waiting
+                    .as_ref()
+                    .filter(|(id, _)| job.is_some_and(|j| &j.id == id))
+                    .map(|(_, w)| w.as_str())
+                    .or(pending.map(|w| w.wait.as_str()));
+                status::PolicyStatus::of(
+                    &self.cfg.policy,
+                    job,
+                    pending.map(|w| w.version.as_str()),
+                    waiting,
+                    &self.inhibited_now,
+                    Timestamp::now(),
+                )
+            },
         })
     }
 }

@@ -1,6 +1,6 @@
 //! The operator's policy on when a verified slot is switched in and
-//! rebooted into (`[policy] switch`, `reboot`, `windows`), and
-//! `updraft apply`.
+//! rebooted into (`[policy] switch`, `reboot`, `windows`), `updraft
+//! apply`, and the applications' inhibitors.
 //!
 //! The switch waits for the stricter of the two gates: with the reboot
 //! gated, putting the slot first at once would let any power cut boot the
@@ -9,37 +9,88 @@
 //! `policy.boot_time` left in it, so the trial boot and its checks fit.
 //! `updraft apply` lets the next step through whatever the gate says.
 //!
+//! Once the gate lets it through, the application inhibitors
+//! ([`crate::inhibit`]) are asked, before the switch and again right
+//! before the reboot command: while one inhibits, the slot waits. They
+//! hold it for at most `policy.max_deferral`, counted from the first time
+//! one held this job (`Job::inhibited`); after that the gate alone
+//! decides. `updraft apply` does not override an inhibitor: the
+//! application said it is busy, and the operator can see who in the
+//! status.
+//!
 //! Only the switch of a new release is held. The rollback reboot after a
 //! failed health check and a fallback by the bootloader are never held:
 //! they happen in other states, which do not ask this module. Neither is
 //! a trial boot's health deadline cut off when its window closes.
 //!
-//! This module decides and records the hold (`Job::held`, an update of the
-//! `installed` row); it makes no transition and switches nothing.
+//! This module decides and records the hold (`Job::held`,
+//! `Job::inhibited`, updates of the current row) and reports what the job
+//! waits for when that changes; it makes no transition and switches
+//! nothing.
 
 use super::*;
 use crate::config::Gate;
+use crate::inhibit::{self, Inhibitor};
 use crate::window::{Local, Span};
 
 /// Longest sleep of a hold before it looks again: a clock set by NTP, a
 /// changed zone or a new configuration count from then on.
 const HOLD_RECHECK: Duration = Duration::from_secs(900);
 
+/// How often inhibitors are asked again while one holds an update.
+const INHIBIT_RECHECK: Duration = Duration::from_secs(10);
+
+/// A release seen but not downloaded yet: `policy.write` holds it.
+#[derive(Debug, Clone)]
+pub(super) struct WriteWait {
+    pub(super) version: String,
+    pub(super) wait: Wait,
+    /// When its window opens, if it waits for one.
+    pub(super) opens: Option<Timestamp>,
+}
+
+/// What a held update waits for: in the status, reports and metrics, so a
+/// fleet sees why a device has not converged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// A maintenance window (`"window"` gate).
+    Window,
+    /// `updraft apply` (`"manual"` gate).
+    Operator,
+    /// An application inhibitor.
+    Inhibitor,
+}
+
+impl Wait {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Wait::Window => "window",
+            Wait::Operator => "operator",
+            Wait::Inhibitor => "inhibitor",
+        }
+    }
+}
+
 /// What the policy says about the switch now.
 #[derive(Debug)]
 pub(super) enum Allowed {
     /// Switch now.
     Now,
-    /// Wait; look again after this long (until the next window, or
-    /// [`HOLD_RECHECK`]). `why` is for the log and the status.
-    Later { recheck: Duration, why: String },
+    /// Wait for `wait`; look again after this long (until the next
+    /// window, [`HOLD_RECHECK`], [`INHIBIT_RECHECK`]). `why` is for the
+    /// log, the status and the report.
+    Later {
+        recheck: Duration,
+        why: String,
+        wait: Wait,
+    },
 }
 
 impl Machine {
     /// Whether the policy lets `job`'s slot be switched in now. The first
     /// time it does not, `job.held` is set and written down.
     pub(super) fn hold(&mut self, job: &mut Job) -> Result<Allowed> {
-        let allowed = if self.apply_requested.as_deref() == Some(job.id.as_str()) {
+        let gate = if self.apply_requested.as_deref() == Some(job.id.as_str()) {
             log::info!(
                 "release {} slot {}: applied by the operator (updraft apply)",
                 job.version,
@@ -49,7 +100,11 @@ impl Machine {
         } else {
             self.allowed_now(Timestamp::now())
         };
-        if let Allowed::Later { why, .. } = &allowed {
+        let allowed = match gate {
+            Allowed::Now => self.inhibitors_allow(job, State::Installed)?,
+            later => later,
+        };
+        if let Allowed::Later { why, wait, .. } = &allowed {
             if job.held.is_none() {
                 job.held = Some(Timestamp::now());
                 self.store.update_state(&State::Installed(job.clone()))?;
@@ -58,9 +113,87 @@ impl Machine {
                     job.version,
                     job.target
                 );
+                self.waiting = Some((job.id.clone(), *wait));
+                self.report_wait(job, *wait, why)?;
+            } else {
+                self.note_wait(job, *wait, why)?;
             }
+        } else {
+            self.waiting = None;
         }
         Ok(allowed)
+    }
+
+    /// The application inhibitors for `job` in its current state (`row`
+    /// rebuilds it for the update): `Now` when none inhibits, or when they
+    /// have held it for `policy.max_deferral` already.
+    pub(super) fn inhibitors_allow(
+        &mut self,
+        job: &mut Job,
+        row: fn(Job) -> State,
+    ) -> Result<Allowed> {
+        let found = self.inhibitors.scan();
+        self.inhibited_now.clone_from(&found);
+        if found.is_empty() {
+            return Ok(Allowed::Now);
+        }
+        let now = Timestamp::now();
+        let since = match job.inhibited {
+            Some(since) => since,
+            None => {
+                job.inhibited = Some(now);
+                self.store.update_state(&row(job.clone()))?;
+                now
+            }
+        };
+        let who = found
+            .iter()
+            .map(Inhibitor::describe)
+            .collect::<Vec<_>>()
+            .join("; ");
+        let max = self.cfg.policy.max_deferral.map(|d| d.0);
+        if inhibit::deferral_over(since, now, max) {
+            if self.deferral_logged.as_deref() != Some(job.id.as_str()) {
+                self.deferral_logged = Some(job.id.clone());
+                log::warn!(
+                    "release {} slot {}: inhibited since {since}, longer than policy.max_deferral ({}); going ahead despite {who}",
+                    job.version,
+                    job.target,
+                    crate::timestamp::format_duration(max.unwrap_or_default())
+                );
+            }
+            return Ok(Allowed::Now);
+        }
+        Ok(Allowed::Later {
+            recheck: INHIBIT_RECHECK,
+            why: format!("inhibited by {who}"),
+            wait: Wait::Inhibitor,
+        })
+    }
+
+    /// A job already held waits for `wait` now: log and report it when
+    /// that changed.
+    pub(super) fn note_wait(&mut self, job: &Job, wait: Wait, why: &str) -> Result<()> {
+        let now = Some((job.id.clone(), wait));
+        if self.waiting == now {
+            return Ok(());
+        }
+        self.waiting = now;
+        log::info!(
+            "release {} slot {}: waiting for {}: {why}",
+            job.version,
+            job.target,
+            wait.as_str()
+        );
+        self.report_wait(job, wait, why)
+    }
+
+    fn report_wait(&mut self, job: &Job, wait: Wait, why: &str) -> Result<()> {
+        if !self.reports_enabled() {
+            return Ok(());
+        }
+        let r = report::waiting(&self.device_id, self.booted, job, wait.as_str(), why);
+        self.store.push_report(&r.as_report())
     }
 
     /// The gate alone, at `now`.
@@ -71,6 +204,7 @@ impl Machine {
             Gate::Manual => Allowed::Later {
                 recheck: HOLD_RECHECK,
                 why: format!("until an operator runs `updraft apply` ({key} = \"manual\")"),
+                wait: Wait::Operator,
             },
             Gate::Window => {
                 let need = self.cfg.health.timeout.0 + self.cfg.policy.boot_time.0;
@@ -81,7 +215,11 @@ impl Machine {
                         .map(|s| Duration::from_secs((s.opens.0 - now.0).max(1) as u64))
                         .unwrap_or(HOLD_RECHECK)
                         .min(HOLD_RECHECK);
-                    Allowed::Later { recheck, why }
+                    Allowed::Later {
+                        recheck,
+                        why,
+                        wait: Wait::Window,
+                    }
                 };
                 match windows.current_or_next(now, &Local) {
                     None => wait_for(None, "no maintenance window in policy.windows".into()),
@@ -115,11 +253,87 @@ impl Machine {
         }
     }
 
-    /// `updraft apply`: let a held switch through at the next step.
+    /// Whether the write gate (`policy.write`) lets `version` be
+    /// downloaded now. When it does not, what it waits for is kept for the
+    /// status and [`Machine::write_waits_until`], and `Some(why)` returned.
+    /// An operator's `updraft apply` lets the next one through.
+    pub(super) fn write_held(&mut self, version: &str) -> Option<String> {
+        let now = Timestamp::now();
+        let held = match self.cfg.policy.write {
+            Gate::Auto => None,
+            _ if self.apply_write => {
+                self.apply_write = false;
+                log::info!(
+                    "release {version}: downloading now, applied by the operator (updraft apply)"
+                );
+                None
+            }
+            Gate::Manual => Some((
+                format!(
+                    "release {version} waits for `updraft apply` to be downloaded (policy.write = \"manual\")"
+                ),
+                Wait::Operator,
+                None,
+            )),
+            Gate::Window => {
+                Local::refresh();
+                match self.cfg.policy.windows.current_or_next(now, &Local) {
+                    Some(s) if s.opens <= now => None,
+                    Some(s) => Some((
+                        format!(
+                            "release {version} is downloaded in the next maintenance window, {} – {} (policy.write = \"window\")",
+                            s.opens, s.closes
+                        ),
+                        Wait::Window,
+                        Some(s.opens),
+                    )),
+                    None => Some((
+                        format!(
+                            "release {version} waits for a maintenance window; policy.windows has none"
+                        ),
+                        Wait::Window,
+                        None,
+                    )),
+                }
+            }
+        };
+        match held {
+            None => {
+                self.write_waiting = None;
+                None
+            }
+            Some((why, wait, opens)) => {
+                self.write_waiting = Some(WriteWait {
+                    version: version.to_string(),
+                    wait,
+                    opens,
+                });
+                Some(why)
+            }
+        }
+    }
+
+    /// When the release waiting for its write window may be downloaded:
+    /// the daemon checks again then rather than at its next poll.
+    pub fn write_waits_until(&self) -> Option<Timestamp> {
+        self.write_waiting.as_ref().and_then(|w| w.opens)
+    }
+
+    /// `updraft apply`: let a held switch through at the next step, or a
+    /// write `policy.write` holds at the next check.
     pub fn apply(&mut self) -> Result<String> {
         match self.state()? {
             State::Installed(job) if job.held.is_some() => {
                 self.apply_requested = Some(job.id.clone());
+                if self.waiting == Some((job.id.clone(), Wait::Inhibitor)) {
+                    let who: Vec<_> = self.inhibited_now.iter().map(|i| i.who.as_str()).collect();
+                    return Ok(format!(
+                        "release {}: applied, but inhibited by {}: slot {} is switched in and rebooted into when they finish (or after policy.max_deferral)",
+                        job.version,
+                        who.join(", "),
+                        job.target
+                    ));
+                }
                 Ok(format!(
                     "release {}: switching to slot {} and rebooting",
                     job.version, job.target
@@ -129,9 +343,19 @@ impl Machine {
                 "release {}: not held; slot {} is switched in at the next step",
                 job.version, job.target
             )),
+            State::Idle if self.write_waiting.is_some() => {
+                let version = self
+                    .write_waiting
+                    .as_ref()
+                    .map_or("", |w| w.version.as_str());
+                let msg =
+                    format!("release {version}: downloading it now, policy.write notwithstanding");
+                self.apply_write = true;
+                Ok(msg)
+            }
             other => bail!(
                 Busy,
-                "nothing waits to be applied (state {}): `updraft apply` switches a release that was written and held by the policy",
+                "nothing waits to be applied (state {}): `updraft apply` switches a release that was written and held by the policy, or starts one policy.write holds",
                 other.name()
             ),
         }
