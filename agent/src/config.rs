@@ -159,6 +159,9 @@ pub struct Policy {
     /// Cap on artifact downloads, bytes/s (`None`: as fast as the link
     /// goes). Manifests, key documents and reports are never slowed.
     pub max_rate: Option<u64>,
+    /// The cap instead of `max_rate` for a download that starts (or
+    /// resumes) while a maintenance window is open.
+    pub window_rate: Option<u64>,
     /// When a new release may be downloaded and written into the inactive
     /// slot.
     pub write: Gate,
@@ -198,6 +201,7 @@ impl Default for Policy {
     fn default() -> Self {
         Policy {
             max_rate: None,
+            window_rate: None,
             write: Gate::Auto,
             switch: Gate::Auto,
             reboot: Gate::Auto,
@@ -391,12 +395,21 @@ impl Default for System {
 
 impl Config {
     /// The average rate a download's deadline counts with, and the key it
-    /// comes from: `server.download_min_average_rate`, or `policy.max_rate`
-    /// when the cap is lower (a capped download cannot go faster).
+    /// comes from: `server.download_min_average_rate`, or the lower of
+    /// `policy.max_rate` and `policy.window_rate` when that cap is lower
+    /// (a capped download cannot go faster).
     pub fn download_rate(&self) -> (u64, &'static str) {
         let floor = self.server.download_min_average_rate.max(1);
-        match self.policy.max_rate {
-            Some(cap) if cap < floor => (cap, "policy.max_rate"),
+        // The lower cap: a download may run inside and outside windows.
+        let cap = [
+            (self.policy.max_rate, "policy.max_rate"),
+            (self.policy.window_rate, "policy.window_rate"),
+        ]
+        .into_iter()
+        .filter_map(|(c, key)| c.map(|c| (c, key)))
+        .min_by_key(|(c, _)| *c);
+        match cap {
+            Some((cap, key)) if cap < floor => (cap, key),
             _ => (floor, "server.download_min_average_rate"),
         }
     }
@@ -595,6 +608,7 @@ impl Config {
         ];
         let policy = Policy {
             max_rate: s.rate("max_rate")?,
+            window_rate: s.rate("window_rate")?,
             write: s.choice("write", &gates)?.unwrap_or(d.write),
             switch: s.choice("switch", &gates)?.unwrap_or(d.switch),
             reboot: s.choice("reboot", &gates)?.unwrap_or(d.reboot),
@@ -712,10 +726,20 @@ impl Config {
                 );
             }
         }
-        if let Some(cap) = self.policy.max_rate {
+        if self.policy.window_rate.is_some() && self.policy.windows.0.is_empty() {
+            return bad(
+                "policy.window_rate",
+                "needs at least one window in policy.windows".into(),
+            );
+        }
+        for (cap, key) in [
+            (self.policy.max_rate, "policy.max_rate"),
+            (self.policy.window_rate, "policy.window_rate"),
+        ] {
+            let Some(cap) = cap else { continue };
             if cap < s.min_rate.max(1) {
                 return bad(
-                    "policy.max_rate",
+                    key,
                     format!(
                         "{cap} bytes/s is below server.min_rate ({} bytes/s), the slow-retrieval floor: every capped download would be abandoned",
                         s.min_rate
@@ -1301,6 +1325,37 @@ b = "/dev/b"
         assert_eq!(
             c.download_rate(),
             (4096, "server.download_min_average_rate")
+        );
+    }
+
+    #[test]
+    fn a_window_rate_needs_windows_and_the_floor_and_counts_for_the_deadline() {
+        let c = Config::parse(&format!(
+            "[server]\ndownload_allowance = \"2s\"\ndownload_min_average_rate = 1000\n{MINIMAL}\n[policy]\nmax_rate = 800\nwindow_rate = \"4Mi\"\nwindows = [\"Mon 02:00/1h\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(c.policy.window_rate, Some(4 << 20));
+        assert_eq!(c.download_rate(), (800, "policy.max_rate"));
+        let c = Config::parse(&format!(
+            "[server]\ndownload_min_average_rate = 1000\n{MINIMAL}\n[policy]\nwindow_rate = 600\nwindows = [\"Mon 02:00/1h\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(c.download_rate(), (600, "policy.window_rate"));
+        let e = Config::parse(&format!("{MINIMAL}\n[policy]\nwindow_rate = \"1M\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("policy.window_rate: needs at least one window"),
+            "{e}"
+        );
+        let e = Config::parse(&format!(
+            "[server]\nmin_rate = 20000\n{MINIMAL}\n[policy]\nwindow_rate = \"10k\"\nwindows = [\"Mon 02:00/1h\"]\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("policy.window_rate: 10000 bytes/s is below server.min_rate"),
+            "{e}"
         );
     }
 

@@ -88,6 +88,9 @@ pub struct Fetcher {
     min_rate_window: Duration,
     /// `policy.max_rate`: the cap on artifact bodies ([`Fetcher::open`]).
     max_rate: Option<u64>,
+    /// `policy.window_rate` and the windows it applies in: the cap for a
+    /// body opened while a window is open.
+    window_rate: Option<(u64, Arc<crate::window::Windows>)>,
     pub counters: Arc<Counters>,
 }
 
@@ -218,8 +221,28 @@ impl Fetcher {
             min_rate: cfg.min_rate,
             min_rate_window: cfg.min_rate_window.0,
             max_rate: config.policy.max_rate,
+            window_rate: config
+                .policy
+                .window_rate
+                .map(|r| (r, Arc::new(config.policy.windows.clone()))),
             counters: Arc::new(Counters::default()),
         })
+    }
+
+    /// The cap for an artifact body opened now: `policy.window_rate` inside
+    /// a maintenance window, else `policy.max_rate`. A body keeps the rate
+    /// it was opened with; a download resumed later is capped anew.
+    fn artifact_rate(&self) -> Option<u64> {
+        if let Some((rate, windows)) = &self.window_rate {
+            let now = crate::timestamp::Timestamp::now();
+            let open = windows
+                .current_or_next(now, &crate::window::Local)
+                .is_some_and(|s| s.opens <= now);
+            if open {
+                return Some(*rate);
+            }
+        }
+        self.max_rate
     }
 
     fn check_scheme(&self, url: &str) -> Result<()> {
@@ -460,7 +483,9 @@ impl Fetcher {
             reader: resp.into_body().into_reader(),
             remaining: want,
             guard: RateGuard::new(self.min_rate, self.min_rate_window),
-            throttle: self.max_rate.map(|r| Throttle::new(r, Instant::now())),
+            throttle: self
+                .artifact_rate()
+                .map(|r| Throttle::new(r, Instant::now())),
             counters: self.counters.clone(),
             received: 0,
         };

@@ -97,8 +97,13 @@ impl Machine {
                 Ok(msg)
             }
             State::Installed(job) => {
-                // Installed: never switched, the slot has been out of the
-                // boot order since its first write.
+                // A held slot was never switched: it has been out of the
+                // boot order since its first write. One that is not held
+                // may have been (a one-shot install stops here, switched
+                // in): take it out again.
+                if job.held.is_none() {
+                    self.boot.mark_bad_with(job.target, t)?;
+                }
                 self.store.forget_slot(job.target)?;
                 let msg = done(
                     &job,
