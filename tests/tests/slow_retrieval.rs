@@ -214,9 +214,18 @@ fn a_poll_failing_during_a_download_does_not_disturb_it() {
     let ps = ProxiedServer::start("poll-fails", false);
     let v1 = ps.publish("1.0", 11, IMAGE, &[]);
     ps.drip(SLOW);
-    let mut dev = ps.device("poll-fails", "1s", "");
+    // The stalled poll must time out well before the dripped download
+    // ends (about ten seconds): a 2 s stall timeout, and the stall begins
+    // a second into the download. The download's drip never pauses that
+    // long, so it is not cut by the shorter timeout.
+    let mut spec = ps.device_spec("1s", "");
+    spec.server = spec
+        .server
+        .replace("stall_timeout = \"5s\"", "stall_timeout = \"2s\"");
+    let mut dev = Device::new("poll-fails", spec);
+    dev.init();
     dev.start_daemon();
-    let during = wait_downloading(&dev, UNDER_WAY, WAIT);
+    let during = wait_downloading(&dev, SLOW, WAIT);
     // The download's connection stays; a poll's new connection hangs
     // until its timeouts.
     ps.only_the_download_passes(Behaviour::Stall);
