@@ -788,13 +788,9 @@ fn offline_status(cfg: &Config) -> Result<Status> {
             // Without a daemon, what the job waits for is read from the
             // job as last written: no inhibitor is asked from here.
             let job = state.job();
-            let waiting = job.filter(|j| j.held.is_some()).map(|j| {
-                match (j.inhibited, cfg.policy.switch_gate().0) {
-                    (Some(_), _) | (None, crate::config::Gate::Auto) => "inhibitor",
-                    (None, crate::config::Gate::Manual) => "operator",
-                    (None, crate::config::Gate::Window) => "window",
-                }
-            });
+            let waiting = job
+                .filter(|j| j.held.is_some())
+                .map(|j| crate::machine::Wait::of_held(j, cfg.policy.switch_gate().0).as_str());
             status::PolicyStatus::of(&cfg.policy, job, None, waiting, &[], Timestamp::now())
         },
     })

@@ -649,6 +649,24 @@ impl Device {
         crate::tmp::write_executable(&dir.join(name), &format!("#!/bin/sh\n{script}\n"));
     }
 
+    /// Give the device its own inhibitors: an inhibit directory in its
+    /// test directory, and an empty logind directory so the machine's own
+    /// locks do not count; `policy` is added to the `[policy]` section.
+    /// Returns the inhibit directory (not created: the daemon makes it).
+    pub fn own_inhibitors(&mut self, policy: &str) -> PathBuf {
+        let dir = self.path("inhibit.d");
+        let logind = self.path("logind");
+        std::fs::create_dir_all(&logind).expect("the logind directory");
+        self.reconfigure(|s| {
+            s.policy = format!(
+                "inhibit_dir = {:?}\nlogind_dir = {:?}\n{policy}",
+                dir.display().to_string(),
+                logind.display().to_string()
+            )
+        });
+        dir
+    }
+
     pub fn path(&self, p: &str) -> PathBuf {
         self.tmp.join(p)
     }

@@ -43,6 +43,22 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
+/// The previous release's `updraft` binary for a test, which skips when
+/// [`unavailable`] says why it cannot run here and fails when the build
+/// does: `let old = updraft_tests::previous_release!();`. Needs git (to
+/// extract the pinned tree), and whatever else the test names first with
+/// `require!`.
+#[macro_export]
+macro_rules! previous_release {
+    () => {{
+        $crate::require!("git");
+        if let Some(why) = $crate::previous::unavailable() {
+            $crate::skip!("{why}");
+        }
+        $crate::previous::binary().unwrap_or_else(|e| panic!("{e}"))
+    }};
+}
+
 /// The previous release's `updraft` binary, built on first use (once per
 /// process, and under a file lock across processes). `Err` is one sentence
 /// saying what is missing and how to fix it; the caller fails the test

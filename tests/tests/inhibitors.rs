@@ -25,23 +25,14 @@ use updraft_tests::proxied::ProxiedServer;
 const WAIT: Duration = Duration::from_secs(120);
 const IMAGE: usize = 4 * 1024 * 1024;
 
-/// A device on `ps` whose inhibit directory (and an empty logind
-/// directory, so the machine's own locks do not count) live in its test
-/// directory, with `policy` added; returns it and the inhibit directory.
+/// A device on `ps` with its own inhibitors
+/// ([`Device::own_inhibitors`]) and `policy` added; returns it and the
+/// inhibit directory.
 fn device(ps: &ProxiedServer, name: &str, policy: &str) -> (Device, PathBuf) {
     let mut spec = ps.device_spec("1h", "");
     spec.slot_size = IMAGE as u64;
     let mut dev = Device::new(name, spec);
-    let dir = dev.path("inhibit.d");
-    let logind = dev.path("logind");
-    std::fs::create_dir_all(&logind).unwrap();
-    dev.reconfigure(|s| {
-        s.policy = format!(
-            "inhibit_dir = {:?}\nlogind_dir = {:?}\n{policy}",
-            dir.display().to_string(),
-            logind.display().to_string()
-        )
-    });
+    let dir = dev.own_inhibitors(policy);
     dev.init();
     (dev, dir)
 }
@@ -155,17 +146,10 @@ fn an_inhibitor_that_appears_after_the_switch_holds_the_reboot() {
     )
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let logind = dev.path("logind");
-    std::fs::create_dir_all(&logind).unwrap();
-    let inhibit_dir = dev.path("inhibit.d");
-    dev.reconfigure(|s| {
-        s.policy = format!(
-            "inhibit_dir = {:?}\nlogind_dir = {:?}\ninhibit_command = [{:?}]\n",
-            inhibit_dir.display().to_string(),
-            logind.display().to_string(),
-            script.display().to_string()
-        )
-    });
+    dev.own_inhibitors(&format!(
+        "inhibit_command = [{:?}]\n",
+        script.display().to_string()
+    ));
     dev.init();
     dev.start_daemon();
     let st = wait_inhibited(&dev);

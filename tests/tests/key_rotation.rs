@@ -15,10 +15,8 @@ use std::time::Duration;
 use serde_json::json;
 use updraft::slot::SlotName;
 use updraft_tests::device::{Device, DeviceSpec, TrustSpec};
-use updraft_tests::previous;
 use updraft_tests::publisher::{KeyPair, Repo, image, keygen, publish};
 use updraft_tests::server::UpdateServer;
-use updraft_tests::skip;
 use updraft_tests::tmp::TempDir;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -258,11 +256,7 @@ fn a_manifest_from_before_a_known_rotation_is_stale_not_a_failure() {
 /// document 2 and refuses the thief's manifest, as the current one does.
 #[test]
 fn the_previous_release_does_not_accept_what_the_recovery_refused() {
-    updraft_tests::require!("git");
-    if let Some(why) = previous::unavailable() {
-        skip!("{why}");
-    }
-    let old = previous::binary().unwrap_or_else(|e| panic!("{e}"));
+    let old = updraft_tests::previous_release!();
     let mut r = rotation("fast-forward-old");
     r.installed_v1();
     fast_forward(&r);

@@ -22,10 +22,8 @@ use serde_json::{Value, json};
 use updraft::hash::Sha256;
 use updraft_tests::collector::Mode;
 use updraft_tests::device::{Device, DeviceSpec};
-use updraft_tests::previous;
 use updraft_tests::publisher::{image, keygen};
 use updraft_tests::server::UpdateServer;
-use updraft_tests::skip;
 use updraft_tests::tmp::TempDir;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -57,21 +55,15 @@ fn previous_release(exe: PathBuf) -> Release {
 
 #[test]
 fn the_previous_release_runs_on_the_state_the_current_one_wrote() {
-    updraft_tests::require!("nginx", "git");
-    if let Some(why) = previous::unavailable() {
-        skip!("{why}");
-    }
-    let old = previous::binary().unwrap_or_else(|e| panic!("{e}"));
+    updraft_tests::require!("nginx");
+    let old = updraft_tests::previous_release!();
     hand_over("new-to-old", current(), previous_release(old));
 }
 
 #[test]
 fn the_current_release_runs_on_the_state_the_previous_one_wrote() {
-    updraft_tests::require!("nginx", "git");
-    if let Some(why) = previous::unavailable() {
-        skip!("{why}");
-    }
-    let old = previous::binary().unwrap_or_else(|e| panic!("{e}"));
+    updraft_tests::require!("nginx");
+    let old = updraft_tests::previous_release!();
     hand_over("old-to-new", previous_release(old), current());
 }
 
@@ -390,11 +382,8 @@ impl Db {
 /// docs/compatibility.md says.
 #[test]
 fn the_previous_release_switches_a_slot_the_current_one_holds() {
-    updraft_tests::require!("nginx", "git");
-    if let Some(why) = previous::unavailable() {
-        skip!("{why}");
-    }
-    let old = previous::binary().unwrap_or_else(|e| panic!("{e}"));
+    updraft_tests::require!("nginx");
+    let old = updraft_tests::previous_release!();
     let ps = updraft_tests::proxied::ProxiedServer::start("held-to-old", false);
     ps.publish("1.0", 41, IMAGE, &[]);
     let mut spec = ps.device_spec("1h", "");
@@ -421,27 +410,15 @@ fn the_previous_release_switches_a_slot_the_current_one_holds() {
 
 #[test]
 fn the_previous_release_switches_a_slot_inhibitors_hold() {
-    updraft_tests::require!("nginx", "git");
-    if let Some(why) = previous::unavailable() {
-        skip!("{why}");
-    }
-    let old = previous::binary().unwrap_or_else(|e| panic!("{e}"));
+    updraft_tests::require!("nginx");
+    let old = updraft_tests::previous_release!();
     let ps = updraft_tests::proxied::ProxiedServer::start("inhibited-to-old", false);
     ps.publish("1.0", 42, IMAGE, &[]);
     let spec = ps.device_spec("1h", "");
     let mut dev = Device::new("inhibited-to-old", spec);
-    let dir = dev.path("inhibit.d");
+    let dir = dev.own_inhibitors("");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("backup"), "copying\n").unwrap();
-    let logind = dev.path("logind");
-    std::fs::create_dir_all(&logind).unwrap();
-    dev.reconfigure(|s| {
-        s.policy = format!(
-            "inhibit_dir = {:?}\nlogind_dir = {:?}\n",
-            dir.display().to_string(),
-            logind.display().to_string()
-        )
-    });
     dev.init();
     dev.start_daemon();
     let st = dev.wait_for("a release inhibitors hold", WAIT, |s| {
@@ -459,11 +436,8 @@ fn the_previous_release_switches_a_slot_inhibitors_hold() {
 
 #[test]
 fn the_previous_release_settles_a_job_the_current_one_cancelled() {
-    updraft_tests::require!("nginx", "git");
-    if let Some(why) = previous::unavailable() {
-        skip!("{why}");
-    }
-    let old = previous::binary().unwrap_or_else(|e| panic!("{e}"));
+    updraft_tests::require!("nginx");
+    let old = updraft_tests::previous_release!();
     let ps = updraft_tests::proxied::ProxiedServer::start("cancelled-to-old", false);
     ps.publish("1.0", 43, IMAGE, &[]);
     let mut spec = ps.device_spec("1h", "");

@@ -11,10 +11,10 @@ use std::process::Output;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use updraft_tests::bin;
 use updraft_tests::device::{Device, DeviceSpec};
 use updraft_tests::publisher::{Repo, image, keygen};
 use updraft_tests::tmp::TempDir;
-use updraft_tests::{bin, previous, skip};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -45,11 +45,7 @@ fn parse(text: &str) -> Value {
 
 #[test]
 fn status_crosses_the_socket_between_releases() {
-    updraft_tests::require!("git");
-    if let Some(why) = previous::unavailable() {
-        skip!("{why}");
-    }
-    let old = previous::binary().unwrap_or_else(|e| panic!("{e}"));
+    let old = updraft_tests::previous_release!();
     let keys = TempDir::new("status-compat-keys");
     let key = keygen(keys.path(), "release");
     let mut dev = Device::new("status-compat", DeviceSpec::simple(&key));

@@ -52,10 +52,19 @@ impl Watchdog {
 pub(super) enum Queued {
     Check(Option<Client>),
     Install(Client, String),
-    Mark(Client, bool),
+    /// An operator's verdict on the running job.
+    Verdict(Client, Verdict),
     Apply(Client),
-    Cancel(Client),
     Channel(Client, Option<String>),
+}
+
+/// What an operator says about the running job: `mark-good`, `mark-bad`,
+/// `cancel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Verdict {
+    Good,
+    Bad,
+    Cancel,
 }
 
 impl Queued {
@@ -66,10 +75,10 @@ impl Queued {
             Request::Status | Request::History => return None,
             Request::Check => Queued::Check(Some(client)),
             Request::Install { manifest } => Queued::Install(client, manifest),
-            Request::MarkGood => Queued::Mark(client, true),
-            Request::MarkBad => Queued::Mark(client, false),
+            Request::MarkGood => Queued::Verdict(client, Verdict::Good),
+            Request::MarkBad => Queued::Verdict(client, Verdict::Bad),
             Request::Apply => Queued::Apply(client),
-            Request::Cancel => Queued::Cancel(client),
+            Request::Cancel => Queued::Verdict(client, Verdict::Cancel),
             Request::Channel { name } => Queued::Channel(client, name),
         })
     }
@@ -99,9 +108,8 @@ impl Front {
             match q {
                 Queued::Check(Some(c))
                 | Queued::Install(c, _)
-                | Queued::Mark(c, _)
+                | Queued::Verdict(c, _)
                 | Queued::Apply(c)
-                | Queued::Cancel(c)
                 | Queued::Channel(c, _) => c.reply(&Reply::error(&busy)),
                 Queued::Check(None) => {}
             }
@@ -126,8 +134,8 @@ impl Interrupt {
     fn by(self, q: &Queued) -> bool {
         match (self, q) {
             (Interrupt::Never, _) => false,
-            (_, Queued::Cancel(_)) => true,
-            (Interrupt::Operator, Queued::Mark(..)) => true,
+            (_, Queued::Verdict(_, Verdict::Cancel)) => true,
+            (Interrupt::Operator, Queued::Verdict(..)) => true,
             _ => false,
         }
     }

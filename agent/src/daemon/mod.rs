@@ -52,7 +52,7 @@ use crate::signals;
 use crate::source::Origin;
 use crate::status::{BootView, Status};
 use crate::timestamp::Timestamp;
-use front::{Front, Interrupt, Queued, Tick, Watchdog, sleep_until_event};
+use front::{Front, Interrupt, Queued, Tick, Verdict, Watchdog, sleep_until_event};
 
 mod front;
 
@@ -467,6 +467,17 @@ impl Daemon {
         self.refresh_status(Vec::new())
     }
 
+    /// Make the snapshot clients are told the store as it is now, with
+    /// the bootloader's selection as last read (no bootloader read).
+    fn refresh_snapshot(&mut self) -> Result<()> {
+        self.m.next_check = self
+            .polls
+            .next
+            .map(|at| Timestamp::now().plus(at.saturating_duration_since(Instant::now())));
+        self.front.snapshot = self.m.status(&self.boot_view)?;
+        Ok(())
+    }
+
     /// Build a fresh status and answer `owed`, the status requests waiting
     /// for it. What is known without the bootloader (the store as it is
     /// now, the selection as last read) becomes the snapshot first; the
@@ -474,13 +485,8 @@ impl Daemon {
     /// held lock), and meanwhile clients are answered from that snapshot,
     /// `owed` too once [`STATUS_PATIENCE`] has passed.
     fn refresh_status(&mut self, mut owed: Vec<Client>) -> Result<Status> {
-        self.m.next_check = self
-            .polls
-            .next
-            .map(|at| Timestamp::now().plus(at.saturating_duration_since(Instant::now())));
-        let built = match self.m.status(&self.boot_view) {
-            Ok(known) => {
-                self.front.snapshot = known;
+        let built = match self.refresh_snapshot() {
+            Ok(()) => {
                 let mut tick = Tick::new(&mut self.front, Interrupt::Never);
                 tick.owed = owed;
                 self.boot_view = self.m.read_boot(&mut tick);
@@ -509,7 +515,14 @@ impl Daemon {
     /// Run the machine's current action once, serving the socket meanwhile.
     fn step(&mut self) -> Result<()> {
         self.release_due = true;
-        let interrupt = match self.status()?.state.as_str() {
+        // A held release steps every few seconds and changes nothing the
+        // bootloader holds meanwhile: it is not read again for it.
+        if self.held {
+            self.refresh_snapshot()?;
+        } else {
+            self.status()?;
+        }
+        let interrupt = match self.front.snapshot.state.as_str() {
             "testing" => Interrupt::Operator,
             "downloading" | "installing" | "installed" => Interrupt::Cancel,
             _ => Interrupt::Never,
@@ -609,26 +622,14 @@ impl Daemon {
                     };
                     self.poll_server(Some(Origin::parse(&manifest, &mirrors)), Some(client));
                 }
-                Queued::Mark(client, good) => {
+                Queued::Verdict(client, verdict) => {
                     let mut tick = Tick::new(&mut self.front, Interrupt::Never);
-                    let r = if good {
-                        self.m.mark_good(&mut tick)
-                    } else {
-                        self.m.mark_bad(&mut tick)
+                    let r = match verdict {
+                        Verdict::Good => self.m.mark_good(&mut tick),
+                        Verdict::Bad => self.m.mark_bad(&mut tick),
+                        Verdict::Cancel => self.m.cancel(&mut tick),
                     };
                     match r {
-                        Ok(msg) => {
-                            log::info!("{msg}");
-                            self.machine_active = true;
-                            self.next_step = Instant::now();
-                            client.reply(&Reply::ok(msg));
-                        }
-                        Err(e) => client.reply(&Reply::error(&e)),
-                    }
-                }
-                Queued::Cancel(client) => {
-                    let mut tick = Tick::new(&mut self.front, Interrupt::Never);
-                    match self.m.cancel(&mut tick) {
                         Ok(msg) => {
                             log::info!("{msg}");
                             self.machine_active = true;

@@ -80,6 +80,8 @@ mod operator;
 mod policy;
 mod watch;
 
+pub use policy::Wait;
+
 /// How the machine is driven.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {

@@ -73,12 +73,6 @@ impl Machine {
     pub fn cancel(&mut self, t: &mut dyn Ticker) -> Result<String> {
         let state = self.state()?;
         let name = state.name();
-        let done = |job: &Job, what: &str| {
-            format!(
-                "release {} slot {}: cancelled; {what}",
-                job.version, job.target
-            )
-        };
         match state {
             State::Downloading(job) | State::Installing(job) => {
                 if let Method::Delta { url, .. } = &job.method {
@@ -92,7 +86,7 @@ impl Machine {
                 } else {
                     "nothing was written"
                 };
-                let msg = done(&job, what);
+                let msg = cancelled_message(&job, what);
                 self.end_cancelled(job, &format!("{name} stopped; {what}"))?;
                 Ok(msg)
             }
@@ -101,16 +95,14 @@ impl Machine {
                 // boot order since its first write. One that is not held
                 // may have been (a one-shot install stops here, switched
                 // in): take it out again.
-                if job.held.is_none() {
-                    self.boot.mark_bad_with(job.target, t)?;
-                }
-                self.store.forget_slot(job.target)?;
-                let msg = done(
-                    &job,
+                let switched = job.held.is_none();
+                self.drop_slot(
+                    job,
+                    switched,
+                    t,
                     "the written slot is dropped and stays out of the boot order",
-                );
-                self.end_cancelled(job, "the written slot was dropped before its switch")?;
-                Ok(msg)
+                    "the written slot was dropped before its switch",
+                )
             }
             State::Rebooting(job) if job.purpose != Some(RebootPurpose::Rollback) => {
                 if self.reboot_requested {
@@ -121,14 +113,8 @@ impl Machine {
                         job.target
                     );
                 }
-                self.boot.mark_bad_with(job.target, t)?;
-                self.store.forget_slot(job.target)?;
-                let msg = done(
-                    &job,
-                    &format!("switched back to slot {}, no reboot", self.booted),
-                );
-                self.end_cancelled(job, "switched back before the reboot")?;
-                Ok(msg)
+                let what = format!("switched back to slot {}, no reboot", self.booted);
+                self.drop_slot(job, true, t, &what, "switched back before the reboot")
             }
             State::Testing(_) => self.mark_bad(t),
             s => bail!(
@@ -137,6 +123,27 @@ impl Machine {
                 s.name()
             ),
         }
+    }
+
+    /// Cancel `job` whose slot is written: take the slot out of the boot
+    /// order when it may be in it (`switched`), forget what it holds, and
+    /// end the job as cancelled; `what` is told the operator, `detail`
+    /// goes into history.
+    fn drop_slot(
+        &mut self,
+        job: Job,
+        switched: bool,
+        t: &mut dyn Ticker,
+        what: &str,
+        detail: &str,
+    ) -> Result<String> {
+        if switched {
+            self.boot.mark_bad_with(job.target, t)?;
+        }
+        self.store.forget_slot(job.target)?;
+        let msg = cancelled_message(&job, what);
+        self.end_cancelled(job, detail)?;
+        Ok(msg)
     }
 
     /// The job ends as cancelled: its image is remembered so that polls do
@@ -291,4 +298,12 @@ impl Machine {
             },
         })
     }
+}
+
+/// What `updraft cancel` tells the operator about `job`.
+fn cancelled_message(job: &Job, what: &str) -> String {
+    format!(
+        "release {} slot {}: cancelled; {what}",
+        job.version, job.target
+    )
 }

@@ -62,6 +62,17 @@ pub enum Wait {
 }
 
 impl Wait {
+    /// What a held job waits for, told from what its row records alone
+    /// (no inhibitor asked, no clock read): an inhibitor once one held it
+    /// or when the gate lets it through, else the gate's own condition.
+    pub fn of_held(job: &Job, gate: Gate) -> Wait {
+        match (job.inhibited, gate) {
+            (Some(_), _) | (None, Gate::Auto) => Wait::Inhibitor,
+            (None, Gate::Manual) => Wait::Operator,
+            (None, Gate::Window) => Wait::Window,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Wait::Window => "window",
