@@ -25,7 +25,7 @@ use std::time::Instant;
 
 /// The commit of the last landed release: the previous release a rollback
 /// runs. The one place that names it.
-pub const PINNED: &str = "a62832dac97ffa4875563d230f3a255550c6d62e";
+pub const PINNED: &str = "9b62fe0a8da4191f82d9bfca287c1d56485e741f";
 
 /// Why the previous release cannot be tested in this run, when that is a
 /// legitimate skip rather than a failure: the binaries run under an emulator

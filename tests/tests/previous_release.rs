@@ -377,11 +377,12 @@ impl Db {
 }
 
 /// A slot the current release holds for the policy (written, verified,
-/// waiting for `updraft apply`): the previous release, which knows no
-/// policy, switches it in and asks for the reboot at its first step, as
+/// waiting for `updraft apply`): the previous release knows the switch
+/// gate and the hold, keeps the slot out of the boot order under the same
+/// configuration, and switches it when the operator applies it, as
 /// docs/compatibility.md says.
 #[test]
-fn the_previous_release_switches_a_slot_the_current_one_holds() {
+fn the_previous_release_keeps_a_held_slot_held_until_updraft_apply() {
     updraft_tests::require!("nginx");
     let old = updraft_tests::previous_release!();
     let ps = updraft_tests::proxied::ProxiedServer::start("held-to-old", false);
@@ -391,16 +392,20 @@ fn the_previous_release_switches_a_slot_the_current_one_holds() {
     let mut dev = Device::new("held-to-old", spec);
     dev.init();
     dev.start_daemon();
-    let st = dev.wait_for("a release held for `updraft apply`", WAIT, |s| {
+    let held = dev.wait_for("a release held for `updraft apply`", WAIT, |s| {
+        s["state"] == json!("installed") && s["policy"]["held_since"].is_string()
+    });
+    assert_eq!(held["next_boot"], json!("A"), "{held:#}");
+    dev.stop_daemon();
+    dev.use_binary(Some(old));
+    dev.start_daemon();
+    let st = dev.wait_for("the previous release holding the slot", WAIT, |s| {
         s["state"] == json!("installed") && s["policy"]["held_since"].is_string()
     });
     assert_eq!(st["next_boot"], json!("A"), "{st:#}");
-    dev.stop_daemon();
-    // The previous release's image carries its own configuration: no
-    // [policy] section.
-    dev.reconfigure(|s| s.policy.clear());
-    dev.use_binary(Some(old));
-    dev.start_daemon();
+    assert_eq!(st["job"]["id"], held["job"]["id"], "{st:#}");
+    assert!(!dev.reboot_marker.exists(), "the previous release rebooted");
+    dev.ok(&["apply"]);
     dev.wait_reboot_requested(WAIT);
     let st = dev.status();
     assert_eq!(st["state"], json!("rebooting"), "{st:#}");

@@ -1,7 +1,8 @@
-//! The status wire form across releases: `last_install` was added to the
-//! status the daemon sends over the control socket, so the previous
-//! release's client must still read the current daemon's answer, and the
-//! current client the previous daemon's (which has no `last_install`).
+//! The status wire form across releases: the status the daemon sends
+//! over the control socket only gains fields, so the previous release's
+//! client reads the current daemon's answer exactly as it reads its own
+//! daemon's, and the current client reads the previous daemon's answer as
+//! the current one's without the fields added since.
 //!
 //! The previous release is the commit pinned in `updraft_tests::previous`,
 //! built from source on first use (see docs/compatibility.md).
@@ -61,28 +62,76 @@ fn status_crosses_the_socket_between_releases() {
         s["state"] == json!("idle") && s["running_version"] == json!("1.0")
     });
 
-    // The current daemon answers the previous client, which ignores the
-    // field it does not know.
-    let st = parse(&status_by(None, &dev, true));
-    assert_eq!(st["last_install"]["result"], json!("committed"), "{st:#}");
-    let by_old = parse(&status_by(Some(&old), &dev, true));
-    assert_eq!(by_old["state"], json!("idle"), "{by_old:#}");
-    assert_eq!(by_old["running_version"], json!("1.0"), "{by_old:#}");
-    assert!(by_old.get("last_install").is_none(), "{by_old:#}");
-    let text = status_by(Some(&old), &dev, false);
-    assert!(text.contains("booted slot: B (release 1.0)"), "{text}");
+    let cur_by_cur = parse(&status_by(None, &dev, true));
+    assert_eq!(cur_by_cur["last_install"]["result"], json!("committed"));
+    let old_by_cur = parse(&status_by(Some(&old), &dev, true));
+    let old_text_by_cur = status_by(Some(&old), &dev, false);
 
-    // The previous daemon answers the current client: no `last_install`,
-    // everything else as before.
     dev.stop_daemon();
     dev.use_binary(Some(old.clone()));
     dev.start_daemon();
-    let from_old = parse(&status_by(None, &dev, true));
-    assert_eq!(from_old["state"], json!("idle"), "{from_old:#}");
-    assert_eq!(from_old["running_version"], json!("1.0"), "{from_old:#}");
-    assert!(from_old.get("last_install").is_none(), "{from_old:#}");
-    let text = status_by(None, &dev, false);
-    assert!(text.contains("booted slot:  B (release 1.0)"), "{text}");
-    assert!(!text.contains("last install:"), "{text}");
+    let old_by_old = parse(&status_by(Some(&old), &dev, true));
+    let cur_by_old = parse(&status_by(None, &dev, true));
+    let cur_text_by_old = status_by(None, &dev, false);
     dev.stop_daemon();
+
+    // The previous client: the current daemon looks to it exactly as its
+    // own daemon does.
+    assert_eq!(
+        without_clock(old_by_cur.clone()),
+        without_clock(old_by_old),
+        "the previous client reads the current daemon differently"
+    );
+    assert_eq!(old_by_cur["state"], json!("idle"), "{old_by_cur:#}");
+    assert!(
+        old_text_by_cur.contains("booted slot:") && old_text_by_cur.contains("B (release 1.0)"),
+        "{old_text_by_cur}"
+    );
+
+    // The current client: what the previous daemon says is what the
+    // current one says, minus fields added since.
+    assert_eq!(cur_by_old["state"], json!("idle"), "{cur_by_old:#}");
+    assert_eq!(
+        cur_by_old["running_version"],
+        json!("1.0"),
+        "{cur_by_old:#}"
+    );
+    assert_within("", &without_clock(cur_by_old), &without_clock(cur_by_cur));
+    assert!(
+        cur_text_by_old.contains("booted slot:  B (release 1.0)"),
+        "{cur_text_by_old}"
+    );
+}
+
+/// `status` without what moves with the clock between two reads: the
+/// time of the next check.
+fn without_clock(mut st: Value) -> Value {
+    if let Some(o) = st.as_object_mut() {
+        o.remove("next_check");
+    }
+    st
+}
+
+/// Every field of `part` is in `whole` with the same value (objects are
+/// compared field by field, recursively); `whole` may hold more.
+fn assert_within(at: &str, part: &Value, whole: &Value) {
+    match (part, whole) {
+        (Value::Object(p), Value::Object(w)) => {
+            for (k, v) in p {
+                let here = format!("{at}.{k}");
+                match w.get(k) {
+                    Some(wv) => assert_within(&here, v, wv),
+                    None => panic!(
+                        "{here} is in the previous daemon's status, not in the current one's"
+                    ),
+                }
+            }
+        }
+        (Value::Array(p), Value::Array(w)) if p.len() == w.len() => {
+            for (i, (pv, wv)) in p.iter().zip(w).enumerate() {
+                assert_within(&format!("{at}[{i}]"), pv, wv);
+            }
+        }
+        _ => assert_eq!(part, whole, "{at} differs between the releases' daemons"),
+    }
 }
