@@ -38,7 +38,7 @@ use std::os::unix::fs::FileExt;
 use zstd::zstd_safe::{self, DCtx, DParameter, InBuffer, OutBuffer};
 
 use crate::artifact::parse_frame_header;
-use crate::error::{Context, Error, Result};
+use crate::error::{Error, Result};
 use crate::manifest::MAX_WINDOW_LOG;
 use crate::{bail, err};
 
@@ -76,7 +76,7 @@ const MAX_FRAME_HEADER: usize = 18;
 /// [`BLOCK`] bytes (the last may be shorter). On error, what the sink has
 /// received is a prefix of garbage and must not be used.
 pub fn apply(
-    old: &File,
+    old: &dyn ReadAt,
     old_len: u64,
     patch: &mut dyn Read,
     new_len: u64,
@@ -403,9 +403,24 @@ impl<'a> PatchStream<'a> {
     }
 }
 
+/// Where a delta's source is read from, at offsets. On a device that is
+/// the active slot's [`crate::slot::SlotReader`], which reads what the
+/// medium holds, the same bytes the source hash was checked on; a plain
+/// [`File`] (the publisher's check, tests) reads through the page cache.
+pub trait ReadAt {
+    /// Fill `buf` with the source's bytes from `offset` on.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+}
+
+impl ReadAt for File {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        FileExt::read_exact_at(self, buf, offset).map_err(Error::from)
+    }
+}
+
 /// The source, read with `pread` through one window.
 struct Source<'a> {
-    file: &'a File,
+    file: &'a dyn ReadAt,
     len: u64,
     buf: Vec<u8>,
     /// Source offset of `buf[0]`.
@@ -414,7 +429,7 @@ struct Source<'a> {
 }
 
 impl<'a> Source<'a> {
-    fn new(file: &'a File, len: u64) -> Source<'a> {
+    fn new(file: &'a dyn ReadAt, len: u64) -> Source<'a> {
         Source {
             file,
             len,
@@ -441,8 +456,10 @@ impl<'a> Source<'a> {
                 .min(self.len.saturating_sub(pos)) as usize;
             self.file
                 .read_exact_at(&mut self.buf[..n], pos)
-                .with_context(|| {
-                    format!("reading {n} bytes of the delta's source at offset {pos}")
+                .map_err(|e| {
+                    e.wrap(format!(
+                        "reading {n} bytes of the delta's source at offset {pos}"
+                    ))
                 })?;
             self.at = pos;
             self.filled = n;

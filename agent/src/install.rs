@@ -368,7 +368,7 @@ pub fn apply_delta(
         meter.advance(block.len() as u64);
         meter.tick(ticker)
     };
-    crate::delta::apply(old.file(), from_size, &mut patch, image.size, &mut sink)?;
+    crate::delta::apply(&old, from_size, &mut patch, image.size, &mut sink)?;
     let got = hash.finish();
     if got != image.sha256 {
         bail!(

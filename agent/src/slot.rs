@@ -24,6 +24,7 @@
 //! checking [`booted_slot`]. It refuses, as a last line of defence, to open
 //! for writing a slot that is the same device as the booted one.
 
+use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
@@ -465,7 +466,15 @@ pub struct SlotReader {
     path: PathBuf,
     block: bool,
     capacity: u64,
+    /// Aligned bounce buffer for reads of the medium into the caller's
+    /// unaligned buffers ([`SlotReader::read_medium_at`]); empty until
+    /// first used.
+    bounce: RefCell<AlignedBuf>,
 }
+
+/// Bytes the bounce buffer of a [`SlotReader`] holds at most: a delta's
+/// source is read through it in pieces of this size.
+const BOUNCE: usize = 256 * 1024;
 
 impl SlotReader {
     pub fn open(path: &Path) -> Result<SlotReader> {
@@ -493,15 +502,12 @@ impl SlotReader {
             path: path.to_path_buf(),
             block,
             capacity,
+            bounce: RefCell::new(AlignedBuf::default()),
         })
     }
 
     pub fn capacity(&self) -> u64 {
         self.capacity
-    }
-
-    pub fn file(&self) -> &File {
-        &self.file
     }
 
     pub fn path(&self) -> &Path {
@@ -565,9 +571,60 @@ impl SlotReader {
         Ok(())
     }
 
+    /// Read exactly `buf.len()` bytes at `offset` as the medium holds
+    /// them: every whole [`direct_io::ALIGN`] unit inside the slot through
+    /// the direct descriptor, where the device has one, and only the rest
+    /// (a last partial unit) through the page cache; these are the bytes
+    /// [`SlotReader::hash_range`] hashes. The page cache of a block device
+    /// can differ from the medium: a mounted ext4 keeps its journal
+    /// superblock changed in memory and never writes it, so a delta applied
+    /// from the cached bytes of a running root would not produce the image
+    /// the source hash promised. Without a direct descriptor (a file, or a
+    /// device that refuses `O_DIRECT`) the page cache is all there is.
+    pub fn read_medium_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let Some(direct) = &self.direct else {
+            return self.read_exact_at(buf, offset);
+        };
+        let unit = direct_io::ALIGN as u64;
+        let units_end = self.capacity / unit * unit;
+        let end = offset.saturating_add(buf.len() as u64);
+        let mut bounce = self.bounce.borrow_mut();
+        let mut pos = offset;
+        while pos < end {
+            let done = (pos - offset) as usize;
+            if pos >= units_end {
+                return self.read_exact_at(&mut buf[done..], pos);
+            }
+            let start = pos / unit * unit;
+            let stop = end.min(units_end).div_ceil(unit) * unit;
+            let stop = stop.min(start + BOUNCE as u64);
+            bounce.set_len((stop - start) as usize);
+            match direct.read_exact_at(&mut bounce[..], start) {
+                Ok(()) => {}
+                Err(e) if direct_io::refused(&e) => {
+                    return self.read_exact_at(&mut buf[done..], pos);
+                }
+                Err(e) => {
+                    return Err(Error::from(e)
+                        .wrap(format!(
+                            "reading slot {} at offset {start}",
+                            self.path.display()
+                        ))
+                        .with_kind(Kind::Slot));
+                }
+            }
+            let from = (pos - start) as usize;
+            let take = (stop.min(end) - pos) as usize;
+            buf[done..done + take].copy_from_slice(&bounce[from..from + take]);
+            pos += take as u64;
+        }
+        Ok(())
+    }
+
     /// Read `n` bytes at `off` into the start of `buf`, direct when the
     /// offset is aligned and a whole number of units (at most `buf.len()`)
-    /// covering them fits in the slot.
+    /// covering them fits in the slot; otherwise as
+    /// [`SlotReader::read_medium_at`] reads them.
     fn read_block(&self, buf: &mut [u8], off: u64, n: usize) -> Result<()> {
         if let Some(file) = &self.direct {
             let whole = n.div_ceil(direct_io::ALIGN) * direct_io::ALIGN;
@@ -589,7 +646,13 @@ impl SlotReader {
                 }
             }
         }
-        self.read_exact_at(&mut buf[..n], off)
+        self.read_medium_at(&mut buf[..n], off)
+    }
+}
+
+impl crate::delta::ReadAt for SlotReader {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read_medium_at(buf, offset)
     }
 }
 

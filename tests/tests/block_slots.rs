@@ -13,7 +13,7 @@ use std::process::Command;
 use updraft::hash::Sha256;
 use updraft_tests::bootenv::LoopDevice;
 use updraft_tests::device::{Device, DeviceSpec};
-use updraft_tests::publisher::{Repo, image, keygen};
+use updraft_tests::publisher::{Repo, image, image_bytes, keygen};
 use updraft_tests::skip::is_root;
 use updraft_tests::tmp::TempDir;
 
@@ -135,4 +135,99 @@ fn a_mounted_slot_is_refused() {
         "boot selection changed"
     );
     assert_eq!(after.state, serde_json::json!("idle"));
+}
+
+/// A running root is an ext4 with a journal mounted read-only (the usual
+/// Yocto image). The kernel keeps the journal superblock changed in the
+/// device's page cache and never writes it, so the page cache differs from
+/// the medium. The delta's source hash is checked on what the medium holds:
+/// the delta must be applied from the same bytes, or it never produces the
+/// signed image and every delta update falls back to the full image.
+#[test]
+fn a_delta_applies_from_a_mounted_journaled_root_as_the_medium_holds_it() {
+    updraft_tests::require!("losetup", "mkfs.ext4", "mount", "umount");
+    if !is_root() {
+        updraft_tests::skip!("needs root to attach and mount loop devices");
+    }
+    let keys = TempDir::new("journaled-keys");
+    let key = keygen(keys.path(), "release");
+    let mut dev = Device::new("journaled", DeviceSpec::simple(&key));
+    // Release 1.0 is the root filesystem image, release 2.0 the same with
+    // some blocks changed.
+    let root = keys.join("root");
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::write(root.join("etc/hostname"), "gateway\n").unwrap();
+    std::fs::write(root.join("data.bin"), image_bytes(2 * MIB, 5)).unwrap();
+    let v1 = keys.join("v1.img");
+    let mkfs = Command::new("mkfs.ext4")
+        .args([
+            "-q",
+            "-F",
+            "-E",
+            "lazy_itable_init=0,lazy_journal_init=0",
+            "-d",
+        ])
+        .arg(&root)
+        .arg(&v1)
+        .arg("12M")
+        .status()
+        .expect("mkfs.ext4 (e2fsprogs)");
+    assert!(mkfs.success());
+    let v1_bytes = std::fs::read(&v1).unwrap();
+    let mut v2_bytes = v1_bytes.clone();
+    for i in (6 * MIB..8 * MIB).step_by(4099) {
+        v2_bytes[i] ^= 0x5a;
+    }
+    let v2 = keys.join("v2.img");
+    std::fs::write(&v2, &v2_bytes).unwrap();
+    let mut slot_a = std::fs::read(&dev.slot_a).unwrap();
+    slot_a[..v1_bytes.len()].copy_from_slice(&v1_bytes);
+    std::fs::write(&dev.slot_a, &slot_a).unwrap();
+    let a = LoopDevice::attach(&dev.slot_a);
+    let b = LoopDevice::attach(&dev.slot_b);
+    let paths = (a.path.clone(), b.path.clone());
+    dev.reconfigure(|s| s.slot_paths = Some(paths));
+    dev.init();
+    let mnt = keys.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mount = Command::new("mount")
+        .args(["-o", "ro"])
+        .arg(&a.path)
+        .arg(&mnt)
+        .status()
+        .expect("mount");
+    assert!(mount.success(), "mounting slot A failed");
+    // What this is about: the page cache of the mounted device is not the
+    // medium.
+    let cached = read_device(&a.path, v1_bytes.len());
+    let repo = Repo::new(keys.join("site"));
+    let out = repo.release(&[&key], "2.0", &v2, &["--from", v1.to_str().unwrap()]);
+    let result = dev.updraft(&["install", &repo.manifest_str()]);
+    let history = dev.ok(&["history"]);
+    let unmount = Command::new("umount").arg(&mnt).status();
+    assert!(
+        unmount.map(|s| s.success()).unwrap_or(false),
+        "umount failed"
+    );
+    assert_ne!(
+        Sha256::of(&cached),
+        Sha256::of(&v1_bytes),
+        "the mounted root reads as its image through the page cache: nothing to show here"
+    );
+    assert!(out.contains("delta from"), "no delta published: {out}");
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    assert!(
+        history.contains("verified on the slot (delta)"),
+        "{history}"
+    );
+    assert!(!history.contains("delta-fallback"), "{history}");
+    assert_eq!(
+        Sha256::of(&read_device(&b.path, v2_bytes.len())),
+        Sha256::of(&v2_bytes),
+        "slot B is not release 2.0"
+    );
 }
