@@ -256,10 +256,17 @@ pub struct Device {
     /// This device's hardware id; a release must list it in `compatible`.
     pub compatible: String,
     pub id_file: PathBuf,
+    /// The release marker the image build writes into the root filesystem
+    /// ([`crate::provision`]).
+    pub release_file: PathBuf,
 }
 
 fn default_id_file() -> PathBuf {
     PathBuf::from("/data/updraft/device-id")
+}
+
+fn default_release_file() -> PathBuf {
+    PathBuf::from("/etc/updraft/release")
 }
 
 #[derive(Debug, Clone)]
@@ -519,6 +526,7 @@ impl Config {
         let device = Device {
             compatible: s.required_string("compatible")?,
             id_file: s.path("id_file")?.unwrap_or_else(default_id_file),
+            release_file: s.path("release_file")?.unwrap_or_else(default_release_file),
         };
         s.finish()?;
 

@@ -38,6 +38,7 @@ pub mod metrics;
 mod notify;
 mod poll;
 mod progress;
+pub mod provision;
 mod readback;
 mod reconcile;
 mod report;

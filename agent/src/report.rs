@@ -33,6 +33,7 @@ pub const INSTALL: &str = "install";
 pub const HEARTBEAT: &str = "heartbeat";
 pub const CHECK_FAILED: &str = "check_failed";
 pub const WAITING: &str = "waiting";
+pub const RUNNING: &str = "running";
 
 /// A queued report ready to hand to [`Store::transition`] or
 /// [`Store::push_report`].
@@ -158,6 +159,31 @@ pub fn waiting(device: &str, booted: SlotName, job: &Job, waiting_for: &str, why
             "reason": why,
             "held_since": job.held,
             "inhibited_since": job.inhibited,
+        }),
+    )
+}
+
+/// A release found running in the booted slot with no install recorded
+/// (a freshly provisioned device): `how` says what showed it, the release
+/// marker or the slot's hash.
+pub fn running(
+    device: &str,
+    booted: SlotName,
+    version: &str,
+    image_sha256: &crate::hash::Sha256,
+    how: &str,
+) -> Pending {
+    pending(
+        RUNNING,
+        false,
+        json!({
+            "kind": RUNNING,
+            "device_id": device,
+            "time": Timestamp::now(),
+            "booted_slot": booted.as_str(),
+            "release": version,
+            "image_sha256": image_sha256,
+            "evidence": how,
         }),
     )
 }

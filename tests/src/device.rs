@@ -51,6 +51,8 @@ pub struct DeviceSpec {
     pub trust: TrustSpec,
     pub boot: BootSpec,
     pub compatible: String,
+    /// Extra `[device]` lines (releases before a key existed refuse it).
+    pub device: String,
     /// `[server]` lines.
     pub server: String,
     /// `[health]` lines.
@@ -83,6 +85,7 @@ impl DeviceSpec {
             trust: TrustSpec::Keys(vec![release.public.clone()], 1),
             boot: BootSpec::File,
             compatible: "testboard".into(),
+            device: String::new(),
             server: String::new(),
             health: String::new(),
             bootloader: String::new(),
@@ -269,7 +272,7 @@ impl Device {
         };
         let text = format!(
             "[server]\n{server}\n\
-             [device]\ncompatible = {compat:?}\nid_file = {id:?}\n\
+             [device]\ncompatible = {compat:?}\nid_file = {id:?}\n{device}\
              [trust]\n{trust}\n\
              [slots]\na = {a:?}\nb = {b:?}\ncmdline = {cmdline:?}\n\
              [bootloader]\n{boot}tries = {tries}\n{bootloader}\n\
@@ -278,6 +281,11 @@ impl Device {
              reboot_command = {reboot}\n{system}\n{policy}",
             server = s.server,
             compat = s.compatible,
+            device = if s.device.is_empty() {
+                String::new()
+            } else {
+                format!("{}\n", s.device)
+            },
             id = self.state_dir.join("device-id"),
             a = s.slot_paths.as_ref().map(|p| &p.0).unwrap_or(&self.slot_a),
             b = s.slot_paths.as_ref().map(|p| &p.1).unwrap_or(&self.slot_b),

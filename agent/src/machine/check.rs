@@ -109,7 +109,16 @@ impl Machine {
                 m.release.version
             );
         }
-        if let Some(rec) = self.store.slot_record(self.booted)? {
+        let record = self.store.slot_record(self.booted)?;
+        if record.is_none() {
+            if let Some(how) = self.provisioned(m, t)? {
+                return Ok(CheckOutcome::NoChange(format!(
+                    "release {} is already running in slot {} ({how}); nothing to install",
+                    m.release.version, self.booted
+                )));
+            }
+        }
+        if let Some(rec) = record {
             if rec.sha256 == m.image.sha256 && rec.size == m.image.size {
                 let why = match freshness {
                     Freshness::Unchanged => format!(
@@ -165,6 +174,116 @@ impl Machine {
             }
         }
         self.plan(origin, m, t)
+    }
+
+    /// With no install recorded for the booted slot, whether it already
+    /// holds `m`'s image ([`crate::provision`]): by its release marker, or
+    /// else by hashing it, at most once per slot and image. When it does,
+    /// the release is recorded as running and reported, and what showed it
+    /// is returned.
+    fn provisioned(&mut self, m: &Manifest, t: &mut dyn Ticker) -> Result<Option<String>> {
+        let marker_path = self.cfg.device.release_file.clone();
+        let version = &m.release.version;
+        let how = match crate::provision::read_marker(&marker_path) {
+            Ok(Some(marker)) => {
+                if marker.version != *version {
+                    log::debug!(
+                        "release marker {} names release {}, the manifest {version}",
+                        marker_path.display(),
+                        marker.version
+                    );
+                    return Ok(None);
+                }
+                if marker.sha256.is_some_and(|s| s != m.image.sha256) {
+                    log::warn!(
+                        "release marker {} names release {version} with another image than the manifest's {}; installing it",
+                        marker_path.display(),
+                        m.image.sha256.short()
+                    );
+                    return Ok(None);
+                }
+                format!("its release marker {} names it", marker_path.display())
+            }
+            Ok(None) => match self.booted_holds(m, t)? {
+                true => format!("its first {} bytes hash to the signed image", m.image.size),
+                false => return Ok(None),
+            },
+            Err(e) => {
+                log::warn!("{e}; the release in slot {} is not known", self.booted);
+                return Ok(None);
+            }
+        };
+        let mut reports = Vec::new();
+        if self.reports_enabled() {
+            reports.push(report::running(
+                &self.device_id,
+                self.booted,
+                version,
+                &m.image.sha256,
+                &how,
+            ));
+        }
+        let booted = self.booted;
+        self.store.atomically(|s| {
+            s.set_slot_record(&SlotRecord {
+                slot: booted,
+                version: version.clone(),
+                sha256: m.image.sha256,
+                size: m.image.size,
+                installed: Timestamp::now(),
+            })?;
+            s.add_history(&Event {
+                event: "running",
+                release: Some(version),
+                slot: Some(booted),
+                detail: Some(&format!("no install recorded; {how}")),
+            })?;
+            for r in &reports {
+                s.push_report(&r.as_report())?;
+            }
+            Ok(())
+        })?;
+        log::info!("running: release {version} slot {booted}: no install recorded; {how}");
+        Ok(Some(how))
+    }
+
+    /// Whether the booted slot's first `image.size` bytes are `m`'s image,
+    /// hashed once per slot and image: the verdict is kept in the store
+    /// (`booted_hash.<slot>`). A slot that cannot be read holds nothing
+    /// known.
+    fn booted_holds(&mut self, m: &Manifest, t: &mut dyn Ticker) -> Result<bool> {
+        let key = format!("booted_hash.{}", self.booted);
+        let image = m.image.sha256.to_hex();
+        if let Some(cached) = self.store.get(&key)? {
+            if let Some((sha, verdict)) = cached.split_once(' ') {
+                if sha == image {
+                    return Ok(verdict == "same");
+                }
+            }
+        }
+        let path = self.slots.path(self.booted).to_path_buf();
+        let capacity = slot::capacity(&path)?;
+        let same = if capacity < m.image.size {
+            false
+        } else {
+            log::info!(
+                "slot {}: no install recorded; hashing its first {} bytes for release {}",
+                self.booted,
+                m.image.size,
+                m.release.version
+            );
+            match crate::provision::hash_booted_slot(&path, m.image.size, t) {
+                Ok(found) => found == m.image.sha256,
+                Err(e) if e.kind() == Kind::Stopped => return Err(e),
+                Err(e) => {
+                    log::warn!("slot {}: {e}; its release is not known", self.booted);
+                    return Ok(false);
+                }
+            }
+        };
+        let verdict = if same { "same" } else { "differs" };
+        self.store.set(&key, &format!("{image} {verdict}"))?;
+        Ok(same)
     }
 
     /// Choose target slot and method, and start the job.
