@@ -591,7 +591,7 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
                     return Ok(());
                 }
             }
-            let tries = m.cfg.bootloader.tries;
+            let tries = m.trial_tries();
             println!(
                 "installed release {version} into slot {target}; it boots next for a trial ({tries} {}); reboot to try it",
                 if tries == 1 { "try" } else { "tries" }

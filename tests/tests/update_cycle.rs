@@ -374,6 +374,13 @@ fn grub_rollback_after_a_failed_health_check() {
     r.publish("1.0", 11);
     r.dev.start_daemon();
     r.wait_installed("1.0");
+    // The log says the try GRUB gives, not the configured count.
+    let log = r.dev.log();
+    assert!(
+        log.contains("release 1.0 slot B: first in the boot order for a trial boot (1 try)"),
+        "{}",
+        r.dev.log_tail()
+    );
     assert_eq!(r.dev.reboot(), SlotName::B);
     r.dev.start_daemon();
     r.dev.wait_reboot_requested(WAIT);

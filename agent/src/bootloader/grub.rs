@@ -458,6 +458,10 @@ impl Bootloader for GrubBootloader {
         })
     }
 
+    fn trial_tries(&self, _tries: u32) -> u32 {
+        1
+    }
+
     /// GRUB gives one try whatever `tries` says.
     fn trial_with(&mut self, slot: SlotName, _tries: u32, _: &mut dyn Ticker) -> Result<()> {
         self.update_boot(|b| {

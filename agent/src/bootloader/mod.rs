@@ -107,6 +107,12 @@ pub trait Bootloader {
     /// other slot stays in the order as the fallback.
     fn trial_with(&mut self, slot: SlotName, tries: u32, t: &mut dyn Ticker) -> Result<()>;
 
+    /// The attempts a trial boot gets when `tries` are asked for: `tries`,
+    /// unless the bootloader counts its own way (GRUB gives one).
+    fn trial_tries(&self, tries: u32) -> u32 {
+        tries
+    }
+
     /// Mark `slot` good: first in the order, bootable, attempts reset to
     /// `tries`. Writes nothing when that is already the state.
     fn mark_good_with(&mut self, slot: SlotName, tries: u32, t: &mut dyn Ticker) -> Result<()>;

@@ -288,11 +288,12 @@ impl Machine {
             }
         }
         self.boot.trial_with(job.target, self.tries(), t)?;
+        let tries = self.trial_tries();
         log::info!(
-            "release {} slot {}: first in the boot order for a trial boot ({} tries)",
+            "release {} slot {}: first in the boot order for a trial boot ({tries} {})",
             job.version,
             job.target,
-            self.tries()
+            if tries == 1 { "try" } else { "tries" }
         );
         if self.mode == Mode::Oneshot {
             if job.held.take().is_some() {

@@ -269,6 +269,12 @@ impl Machine {
         self.cfg.bootloader.tries
     }
 
+    /// The attempts a trial boot gets: `bootloader.tries`, as the
+    /// bootloader counts them.
+    pub fn trial_tries(&self) -> u32 {
+        self.boot.trial_tries(self.tries())
+    }
+
     /// Persist a transition with its history line and reports, and log it.
     fn enter(
         &mut self,
