@@ -31,6 +31,9 @@ fn render() -> String {
         ("UPDRAFT_PARTUUID_B", "3b2a9c7e-4f1d-4d52-9a67-1c0e8f3d2a02"),
         ("UPDRAFT_PANIC_SECONDS", "10"),
         ("UPDRAFT_EXTRA_BOOTARGS", ""),
+        ("UPDRAFT_GRUB_PARTMAP", "gpt"),
+        ("UPDRAFT_GRUB_LINUX", "linux"),
+        ("UPDRAFT_GRUB_INITRD", ""),
     ];
     let mut text = template;
     for (k, v) in values {

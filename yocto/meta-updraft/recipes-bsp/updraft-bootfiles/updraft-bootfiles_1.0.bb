@@ -41,6 +41,14 @@ UPDRAFT_GRUB_DISK ??= "hd0"
 UPDRAFT_GRUB_TIMEOUT ??= "0"
 UPDRAFT_PARTUUID_A ??= "3b2a9c7e-4f1d-4d52-9a67-1c0e8f3d2a01"
 UPDRAFT_PARTUUID_B ??= "3b2a9c7e-4f1d-4d52-9a67-1c0e8f3d2a02"
+# GRUB: the partition map module's name as it appears in device names
+# (gpt, or msdos for an MBR disk), the command loading the kernel (linux, or
+# linux16 for the 16-bit boot protocol on BIOS machines) and a command run
+# after it in each menu entry, e.g. "initrd16 (hd0,msdos1)/initrd.img" when
+# the root file system needs an initramfs; empty: none.
+UPDRAFT_GRUB_PARTMAP ??= "gpt"
+UPDRAFT_GRUB_LINUX ??= "linux"
+UPDRAFT_GRUB_INITRD ??= ""
 
 do_configure[noexec] = "1"
 
@@ -59,6 +67,9 @@ do_compile() {
             -e 's#@@UPDRAFT_GRUB_TIMEOUT@@#${UPDRAFT_GRUB_TIMEOUT}#g' \
             -e 's#@@UPDRAFT_PARTUUID_A@@#${UPDRAFT_PARTUUID_A}#g' \
             -e 's#@@UPDRAFT_PARTUUID_B@@#${UPDRAFT_PARTUUID_B}#g' \
+            -e 's#@@UPDRAFT_GRUB_PARTMAP@@#${UPDRAFT_GRUB_PARTMAP}#g' \
+            -e 's#@@UPDRAFT_GRUB_LINUX@@#${UPDRAFT_GRUB_LINUX}#g' \
+            -e 's#@@UPDRAFT_GRUB_INITRD@@#${UPDRAFT_GRUB_INITRD}#g' \
             ${S}/$f.in > ${B}/$f
         if grep -n '@@' ${B}/$f; then
             bbfatal "$f: placeholders left unreplaced"
