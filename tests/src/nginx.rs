@@ -128,6 +128,9 @@ pub struct NginxBuilder<'a> {
     /// The main server requires a client certificate issued by this CA
     /// (PEM file) and, when set, this bearer token.
     client_auth: Option<(PathBuf, Option<String>)>,
+    /// Names the main server's certificate is issued for; empty:
+    /// [`crate::ca::LOOPBACK_NAMES`].
+    tls_names: Vec<String>,
 }
 
 /// A running nginx; stopped (SIGTERM to its PID) when dropped.
@@ -204,6 +207,7 @@ impl Nginx {
             log_headers: Vec::new(),
             redirects: Vec::new(),
             client_auth: None,
+            tls_names: Vec::new(),
         }
     }
 
@@ -348,6 +352,15 @@ impl<'a> NginxBuilder<'a> {
         self
     }
 
+    /// Issue the main server's certificate for `names` (IP literals become
+    /// IP SANs) instead of the loopback names, e.g. for a client that
+    /// reaches this loopback server through an address translation, as a
+    /// QEMU guest does through `10.0.2.2`.
+    pub fn tls_names(mut self, names: &[&str]) -> Self {
+        self.tls_names = names.iter().map(|n| n.to_string()).collect();
+        self
+    }
+
     /// Run this nginx binary instead of [`Nginx::binary`].
     pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
         self.binary = Some(path.into());
@@ -479,11 +492,16 @@ impl<'a> NginxBuilder<'a> {
         }
 
         // Certificates.
+        let names: Vec<&str> = if self.tls_names.is_empty() {
+            crate::ca::LOOPBACK_NAMES.to_vec()
+        } else {
+            self.tls_names.iter().map(String::as_str).collect()
+        };
         let (ca_pem, leaf) = match self.ca {
-            Some(ca) => (ca.cert_pem(), ca.issue_loopback()?),
+            Some(ca) => (ca.cert_pem(), ca.issue(&names)?),
             None => {
                 let ca = TestCa::new("updraft test CA")?;
-                (ca.cert_pem(), ca.issue_loopback()?)
+                (ca.cert_pem(), ca.issue(&names)?)
             }
         };
         let tls = dir.join("tls");
