@@ -21,7 +21,6 @@
 //! backtrace.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -115,37 +114,7 @@ fn check_prerequisites() -> Result {
 /// Run `f`, turning a panic of the test-support code into an error with
 /// its message (no backtrace).
 fn guarded(f: impl FnOnce() -> Result) -> Result {
-    static MESSAGE: Mutex<Option<String>> = Mutex::new(None);
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "a panic without a message".into());
-        let at = info
-            .location()
-            .map(|l| format!(" ({}:{})", l.file(), l.line()))
-            .unwrap_or_default();
-        let mut slot = MESSAGE.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = Some(format!("{msg}{at}"));
-        }
-    }));
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    std::panic::set_hook(previous);
-    match result {
-        Ok(r) => r.map_err(|e| format!("demo failed: {e}")),
-        Err(_) => {
-            let msg = MESSAGE
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-                .unwrap_or_else(|| "unknown failure".into());
-            Err(format!("demo failed: {msg}"))
-        }
-    }
+    util::guarded("demo", f)
 }
 
 /// A numbered step with its start time.

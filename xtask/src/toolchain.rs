@@ -429,7 +429,7 @@ pub(crate) fn install_packages(packages: &[&str], what: &str) -> Result {
             "{what} are missing: install them (apt-get install -y {list}) or run as root"
         ));
     }
-    println!("cross-test: installing {list} ({what})");
+    println!("xtask: installing {list} ({what})");
     let mut c = Command::new("apt-get");
     c.args(["install", "-y", "--no-install-recommends"])
         .args(packages)

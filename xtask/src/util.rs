@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 pub type Result<T = ()> = std::result::Result<T, String>;
 
@@ -93,4 +94,41 @@ pub fn have(name: &str) -> bool {
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
         .unwrap_or(false)
+}
+
+/// Run `f`, turning a panic of the test-support code (written for tests,
+/// it panics on failure) into an error with its message, no backtrace;
+/// errors are prefixed with `{what} failed: `.
+pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    static MESSAGE: Mutex<Option<String>> = Mutex::new(None);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic without a message".into());
+        let at = info
+            .location()
+            .map(|l| format!(" ({}:{})", l.file(), l.line()))
+            .unwrap_or_default();
+        let mut slot = MESSAGE.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(format!("{msg}{at}"));
+        }
+    }));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(previous);
+    match result {
+        Ok(r) => r.map_err(|e| format!("{what} failed: {e}")),
+        Err(_) => {
+            let msg = MESSAGE
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .unwrap_or_else(|| "unknown failure".into());
+            Err(format!("{what} failed: {msg}"))
+        }
+    }
 }
