@@ -10,6 +10,8 @@
 //! * `cross-test` — build for aarch64 and armv7 and run the tests under qemu-user.
 //! * `dist` — release tarballs with the binary, the systemd files and the docs.
 //! * `yocto-crates [--check]` — regenerate the Yocto recipe's crate list from Cargo.lock.
+//! * `vm-test [x86_64]` — the update cycle on a full-system QEMU machine:
+//!   GRUB, a Debian kernel, busybox and updraft, with real reboots.
 
 mod bench;
 mod cross;
@@ -20,6 +22,7 @@ mod fuzz;
 mod test;
 mod toolchain;
 mod util;
+mod vm;
 mod yocto;
 
 use std::process::ExitCode;
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         "cross-test" => cross::run(rest),
         "dist" => dist::run(rest),
         "yocto-crates" => yocto::run(rest),
+        "vm-test" => vm::run(rest),
         // The runner cross-test hands to cargo; not for direct use.
         "emulate" => return emulate::main(rest),
         "-h" | "--help" | "help" => {
@@ -73,4 +77,7 @@ const USAGE: &str = "usage: cargo xtask <command>
   fuzz [TARGET] [--seconds N]
   cross-test                build for aarch64 and armv7, run the tests under qemu-user
   dist [--target T]...      release tarballs (x86_64, aarch64, armv7) in target/dist
-  yocto-crates [--check]    regenerate the Yocto recipe's crate list from Cargo.lock";
+  yocto-crates [--check]    regenerate the Yocto recipe's crate list from Cargo.lock
+  vm-test [x86_64]          the update cycle on a QEMU machine (SeaBIOS, GRUB, Debian kernel,
+                            busybox): full update, failing health check, unbootable release,
+                            delta; as root on Debian it installs what it needs";

@@ -1,0 +1,444 @@
+//! One QEMU machine and its serial console: `qemu-system-x86_64` under TCG
+//! with the disk on virtio, user networking and the console on its stdin
+//! and stdout. Every console line goes to a log file as it arrives and is
+//! split into boots by the guest's marker lines, with the time each boot
+//! took from the reset (or the start of QEMU) to its userspace.
+//!
+//! A guest reboot (`reboot -f`, a kernel panic) resets the machine inside
+//! the same QEMU process; the machine ends when the guest powers off or
+//! the harness ends it.
+//!
+//! This module owns the QEMU process it starts and nothing else: it ends
+//! that process by its PID (never by name), and it must never decide what
+//! a scenario asserts.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+use super::guest::{GRUB_MARK, USERSPACE_MARK};
+use crate::util::Result;
+
+/// How many console lines an error shows.
+const TAIL: usize = 40;
+
+/// One boot of the machine, as the console showed it.
+#[derive(Clone, Debug)]
+pub struct Boot {
+    /// When the machine started or was reset into this boot.
+    pub reset: Instant,
+    /// When GRUB started the shipped fragment.
+    pub grub: Instant,
+    /// When the slot's init printed its first line.
+    pub userspace: Option<Instant>,
+    /// The slot and release the init reported.
+    pub slot: Option<String>,
+    pub version: Option<String>,
+}
+
+impl Boot {
+    /// From the reset to GRUB's first line.
+    pub fn to_grub(&self) -> Duration {
+        self.grub.duration_since(self.reset)
+    }
+
+    /// From the reset to userspace.
+    pub fn to_userspace(&self) -> Option<Duration> {
+        self.userspace.map(|u| u.duration_since(self.reset))
+    }
+}
+
+/// A running VM.
+pub struct Vm {
+    name: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<(Instant, String)>,
+    log_path: PathBuf,
+    started: Instant,
+    /// Every line so far.
+    seen: Vec<String>,
+    boots: Boots,
+    exited: bool,
+}
+
+/// The console's lines split into boots.
+struct Boots {
+    /// When the machine was (or will be) reset into the next boot.
+    pending_reset: Option<Instant>,
+    boots: Vec<Boot>,
+}
+
+impl Boots {
+    fn new(started: Instant) -> Boots {
+        Boots {
+            pending_reset: Some(started),
+            boots: Vec::new(),
+        }
+    }
+
+    fn see(&mut self, t: Instant, line: &str) {
+        if line.contains("reboot: Restarting system")
+            || line.contains("reboot: Power down")
+            || line.contains("softdog: Initiating system reboot")
+        {
+            self.pending_reset = Some(t);
+        }
+        if let Some(rest) = line.split("Rebooting in ").nth(1) {
+            // A kernel panic: the reset comes after the announced delay.
+            let secs: u64 = rest
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            self.pending_reset = Some(t + Duration::from_secs(secs));
+        }
+        if line.contains(GRUB_MARK) {
+            let reset = self
+                .pending_reset
+                .take()
+                .or_else(|| self.boots.last().and_then(|b| b.userspace))
+                .unwrap_or(t);
+            self.boots.push(Boot {
+                reset: reset.min(t),
+                grub: t,
+                userspace: None,
+                slot: None,
+                version: None,
+            });
+        }
+        if let Some(rest) = line.split(USERSPACE_MARK).nth(1) {
+            if let Some(b) = self.boots.last_mut() {
+                b.userspace = Some(t);
+                b.slot = field(rest, "slot");
+                b.version = field(rest, "version");
+            }
+        }
+    }
+}
+
+impl Vm {
+    /// Start QEMU on `disk`, its console logged to `log`.
+    pub fn start(name: &str, disk: &Path, log: &Path) -> Result<Vm> {
+        let mut cmd = Command::new("qemu-system-x86_64");
+        cmd.args(["-accel", "tcg", "-m", "512", "-smp", "1"])
+            .args(["-display", "none", "-monitor", "none", "-serial", "stdio"])
+            .arg("-drive")
+            .arg(format!(
+                "file={},format=raw,if=virtio,cache=writeback",
+                disk.display()
+            ))
+            .args(["-nic", "user,model=virtio-net-pci"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let started = Instant::now();
+        let mut child = cmd.spawn().map_err(|e| {
+            format!("starting qemu-system-x86_64: {e} (Debian package qemu-system-x86)")
+        })?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or("qemu-system-x86_64 has no stdout pipe")?;
+        let stderr = child.stderr.take();
+        let stdin = child.stdin.take();
+        let mut file =
+            std::fs::File::create(log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+        let (tx, rx) = channel();
+        let err_tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match r.read_until(b'\n', &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let now = Instant::now();
+                        let line = clean(&buf);
+                        let _ = writeln!(
+                            file,
+                            "[{:8.3}] {line}",
+                            now.duration_since(started).as_secs_f64()
+                        );
+                        if tx.send((now, line)).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        if let Some(e) = stderr {
+            std::thread::spawn(move || {
+                for line in BufReader::new(e).lines().map_while(|l| l.ok()) {
+                    if err_tx
+                        .send((Instant::now(), format!("qemu: {line}")))
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        }
+        Ok(Vm {
+            name: name.to_string(),
+            child,
+            stdin,
+            lines: rx,
+            log_path: log.to_path_buf(),
+            started,
+            seen: Vec::new(),
+            boots: Boots::new(started),
+            exited: false,
+        })
+    }
+
+    pub fn boots(&self) -> &[Boot] {
+        &self.boots.boots
+    }
+
+    /// When QEMU started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Every console line so far.
+    pub fn lines(&self) -> &[String] {
+        &self.seen
+    }
+
+    /// The line index the next line will have; with [`Vm::lines`], what
+    /// came after a point.
+    pub fn mark(&self) -> usize {
+        self.seen.len()
+    }
+
+    fn take(&mut self, t: Instant, line: String) {
+        self.boots.see(t, &line);
+        self.seen.push(line);
+    }
+
+    /// Wait until a console line (from index `from` on) satisfies `pred`;
+    /// its text. Fails after `timeout`, or when QEMU exits first, with the
+    /// console's tail.
+    pub fn wait_line(
+        &mut self,
+        what: &str,
+        from: usize,
+        timeout: Duration,
+        mut pred: impl FnMut(&str) -> bool,
+    ) -> Result<String> {
+        if let Some(l) = self.seen.iter().skip(from).find(|l| pred(l)) {
+            return Ok(l.clone());
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok((t, line)) => {
+                    let hit = pred(&line);
+                    self.take(t, line.clone());
+                    if hit {
+                        return Ok(line);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(self.failure(&format!(
+                        "timed out after {:.0} s waiting for {what}",
+                        timeout.as_secs_f64()
+                    )));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.exited = true;
+                    let status = self.child.wait().ok();
+                    return Err(self.failure(&format!(
+                        "qemu exited ({}) while waiting for {what}",
+                        status.map(|s| s.to_string()).unwrap_or_default()
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Take in the lines that arrived so far without waiting.
+    pub fn drain(&mut self) {
+        while let Ok((t, line)) = self.lines.try_recv() {
+            self.take(t, line);
+        }
+    }
+
+    /// Type a line into the console.
+    pub fn send(&mut self, line: &str) -> Result {
+        let stdin = self.stdin.as_mut().ok_or("the console's input is closed")?;
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| stdin.flush())
+            .map_err(|e| format!("typing {line:?} into the console of {}: {e}", self.name))
+    }
+
+    /// Wait for QEMU to exit on its own (the guest powered off), reading
+    /// the console to its end.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok((t, line)) => self.take(t, line),
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(self.failure("timed out waiting for qemu to exit"));
+                }
+            }
+        }
+        self.exited = true;
+        let status = self
+            .child
+            .wait()
+            .map_err(|e| format!("waiting for qemu: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(self.failure(&format!("qemu exited with {status}")))
+        }
+    }
+
+    /// The error for `what`, with the console's last lines.
+    pub fn failure(&self, what: &str) -> String {
+        let tail: Vec<&str> = self
+            .seen
+            .iter()
+            .rev()
+            .take(TAIL)
+            .rev()
+            .map(String::as_str)
+            .collect();
+        format!(
+            "{}: {what}\n--- the console's last {} lines (all of it in {}) ---\n{}\n---",
+            self.name,
+            tail.len(),
+            self.log_path.display(),
+            tail.join("\n")
+        )
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        if !self.exited {
+            // The QEMU process this VM started, by its PID.
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `key=value` out of a marker line.
+fn field(text: &str, key: &str) -> Option<String> {
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .map(str::to_string)
+}
+
+/// A console line without its carriage returns and terminal escape
+/// sequences (GRUB draws its menu with them).
+fn clean(raw: &[u8]) -> String {
+    let text = String::from_utf8_lossy(raw);
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\x1b' => {
+                // ESC [ params final, or ESC and one more character.
+                if chars.peek() == Some(&'[') {
+                    chars.next();
+                    for c in chars.by_ref() {
+                        if ('@'..='~').contains(&c) {
+                            break;
+                        }
+                    }
+                } else {
+                    chars.next();
+                }
+            }
+            '\r' | '\n' => {}
+            c if c.is_control() && c != '\t' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_and_carriage_returns_are_dropped() {
+        assert_eq!(
+            clean(b"\x1b[2J\x1b[0;0H  Booting `updraft slot A'\r\n"),
+            "  Booting `updraft slot A'"
+        );
+        assert_eq!(clean(b"plain\n"), "plain");
+    }
+
+    #[test]
+    fn boots_are_timed_from_the_reset_that_started_them() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut b = Boots::new(t0);
+        b.see(at(1), GRUB_MARK);
+        b.see(
+            at(6),
+            &format!("{USERSPACE_MARK} slot=A version=1.0 uptime=3.1"),
+        );
+        b.see(at(20), "[   14.9] reboot: Restarting system");
+        b.see(at(21), GRUB_MARK);
+        b.see(
+            at(29),
+            &format!("{USERSPACE_MARK} slot=B version=2.0 uptime=2.8"),
+        );
+        b.see(at(40), "[    2.8] Rebooting in 5 seconds..");
+        b.see(at(46), GRUB_MARK);
+        let got: Vec<_> = b
+            .boots
+            .iter()
+            .map(|b| {
+                (
+                    b.slot.clone(),
+                    b.version.clone(),
+                    b.to_userspace(),
+                    b.to_grub(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    Some("A".into()),
+                    Some("1.0".into()),
+                    Some(Duration::from_secs(6)),
+                    Duration::from_secs(1)
+                ),
+                (
+                    Some("B".into()),
+                    Some("2.0".into()),
+                    Some(Duration::from_secs(9)),
+                    Duration::from_secs(1)
+                ),
+                (None, None, None, Duration::from_secs(1)),
+            ]
+        );
+    }
+
+    #[test]
+    fn fields_come_out_of_marker_lines() {
+        assert_eq!(
+            field(" slot=B version=2.0 uptime=1", "version").as_deref(),
+            Some("2.0")
+        );
+        assert_eq!(field(" slot=B", "version"), None);
+    }
+}
