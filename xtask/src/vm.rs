@@ -28,11 +28,10 @@ use std::time::{Duration, Instant};
 use crate::toolchain;
 use crate::util::{self, Result, cargo};
 
-const USAGE: &str = "usage: cargo xtask vm-test [x86_64] [--journaled-rootfs]
+const USAGE: &str = "usage: cargo xtask vm-test [x86_64]
   boots a QEMU x86_64 machine (SeaBIOS, GRUB, Debian's cloud kernel, busybox, updraft)
   and runs: 1 full-image update, 3 failing health check, 4 release that cannot boot
-  (a kernel panic, then a hang caught by the watchdog), 2 delta update.
-  --journaled-rootfs: slot file systems with a journal (ext4's default)";
+  (a kernel panic, then a hang caught by the watchdog), 2 delta update.";
 
 /// Debian packages the VM needs, each with a file that shows it is there.
 const PACKAGES: &[(&str, &str)] = &[
@@ -49,11 +48,9 @@ const PACKAGES: &[(&str, &str)] = &[
 ];
 
 pub fn run(args: &[String]) -> Result {
-    let mut journal = false;
     for a in args {
         match a.as_str() {
             "x86_64" => {}
-            "--journaled-rootfs" => journal = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -94,13 +91,13 @@ pub fn run(args: &[String]) -> Result {
     let work = util::target_dir().join("vm-test").join("x86_64");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
-    let outcomes = util::guarded("vm-test", || scenarios(&work, &bin_dir, journal))?;
+    let outcomes = util::guarded("vm-test", || scenarios(&work, &bin_dir))?;
     summary(&outcomes, total.elapsed(), &work);
     Ok(())
 }
 
-fn scenarios(work: &Path, bin_dir: &Path, journal: bool) -> Result<Vec<scenario::Outcome>> {
-    let mut lab = scenario::Lab::new(work, bin_dir, journal)?;
+fn scenarios(work: &Path, bin_dir: &Path) -> Result<Vec<scenario::Outcome>> {
+    let mut lab = scenario::Lab::new(work, bin_dir)?;
     let result = lab
         .full_update()
         .and_then(|()| lab.failed_health_check())

@@ -71,12 +71,6 @@ pub struct Settings {
     pub ca_file: PathBuf,
     /// The release signing key's public half.
     pub release_key: PathBuf,
-    /// Give the slot file systems a journal. Off by default: a read-only
-    /// root needs none, and a journaled ext4 mounted read-only reads
-    /// differently through the page cache than from the medium (its
-    /// journal superblock is updated in memory), which the delta scenario
-    /// then shows.
-    pub journal: bool,
 }
 
 /// The installed Debian kernel.
@@ -327,6 +321,13 @@ impl Guest {
             &health_check(release),
             0o755,
         )?;
+        // The release marker the image build writes: a device fresh from
+        // the factory knows what it runs without hashing its slot.
+        write(
+            &root.join("etc/updraft/release"),
+            &format!("UPDRAFT_RELEASE={}\n", release.version),
+            0o644,
+        )?;
         write(
             &root.join("etc/updraft-vm-version"),
             &release.version,
@@ -338,7 +339,11 @@ impl Guest {
             out,
             disk::SLOT_A.size_mib,
             "rootfs",
-            settings.journal,
+            // With a journal, as a Yocto ext4 image has: mounted read-only,
+            // its page cache differs from the medium (the kernel changes
+            // the journal superblock in memory), and a delta must still
+            // apply from it.
+            true,
         )?;
         let _ = std::fs::remove_dir_all(&root);
         Ok(())

@@ -83,7 +83,7 @@ pub struct Lab {
 impl Lab {
     /// Start the server and build the factory disk: release 1.0 in slot A,
     /// slot B empty, GRUB with the shipped fragment.
-    pub fn new(work: &Path, bin_dir: &Path, journal: bool) -> Result<Lab> {
+    pub fn new(work: &Path, bin_dir: &Path) -> Result<Lab> {
         let site = work.join("site");
         mkdir(&site)?;
         let key = keygen(work, "release");
@@ -108,7 +108,6 @@ impl Lab {
             report_url: format!("https://{HOST_FROM_GUEST}:{port}/report"),
             ca_file: nginx.ca_file().to_path_buf(),
             release_key: key.public.clone(),
-            journal,
         };
         let guest = Guest::prepare(&bin_dir.join("updraft"), work)?;
         println!("kernel {}", guest.kernel.version);
