@@ -30,7 +30,7 @@ use updraft_tests::publisher::{KeyPair, image, keygen, publish_ok};
 use updraft_tests::server::{Choice, Site};
 use updraft_tests::tmp::TempDir;
 
-use crate::util::{self, Result, cargo};
+use crate::util::{self, Result};
 
 const WAIT: Duration = Duration::from_secs(120);
 const MIB: usize = 1024 * 1024;
@@ -57,29 +57,7 @@ pub fn run(args: &[String]) -> Result {
         }
     }
     check_prerequisites()?;
-    println!("building updraft and updraft-publish ...");
-    let built = Instant::now();
-    util::run(cargo().args(["build", "--quiet", "-p", "updraft", "-p", "updraft-publish"]))
-        .map_err(|_| {
-            "building updraft and updraft-publish failed (cargo's messages are above); \
-             `cargo build -p updraft -p updraft-publish` shows the same"
-                .to_string()
-        })?;
-    println!("built in {:.1} s", built.elapsed().as_secs_f64());
-    let bin_dir = util::target_dir().join("debug");
-    for exe in ["updraft", "updraft-publish"] {
-        if !bin_dir.join(exe).is_file() {
-            return Err(format!(
-                "{} was not built: run `cargo build -p updraft -p updraft-publish` and check CARGO_TARGET_DIR",
-                bin_dir.join(exe).display()
-            ));
-        }
-    }
-    // SAFETY: single-threaded at this point; the variable is read by the
-    // test-support code this process calls.
-    unsafe {
-        std::env::set_var("UPDRAFT_BIN_DIR", &bin_dir);
-    }
+    util::build_binaries()?;
     guarded(|| demo(choice))
 }
 

@@ -96,6 +96,38 @@ pub fn have(name: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Build the debug `updraft` and `updraft-publish` (what the tests run),
+/// point the test-support code at them (`UPDRAFT_BIN_DIR`) and return their
+/// directory. Call it before any thread starts: it sets an environment
+/// variable.
+pub fn build_binaries() -> Result<PathBuf> {
+    println!("building updraft and updraft-publish ...");
+    let built = std::time::Instant::now();
+    run(cargo().args(["build", "--quiet", "-p", "updraft", "-p", "updraft-publish"])).map_err(
+        |_| {
+            "building updraft and updraft-publish failed (cargo's messages are above); \
+             `cargo build -p updraft -p updraft-publish` shows the same"
+                .to_string()
+        },
+    )?;
+    println!("built in {:.1} s", built.elapsed().as_secs_f64());
+    let bin_dir = target_dir().join("debug");
+    for exe in ["updraft", "updraft-publish"] {
+        if !bin_dir.join(exe).is_file() {
+            return Err(format!(
+                "{} was not built: run `cargo build -p updraft -p updraft-publish` and check CARGO_TARGET_DIR",
+                bin_dir.join(exe).display()
+            ));
+        }
+    }
+    // SAFETY: called while the process is single-threaded; the variable is
+    // read by the test-support code this process calls.
+    unsafe {
+        std::env::set_var("UPDRAFT_BIN_DIR", &bin_dir);
+    }
+    Ok(bin_dir)
+}
+
 /// Run `f`, turning a panic of the test-support code (written for tests,
 /// it panics on failure) into an error with its message, no backtrace;
 /// errors are prefixed with `{what} failed: `.

@@ -26,7 +26,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::toolchain;
-use crate::util::{self, Result, cargo};
+use crate::util::{self, Result};
 
 const USAGE: &str = "usage: cargo xtask vm-test [x86_64]
   boots a QEMU x86_64 machine (SeaBIOS, GRUB, Debian's cloud kernel, busybox, updraft)
@@ -67,27 +67,7 @@ pub fn run(args: &[String]) -> Result {
     if !prerequisites()? {
         return Ok(());
     }
-    println!("building updraft and updraft-publish ...");
-    let built = Instant::now();
-    util::run(cargo().args(["build", "--quiet", "-p", "updraft", "-p", "updraft-publish"]))
-        .map_err(|_| {
-            "building updraft and updraft-publish failed (cargo's messages are above)".to_string()
-        })?;
-    println!("built in {:.1} s", built.elapsed().as_secs_f64());
-    let bin_dir = util::target_dir().join("debug");
-    for exe in ["updraft", "updraft-publish"] {
-        if !bin_dir.join(exe).is_file() {
-            return Err(format!(
-                "{} was not built: check CARGO_TARGET_DIR",
-                bin_dir.join(exe).display()
-            ));
-        }
-    }
-    // SAFETY: single-threaded at this point; the test-support code this
-    // process calls reads the variable.
-    unsafe {
-        std::env::set_var("UPDRAFT_BIN_DIR", &bin_dir);
-    }
+    let bin_dir = util::build_binaries()?;
     let work = util::target_dir().join("vm-test").join("x86_64");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
