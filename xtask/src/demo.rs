@@ -35,11 +35,14 @@ use crate::util::{self, Result};
 const WAIT: Duration = Duration::from_secs(120);
 const MIB: usize = 1024 * 1024;
 
-const USAGE: &str = "usage: cargo xtask demo [--server auto|nginx|embedded]
-  auto (default): nginx when installed (/usr/sbin/nginx, or UPDRAFT_NGINX), else the embedded server";
+const USAGE: &str = "usage: cargo xtask demo [--server auto|nginx|embedded] [--vm]
+  auto (default): nginx when installed (/usr/sbin/nginx, or UPDRAFT_NGINX), else the embedded server
+  --vm: a full update and a rollback on a real QEMU x86_64 machine (GRUB, a kernel, real reboots),
+        its console shown (as cargo xtask vm-test builds it)";
 
 pub fn run(args: &[String]) -> Result {
     let mut choice = Choice::Auto;
+    let mut vm = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -49,12 +52,16 @@ pub fn run(args: &[String]) -> Result {
                     format!("--server {v:?}: expected auto, nginx or embedded\n{USAGE}")
                 })?;
             }
+            "--vm" => vm = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
             }
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
+    }
+    if vm {
+        return crate::vm::demo();
     }
     check_prerequisites()?;
     util::build_binaries()?;

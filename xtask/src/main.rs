@@ -1,8 +1,9 @@
 //! `cargo xtask …`: the project's automation, in Rust so it runs wherever
 //! cargo does.
 //!
-//! * `demo [--server auto|nginx|embedded]` — the main job end to end on
-//!   file-backed slots, served by nginx or the embedded static server.
+//! * `demo [--server auto|nginx|embedded] [--vm]` — the main job end to end
+//!   on file-backed slots, served by nginx or the embedded static server;
+//!   `--vm`: an update and a rollback on a QEMU machine, its console shown.
 //! * `test [--no-install] [--strict]` — the whole test suite, after
 //!   installing its prerequisites (as root on Debian/Ubuntu).
 //! * `bench install|daemon|delta|size` — figures side by side with reference tools.
@@ -69,6 +70,7 @@ const USAGE: &str = "usage: cargo xtask <command>
   demo [--server S]         an update, a delta update and a rollback on file-backed slots;
                             S: auto (nginx if installed, else embedded; UPDRAFT_NGINX=/nonexistent hides nginx),
                             nginx or embedded
+  demo --vm                 an update and a rollback on a QEMU x86_64 machine, its console shown
   test [--no-install] [--strict] [CARGO TEST ARGS...]
                             the whole test suite; as root on Debian/Ubuntu it first installs
                             tests/prerequisites.txt (--no-install or UPDRAFT_NO_INSTALL=1: don't);

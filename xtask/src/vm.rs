@@ -76,6 +76,28 @@ pub fn run(args: &[String]) -> Result {
     Ok(())
 }
 
+/// `cargo xtask demo --vm`: scenarios 1 (a full update) and 3 (a failing
+/// health check, rolled back by a real reboot) with the console shown.
+pub fn demo() -> Result {
+    let total = Instant::now();
+    if !prerequisites()? {
+        return Ok(());
+    }
+    let bin_dir = util::build_binaries()?;
+    let work = util::target_dir().join("vm-demo").join("x86_64");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
+    console::show_console();
+    let outcomes = util::guarded("demo --vm", || {
+        let mut lab = scenario::Lab::new(&work, &bin_dir)?;
+        lab.full_update()?;
+        lab.failed_health_check()?;
+        Ok(std::mem::take(&mut lab.outcomes))
+    })?;
+    summary(&outcomes, total.elapsed(), &work);
+    Ok(())
+}
+
 fn scenarios(work: &Path, bin_dir: &Path) -> Result<Vec<scenario::Outcome>> {
     let mut lab = scenario::Lab::new(work, bin_dir)?;
     let result = lab

@@ -15,6 +15,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,15 @@ use crate::util::Result;
 
 /// How many console lines an error shows.
 const TAIL: usize = 40;
+
+/// Whether console lines are also printed as they arrive (`demo --vm`).
+static ECHO: AtomicBool = AtomicBool::new(false);
+
+/// Print every console line of the machines started from now on, as it
+/// arrives, for people who want to watch a real boot.
+pub fn show_console() {
+    ECHO.store(true, Ordering::Relaxed);
+}
 
 /// One boot of the machine, as the console showed it.
 #[derive(Clone, Debug)]
@@ -158,6 +168,9 @@ impl Vm {
                     Ok(_) => {
                         let now = Instant::now();
                         let line = clean(&buf);
+                        if ECHO.load(Ordering::Relaxed) {
+                            println!("   | {}", shown(&line));
+                        }
                         let _ = writeln!(
                             file,
                             "[{:8.3}] {line}",
@@ -335,6 +348,21 @@ impl Drop for Vm {
 }
 
 /// `key=value` out of a marker line.
+/// A console line as `demo --vm` prints it: the whole status the guest
+/// prints for the harness is shortened to its state.
+fn shown(line: &str) -> String {
+    match line.split_once("status {") {
+        Some((head, rest)) => {
+            let state = rest
+                .split_once("\"state\": \"")
+                .and_then(|(_, s)| s.split_once('"'))
+                .map_or("?", |(s, _)| s);
+            format!("{head}status (state {state}; the whole JSON is in the console log)")
+        }
+        None => line.to_string(),
+    }
+}
+
 fn field(text: &str, key: &str) -> Option<String> {
     text.split_whitespace()
         .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
@@ -430,6 +458,19 @@ mod tests {
                 ),
                 (None, None, None, Duration::from_secs(1)),
             ]
+        );
+    }
+
+    #[test]
+    fn a_shown_status_line_keeps_only_its_state() {
+        let line = r#"updraft-vm: status {  "state": "downloading",  "since": "x"}"#;
+        assert_eq!(
+            shown(line),
+            "updraft-vm: status (state downloading; the whole JSON is in the console log)"
+        );
+        assert_eq!(
+            shown("[    0.5] Linux version 6.1"),
+            "[    0.5] Linux version 6.1"
         );
     }
 
