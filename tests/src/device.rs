@@ -160,8 +160,12 @@ pub struct Device {
     binary: Option<PathBuf>,
 }
 
-/// The factory image in slot A of every new device.
-pub const FACTORY_SEED: u64 = 1;
+/// The factory image in slot A of every new device: a seed no test
+/// publishes a release from. A device whose booted slot holds a
+/// manifest's image records that release as running instead of
+/// installing it (`provision`), so a factory image equal to a test's
+/// release would end that test's update before it starts.
+pub const FACTORY_SEED: u64 = 0xFAC7_0125;
 
 impl Device {
     pub fn new(name: &str, spec: DeviceSpec) -> Device {
