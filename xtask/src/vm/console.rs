@@ -317,6 +317,24 @@ impl Vm {
         }
     }
 
+    /// Cut the power: SIGKILL the QEMU process this VM started (by its
+    /// PID). What the guest had only in its page cache is lost, as on a
+    /// real power failure; what it had handed to the host's disk image
+    /// stays. The console lines that arrived before are kept.
+    pub fn power_cut(&mut self) -> Result {
+        self.drain();
+        if self.exited {
+            return Ok(());
+        }
+        self.child
+            .kill()
+            .map_err(|e| format!("killing qemu ({}): {e}", self.name))?;
+        let _ = self.child.wait();
+        self.exited = true;
+        self.drain();
+        Ok(())
+    }
+
     /// The error for `what`, with the console's last lines.
     pub fn failure(&self, what: &str) -> String {
         let tail: Vec<&str> = self

@@ -511,7 +511,6 @@ daemon=$!
     last=
     while :; do
         sleep 2
-        sync
         s=$(updraft status --json 2>&1 | tr -d '\n')
         if [ "$s" != "$last" ]; then
             echo "{STATUS_MARK}$s"

@@ -9,7 +9,12 @@
 //!    reboots): GRUB falls back, and the daemon records the rollback; then
 //!    one that hangs, reset by the watchdog, with the same outcome;
 //! 2. a delta update from the running slot, applied without falling back
-//!    to the full image.
+//!    to the full image;
+//! 5. power cuts (`--cuts N --seed S`): QEMU is killed at an instant chosen
+//!    from a console marker plus seeded jitter, in the download, the write,
+//!    the bootloader-environment write and switch, the reboot, the first
+//!    boot and the commit; the machine is started again and must boot a
+//!    verified slot and converge, with every install report delivered.
 //!
 //! Each scenario runs one QEMU machine (reboots happen inside it), asserts
 //! what the serial console showed, powers the guest off cleanly, and then
@@ -57,6 +62,64 @@ const GRUB_HEADER: &str = "serial --unit=0 --speed=115200\n\
      terminal_input serial\n\
      terminal_output serial\n";
 
+/// Where a power cut is aimed: after the console shows a line holding
+/// every part of `marker` for the release, wait a seeded jitter below
+/// `jitter_ms`, then cut.
+struct CutPoint {
+    phase: &'static str,
+    /// Parts of the console line (a daemon log line, the guest's marker);
+    /// `{v}` is the release.
+    marker: &'static [&'static str],
+    jitter_ms: u64,
+}
+
+/// The cut points, in the order of an update.
+const CUT_POINTS: &[CutPoint] = &[
+    CutPoint {
+        phase: "download",
+        marker: &["downloading: release {v} "],
+        jitter_ms: 1500,
+    },
+    CutPoint {
+        phase: "write",
+        marker: &["downloading: release {v} "],
+        jitter_ms: 8000,
+    },
+    CutPoint {
+        phase: "bootloader environment and switch",
+        marker: &["installed: release {v} "],
+        jitter_ms: 400,
+    },
+    CutPoint {
+        phase: "reboot",
+        marker: &["rebooting: release {v} "],
+        jitter_ms: 800,
+    },
+    CutPoint {
+        phase: "first boot",
+        marker: &[USERSPACE_MARK, " version={v} "],
+        jitter_ms: 2000,
+    },
+    CutPoint {
+        phase: "commit",
+        marker: &["testing: release {v} "],
+        jitter_ms: 300,
+    },
+];
+
+/// What one power cut found.
+pub struct Cut {
+    pub release: String,
+    pub phase: &'static str,
+    /// Milliseconds after the marker the power went.
+    pub after_ms: u64,
+    /// The daemon's state in the last status line before the cut.
+    pub state_before: String,
+    /// How the release ended after power came back.
+    pub result: String,
+    pub boots_after: usize,
+}
+
 /// What one scenario measured.
 pub struct Outcome {
     pub name: String,
@@ -78,6 +141,7 @@ pub struct Lab {
     settings: Settings,
     images: BTreeMap<String, PathBuf>,
     pub outcomes: Vec<Outcome>,
+    pub cuts: Vec<Cut>,
 }
 
 impl Lab {
@@ -124,6 +188,7 @@ impl Lab {
             settings,
             images: BTreeMap::new(),
             outcomes: Vec::new(),
+            cuts: Vec::new(),
         };
         lab.build_disk()?;
         Ok(lab)
@@ -237,6 +302,11 @@ impl Lab {
             l.contains(HALT_MARK)
         })?;
         vm.wait_exit(BOOT_WAIT)?;
+        self.record(vm, name)
+    }
+
+    /// Record the boots of a machine that has ended.
+    fn record(&mut self, vm: Vm, name: &str) -> Result {
         let qemu_time = vm.started().elapsed();
         for b in vm.boots() {
             println!(
@@ -510,6 +580,138 @@ impl Lab {
         Ok(())
     }
 
+    /// Scenario 5: `n` power cuts, one per release, at points cycling
+    /// through [`CUT_POINTS`] from `seed` with seeded jitter. After each,
+    /// the machine must boot a verified slot and the release converge:
+    /// committed, or (a cut during the trial boot or its checks) rolled
+    /// back with the old release running; its install report must reach
+    /// the server. Releases alternate between a full image and a delta
+    /// from the running release.
+    pub fn power_cuts(&mut self, n: u32, seed: u64) -> Result {
+        let mut rng = updraft_tests::rng::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut running = self.running_release()?;
+        for i in 0..n {
+            let point = &CUT_POINTS[(seed as usize + i as usize) % CUT_POINTS.len()];
+            let version = format!("6.{i}");
+            let from: Vec<&str> = if i % 2 == 1 {
+                vec![running.as_str()]
+            } else {
+                Vec::new()
+            };
+            self.publish(&healthy(&version), &from)?;
+            let name = format!("5-cut-{i}-{}", point.phase.replace(' ', "-"));
+            let mut vm = self.start(&name)?;
+            let parts: Vec<String> = point
+                .marker
+                .iter()
+                .map(|p| p.replace("{v}", &version))
+                .collect();
+            let marker = parts.join("…");
+            vm.wait_line(
+                &format!("{marker:?} on the console"),
+                0,
+                INSTALL_WAIT,
+                |l| parts.iter().all(|p| l.contains(p.as_str())),
+            )?;
+            let after_ms = rng.below(point.jitter_ms);
+            std::thread::sleep(Duration::from_millis(after_ms));
+            vm.power_cut()?;
+            let state_before = vm
+                .lines()
+                .iter()
+                .rev()
+                .find_map(|l| status_of(l))
+                .and_then(|s| s["state"].as_str().map(str::to_string))
+                .unwrap_or_else(|| "?".into());
+            println!(
+                "   power cut {after_ms} ms after {marker:?} (last state seen: {state_before})"
+            );
+            self.record(vm, &name)?;
+
+            let name_after = format!("{name}-after");
+            let mut vm = self.start(&name_after)?;
+            let st = wait_status_for(&mut vm, &format!("{version} settled"), INSTALL_WAIT, |s| {
+                s["state"] == "idle"
+                    && s["last_install"]["release"] == version.as_str()
+                    && (s["last_install"]["result"] == "committed"
+                        || s["last_install"]["result"] == "rolled_back")
+            })?;
+            let result = st["last_install"]["result"]
+                .as_str()
+                .unwrap_or("?")
+                .to_string();
+            let trial_cut = matches!(point.phase, "first boot" | "commit" | "reboot");
+            if result != "committed" && !trial_cut {
+                return Err(vm.failure(&format!(
+                    "a power cut in the {} of {version} ended it as {result}: it must resume and commit",
+                    point.phase
+                )));
+            }
+            let expect_running = if result == "committed" {
+                version.clone()
+            } else {
+                running.clone()
+            };
+            if st["running_version"] != expect_running.as_str() {
+                return Err(vm.failure(&format!(
+                    "after the cut, {version} {result} but the device runs {}",
+                    st["running_version"]
+                )));
+            }
+            let boots_after = vm.boots().len();
+            for b in vm.boots() {
+                if b.to_userspace().is_none() {
+                    return Err(vm.failure("after the cut a boot never reached userspace"));
+                }
+            }
+            let report_result = if result == "committed" {
+                "committed"
+            } else {
+                "rolled_back"
+            };
+            self.wait_report(&version, report_result)?;
+            println!(
+                "   after the cut: {version} {result}, running {expect_running}, {boots_after} boots, install report delivered"
+            );
+            self.finish(vm, &name_after)?;
+            let env = self.grubenv()?;
+            let h = self.history()?;
+            let settled = if result == "committed" {
+                "committed"
+            } else {
+                "rolled-back"
+            };
+            expect_event(&h, settled, &version, None)?;
+            println!(
+                "   disk: grubenv {}; history: {version} {settled}",
+                show_env(&env)
+            );
+            self.cuts.push(Cut {
+                release: version.clone(),
+                phase: point.phase,
+                after_ms,
+                state_before,
+                result,
+                boots_after,
+            });
+            running = expect_running;
+        }
+        Ok(())
+    }
+
+    /// The release the device runs, from its state on the disk.
+    fn running_release(&self) -> Result<String> {
+        let h = self.history()?;
+        h.iter()
+            .rev()
+            .find(|e| e["event"] == "committed")
+            .and_then(|e| e["release"].as_str())
+            .map(str::to_string)
+            .ok_or_else(|| {
+                "no committed release in the history to start the power cuts from".into()
+            })
+    }
+
     fn grubenv(&self) -> Result<BTreeMap<String, String>> {
         disk::grubenv(&self.disk, &self.work)
     }
@@ -649,9 +851,19 @@ fn wait_userspace(vm: &mut Vm, slot: &str, version: &str, from: usize) -> Result
 }
 
 /// Wait for a status line whose JSON satisfies `pred`; that JSON.
-fn wait_status(vm: &mut Vm, what: &str, mut pred: impl FnMut(&Value) -> bool) -> Result<Value> {
+fn wait_status(vm: &mut Vm, what: &str, pred: impl FnMut(&Value) -> bool) -> Result<Value> {
+    wait_status_for(vm, what, SETTLE_WAIT, pred)
+}
+
+/// [`wait_status`] with its own bound.
+fn wait_status_for(
+    vm: &mut Vm,
+    what: &str,
+    timeout: Duration,
+    mut pred: impl FnMut(&Value) -> bool,
+) -> Result<Value> {
     let from = vm.mark();
-    let line = vm.wait_line(what, from, SETTLE_WAIT, |l| {
+    let line = vm.wait_line(what, from, timeout, |l| {
         status_of(l).is_some_and(|s| pred(&s))
     })?;
     status_of(&line).ok_or_else(|| format!("status line without JSON: {line}"))
