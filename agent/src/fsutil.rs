@@ -1,7 +1,8 @@
 //! Small filesystem primitives with the durability updraft relies on.
 //!
-//! `atomic_write` is the only way updraft replaces a small file (bootloader
-//! state, GRUB environment, device id, metrics): write a temporary file in
+//! `atomic_write` is the only way updraft replaces a small file (the `file`
+//! bootloader's state, the device id, metrics; not GRUB's environment,
+//! which GRUB must find in place: see `bootloader::grub`): write a temporary file in
 //! the same directory, fsync it, rename it over the target, fsync the
 //! directory. After a power cut the target holds either the old or the new
 //! content, never a torn mix.

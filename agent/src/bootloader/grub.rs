@@ -11,9 +11,20 @@
 //! block from an odd one: a block of the wrong size, with the wrong header,
 //! a line that is not `name=value` or a comment, a NUL byte, or padding
 //! that is not all `#` is refused and reported, never guessed at or
-//! repaired. Writes replace the file atomically (temporary file in the same
-//! directory, fsync, rename, fsync of the directory), keeping every other
-//! line byte for byte.
+//! repaired. Writes keep every other line byte for byte.
+//!
+//! **Writes go into the block in place**, as `grub-editenv` and GRUB's own
+//! `save_env` write it: the same file, the same data blocks, one 1024-byte
+//! `pwrite` and `fdatasync`. GRUB reads the boot partition with its own
+//! filesystem driver and never replays a journal. A file replaced by rename
+//! is a new directory entry and inode, metadata that a journaled ext4 keeps
+//! in its journal until a later checkpoint: after a power cut GRUB would
+//! read the old directory entry, the old inode and blocks that may already
+//! hold something else, and boot a slot the daemon had taken out of the
+//! order (a slot being written). Data written over existing blocks reaches
+//! them at the `fdatasync`, where GRUB reads it. The variables updraft
+//! writes fit in the block's first 512-byte sector, which a disk writes
+//! whole; the rest is `#` padding that does not change.
 //!
 //! The boot model uses the variables of the RAUC-style GRUB script shown in
 //! `docs/bootloaders.md`: `ORDER` ("A B"), `A_OK`, `A_TRY`, `B_OK`,
@@ -23,12 +34,10 @@
 //! Missing variables read as the shipped `grub.cfg.in` initialises them:
 //! `ORDER="A B"`, `A_OK=1`, `B_OK=0`, `x_TRY=0`.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
 use super::{BootState, Bootloader, SlotBoot, model};
 use crate::error::{Context, Error, Kind, Result};
-use crate::fsutil::atomic_write;
 use crate::progress::Ticker;
 use crate::slot::SlotName;
 use crate::{bail, err};
@@ -390,9 +399,11 @@ impl GrubBootloader {
         Ok(bytes)
     }
 
-    /// Change the block with `f` and replace the file atomically; nothing is
+    /// Change the block with `f` and write it over the old one in place
+    /// (see the module documentation for why not by rename); nothing is
     /// written when the lines stay the same.
     pub fn update(&mut self, f: impl FnOnce(&mut GrubEnv) -> Result<()>) -> Result<()> {
+        use std::os::unix::fs::{FileExt, OpenOptionsExt};
         let before = self.load()?;
         let mut env = before.clone();
         f(&mut env)?;
@@ -401,12 +412,27 @@ impl GrubBootloader {
         }
         let what = || format!("writing GRUB environment {}", self.path.display());
         let block = serialize_grubenv(&env).with_context(what)?;
-        // Write where a symlink points, keeping the file's permissions.
-        let target = std::fs::canonicalize(&self.path).kind_context(Kind::Bootloader, what())?;
-        let mode = std::fs::metadata(&target)
-            .map(|m| m.permissions().mode() & 0o7777)
+        // Where a symlink points; never created, never truncated: the file
+        // was just read as a whole block of this size.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&self.path)
             .kind_context(Kind::Bootloader, what())?;
-        atomic_write(&target, &block, mode).kind_context(Kind::Bootloader, what())
+        let len = file
+            .metadata()
+            .map(|m| m.len())
+            .kind_context(Kind::Bootloader, what())?;
+        if len != GRUBENV_SIZE as u64 {
+            bail!(
+                Bootloader,
+                "{}: the file is {len} bytes, not the {GRUBENV_SIZE} of a GRUB environment block (changed while it was read?)",
+                what()
+            );
+        }
+        file.write_all_at(&block, 0)
+            .and_then(|()| file.sync_data())
+            .kind_context(Kind::Bootloader, what())
     }
 
     fn update_boot(&mut self, f: impl FnOnce(&mut Boot)) -> Result<()> {
@@ -491,6 +517,7 @@ impl Bootloader for GrubBootloader {
 mod tests {
     use super::*;
     use crate::test_support::Rng;
+    use std::os::unix::fs::PermissionsExt;
 
     fn block(body: &str) -> Vec<u8> {
         let mut b = GRUBENV_HEADER.to_vec();
@@ -712,6 +739,39 @@ mod tests {
             assert!(e.to_string().contains(&p.display().to_string()), "{e}");
             assert_eq!(std::fs::read(&p).unwrap(), bad);
         }
+    }
+
+    /// GRUB reads the block through its own filesystem driver, which
+    /// replays no journal: a write must land in the file's existing data
+    /// blocks (same inode, no new directory entry), not in a new file
+    /// renamed over it.
+    #[test]
+    fn writes_go_into_the_same_file_in_place() {
+        use std::os::unix::fs::MetadataExt;
+        let p = tmp("in-place");
+        std::fs::write(&p, block("ORDER=A B\nA_OK=1\nB_OK=0\n")).unwrap();
+        let before = std::fs::metadata(&p).unwrap();
+        let mut bl = GrubBootloader::new(p.clone()).unwrap();
+        bl.trial(SlotName::B, 1).unwrap();
+        bl.mark_bad(SlotName::B).unwrap();
+        let after = std::fs::metadata(&p).unwrap();
+        assert_eq!(
+            after.ino(),
+            before.ino(),
+            "the block was replaced by another file"
+        );
+        assert_eq!(after.dev(), before.dev());
+        assert_eq!(after.len(), GRUBENV_SIZE as u64);
+        let dir: Vec<_> = std::fs::read_dir(p.parent().unwrap())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".tmp."))
+            .collect();
+        assert!(dir.is_empty(), "temporary files: {dir:?}");
+        let s = bl.read().unwrap();
+        assert_eq!(s.order, vec![SlotName::A]);
+        assert!(!s.b.bootable);
     }
 
     #[test]

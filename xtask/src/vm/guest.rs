@@ -334,17 +334,11 @@ impl Guest {
             0o644,
         )?;
         write(&root.join("sbin/init"), &slot_init(release), 0o755)?;
-        disk::mkfs(
-            &root,
-            out,
-            disk::SLOT_A.size_mib,
-            "rootfs",
-            // With a journal, as a Yocto ext4 image has: mounted read-only,
-            // its page cache differs from the medium (the kernel changes
-            // the journal superblock in memory), and a delta must still
-            // apply from it.
-            true,
-        )?;
+        // With a journal, as a Yocto ext4 image has: mounted read-only,
+        // its page cache differs from the medium (the kernel changes the
+        // journal superblock in memory), and a delta must still apply
+        // from it.
+        disk::mkfs(&root, out, disk::SLOT_A.size_mib, "rootfs")?;
         let _ = std::fs::remove_dir_all(&root);
         Ok(())
     }

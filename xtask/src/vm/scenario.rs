@@ -213,11 +213,11 @@ impl Lab {
             ],
         )?;
         let boot_img = w.join("boot.ext4");
-        disk::mkfs(&boot, &boot_img, BOOT.size_mib, "boot", false)?;
+        disk::mkfs(&boot, &boot_img, BOOT.size_mib, "boot")?;
         let data = w.join("datafs");
         mkdir(&data)?;
         let data_img = w.join("data.ext4");
-        disk::mkfs(&data, &data_img, DATA.size_mib, "data", false)?;
+        disk::mkfs(&data, &data_img, DATA.size_mib, "data")?;
         let a = self.image(&Release {
             version: "1.0".into(),
             behaviour: Behaviour::Healthy,
