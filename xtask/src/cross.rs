@@ -522,13 +522,34 @@ pub(crate) fn cross_cargo(t: &Target, tc: &Toolchain, target_dir: &Path) -> Comm
     c
 }
 
+/// Leave unwind tables out of a release build of the device binary for
+/// `triple`. It ships with `panic = "abort"` (Cargo.toml), so nothing
+/// unwinds; without the tables of its Rust code and of the C code the build
+/// compiles (SQLite, zstd, ring), the aarch64 binary is about 130 KB
+/// smaller (3,160,512 → 3,029,440 bytes). Only for builds with `--target`,
+/// whose flags reach neither build scripts nor proc macros (which unwind).
+pub(crate) fn without_unwind_tables(c: &mut Command, triple: &str) {
+    let up = triple.to_uppercase().replace('-', "_");
+    let low = triple.replace('-', "_");
+    c.env(
+        format!("CARGO_TARGET_{up}_RUSTFLAGS"),
+        "-C force-unwind-tables=no",
+    )
+    .env(
+        format!("CFLAGS_{low}"),
+        "-fno-asynchronous-unwind-tables -fno-unwind-tables",
+    );
+}
+
 /// Build the release `updraft` for `t` (installing the host tools and the
 /// cross toolchain when missing) under `target/cross`; returns its path.
 pub(crate) fn release_agent(t: &Target) -> Result<PathBuf> {
     ensure_host_tools(&[t])?;
     let tc = Toolchain::ensure(Pick::Newest)?;
     let target_dir = util::root().join("target").join("cross");
-    util::run(cross_cargo(t, &tc, &target_dir).args([
+    let mut c = cross_cargo(t, &tc, &target_dir);
+    without_unwind_tables(&mut c, t.triple);
+    util::run(c.args([
         "build",
         "--release",
         "-p",

@@ -122,6 +122,7 @@ pub fn run(args: &[String]) -> Result {
                 continue;
             }
         };
+        cross::without_unwind_tables(&mut cmd, p.triple);
         cmd.args([
             "build",
             "--release",
