@@ -36,7 +36,6 @@ use std::path::Path;
 use crate::error::{Error, Kind, Result};
 use crate::hash::Sha256;
 use crate::progress::Ticker;
-use crate::slot::SlotReader;
 use crate::worker::offload;
 
 /// The largest release marker read: a few lines of text.
@@ -144,15 +143,16 @@ fn unquote(value: &str) -> Option<&str> {
     }
 }
 
-/// The sha256 of the first `len` bytes of the slot at `path`, read on a
-/// helper thread at idle I/O priority while `ticker` ticks.
-pub fn hash_booted_slot(path: &Path, len: u64, ticker: &mut dyn Ticker) -> Result<Sha256> {
-    let reader = SlotReader::open(path)?;
+/// [`crate::install::hash_slot_prefix`] of the slot at `path` (`None`
+/// when it holds fewer than `len` bytes), read on a helper thread at idle
+/// I/O priority while `ticker` ticks.
+pub fn hash_booted_slot(path: &Path, len: u64, ticker: &mut dyn Ticker) -> Result<Option<Sha256>> {
+    let path = path.to_path_buf();
     offload(
         "hashing the booted slot",
         move || {
             idle_io_priority();
-            reader.hash_prefix(len, &mut |_| Ok(()))
+            crate::install::hash_slot_prefix(&path, len, &mut crate::progress::NoTick)
         },
         ticker,
     )?
@@ -263,6 +263,7 @@ mod tests {
         let mut t = crate::progress::NoTick;
         let h = hash_booted_slot(&path, 200_000, &mut t).unwrap();
         bytes.truncate(200_000);
-        assert_eq!(h, Sha256::of(&bytes));
+        assert_eq!(h, Some(Sha256::of(&bytes)));
+        assert_eq!(hash_booted_slot(&path, 300_001, &mut t).unwrap(), None);
     }
 }

@@ -22,7 +22,7 @@ mod disk;
 mod guest;
 mod scenario;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::toolchain;
@@ -79,13 +79,9 @@ pub fn run(args: &[String]) -> Result {
         }
     }
     let total = Instant::now();
-    if !prerequisites()? {
+    let Some((bin_dir, work)) = prepare("vm-test")? else {
         return Ok(());
-    }
-    let bin_dir = util::build_binaries()?;
-    let work = util::target_dir().join("vm-test").join("x86_64");
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
+    };
     let (outcomes, cut) = util::guarded("vm-test", || scenarios(&work, &bin_dir, cuts, seed))?;
     summary(&outcomes, total.elapsed(), &work);
     if cuts > 0 {
@@ -98,13 +94,9 @@ pub fn run(args: &[String]) -> Result {
 /// health check, rolled back by a real reboot) with the console shown.
 pub fn demo() -> Result {
     let total = Instant::now();
-    if !prerequisites()? {
+    let Some((bin_dir, work)) = prepare("vm-demo")? else {
         return Ok(());
-    }
-    let bin_dir = util::build_binaries()?;
-    let work = util::target_dir().join("vm-demo").join("x86_64");
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
+    };
     console::show_console();
     let outcomes = util::guarded("demo --vm", || {
         let mut lab = scenario::Lab::new(&work, &bin_dir)?;
@@ -114,6 +106,19 @@ pub fn demo() -> Result {
     })?;
     summary(&outcomes, total.elapsed(), &work);
     Ok(())
+}
+
+/// The prerequisites (`None`: the run skips), the binaries, and an empty
+/// `target/<dir>/x86_64`; the binaries' directory and that one.
+fn prepare(dir: &str) -> Result<Option<(PathBuf, PathBuf)>> {
+    if !prerequisites()? {
+        return Ok(None);
+    }
+    let bin_dir = util::build_binaries()?;
+    let work = util::target_dir().join(dir).join("x86_64");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
+    Ok(Some((bin_dir, work)))
 }
 
 fn scenarios(

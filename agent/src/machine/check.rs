@@ -261,24 +261,19 @@ impl Machine {
                 }
             }
         }
-        let path = self.slots.path(self.booted).to_path_buf();
-        let capacity = slot::capacity(&path)?;
-        let same = if capacity < m.image.size {
-            false
-        } else {
-            log::info!(
-                "slot {}: no install recorded; hashing its first {} bytes for release {}",
-                self.booted,
-                m.image.size,
-                m.release.version
-            );
-            match crate::provision::hash_booted_slot(&path, m.image.size, t) {
-                Ok(found) => found == m.image.sha256,
-                Err(e) if e.kind() == Kind::Stopped => return Err(e),
-                Err(e) => {
-                    log::warn!("slot {}: {e}; its release is not known", self.booted);
-                    return Ok(false);
-                }
+        log::info!(
+            "slot {}: no install recorded; hashing its first {} bytes for release {}",
+            self.booted,
+            m.image.size,
+            m.release.version
+        );
+        let path = self.slots.path(self.booted);
+        let same = match crate::provision::hash_booted_slot(path, m.image.size, t) {
+            Ok(found) => found == Some(m.image.sha256),
+            Err(e) if e.kind() == Kind::Stopped => return Err(e),
+            Err(e) => {
+                log::warn!("slot {}: {e}; its release is not known", self.booted);
+                return Ok(false);
             }
         };
         let verdict = if same { "same" } else { "differs" };

@@ -664,12 +664,8 @@ impl Lab {
                     return Err(vm.failure("after the cut a boot never reached userspace"));
                 }
             }
-            let report_result = if result == "committed" {
-                "committed"
-            } else {
-                "rolled_back"
-            };
-            self.wait_report(&version, report_result)?;
+            // `result` is `last_install.result`, the install report's.
+            self.wait_report(&version, &result)?;
             println!(
                 "   after the cut: {version} {result}, running {expect_running}, {boots_after} boots, install report delivered"
             );
