@@ -397,3 +397,53 @@ fn without_a_daemon_apply_switches_the_held_slot_and_leaves_the_reboot() {
     });
     dev.stop_daemon();
 }
+
+/// The same through a real power cut: the device's storage (slots, state,
+/// boot selection) is a filesystem that drops every write not yet synced
+/// when the power goes, and the daemon dies with it. The held slot, its
+/// job and its hold survive; the slot is hashed again before its switch.
+#[test]
+fn a_held_slot_survives_a_power_cut_that_drops_unsynced_writes() {
+    updraft_tests::require!("nginx");
+    if let Some(why) = updraft_tests::powerfs::unavailable() {
+        updraft_tests::skip!("{why}");
+    }
+    let ps = ProxiedServer::start("held-powerfs", false);
+    ps.publish("1.0", 25, IMAGE, &[]);
+    let scratch = updraft_tests::tmp::TempDir::new("held-powerfs-disk");
+    let disk = scratch.join("disk");
+    std::fs::create_dir_all(&disk).unwrap();
+    let mut fs =
+        updraft_tests::powerfs::PowerFs::mount(&disk).expect("mounting the power-cut filesystem");
+    let mut spec = ps.device_spec("1h", "");
+    spec.slot_size = IMAGE as u64;
+    spec.policy = "switch = \"manual\"\n".into();
+    spec.disk = Some(disk.clone());
+    let mut dev = Device::new("held-powerfs", spec);
+    dev.init();
+    fs.sync_all();
+    dev.start_daemon();
+    let before = wait_held(&dev);
+    fs.kill_on_cut(dev.daemon_pid().expect("daemon pid"));
+    fs.cut_now();
+    dev.kill_daemon();
+    fs.restore_power().expect("power on");
+    assert_eq!(dev.reboot(), SlotName::A);
+    dev.start_daemon();
+    let st = wait_held(&dev);
+    assert_eq!(st["job"]["id"], before["job"]["id"], "{st:#}");
+    assert_eq!(
+        st["policy"]["held_since"], before["policy"]["held_since"],
+        "{st:#}"
+    );
+    dev.ok(&["apply"]);
+    dev.wait_reboot_requested(WAIT);
+    assert!(
+        dev.log()
+            .contains("verifying the slot again before the switch"),
+        "{}",
+        dev.log_tail()
+    );
+    assert_eq!(dev.status()["next_boot"], json!("B"));
+    dev.stop_daemon();
+}
