@@ -298,6 +298,11 @@ fn malformed_windows_are_refused_with_the_key_and_line() {
             "write = \"window\"\n",
             "policy.write: \"window\" needs at least one window",
         ),
+        ("max_rate = \"fast\"\n", "policy.max_rate (line "),
+        (
+            "windows = [\"Mon 00:00/7d\"]\nwindow_rate = \"4 MiB\"\n",
+            "policy.window_rate (line ",
+        ),
     ] {
         dev.reconfigure(|s| s.policy = policy.into());
         let out = dev.updraft(&["status"]);
