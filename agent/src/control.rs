@@ -24,7 +24,7 @@
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Read as _, Write};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::rc::Rc;
@@ -321,6 +321,14 @@ impl Incoming {
     }
 }
 
+/// The group to give the socket, when it does not have `wanted` already.
+/// In a set-group-ID directory (`/run/updraft`, made by tmpfiles.d) the
+/// socket is born with the directory's group, and no `chown` is made:
+/// the unit's system call filter (`~@privileged`) refuses it with EPERM.
+fn group_change(current: u32, wanted: u32) -> Option<u32> {
+    (current != wanted).then_some(wanted)
+}
+
 /// The listening socket and the connections it holds.
 ///
 /// Accepted connections are non-blocking and served a piece at a time
@@ -362,8 +370,22 @@ impl ControlServer {
                 .map_err(|e| err!(Config, "looking up system.socket_group {g:?}: {e}"))?
                 .ok_or_else(|| err!(Config, "system.socket_group {g:?} does not exist"))?
                 .gid;
-            nix::unistd::chown(path, None, Some(gid))
-                .map_err(|e| err!(Io, "giving {} to group {g}: {e}", path.display()))?;
+            let current = std::fs::metadata(path)
+                .map_err(|e| err!(Io, "reading the owner of {}: {e}", path.display()))?
+                .gid();
+            if let Some(gid) = group_change(current, gid.as_raw()) {
+                nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid))).map_err(
+                    |e| {
+                        err!(
+                            Io,
+                            "giving {} to group {g}: {e} (under the systemd unit, chown is \
+                             outside its system call filter: the socket's directory must be \
+                             set-group-ID with group {g}, as updraft.tmpfiles creates it)",
+                            path.display()
+                        )
+                    },
+                )?;
+            }
         }
         Ok(ControlServer {
             listener,
@@ -587,6 +609,29 @@ pub fn authorize(client: &Client) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_socket_born_with_its_group_is_not_chowned() {
+        // The unit's system call filter refuses chown: a socket that has
+        // the group from its set-group-ID directory must not need one.
+        assert_eq!(group_change(997, 997), None);
+        assert_eq!(group_change(0, 997), Some(997));
+    }
+
+    #[test]
+    fn a_socket_in_a_set_group_id_directory_has_the_directory_group() {
+        let dir = std::env::temp_dir().join(format!("updraft-sock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let gid = nix::unistd::getegid();
+        let name = nix::unistd::Group::from_gid(gid).unwrap().unwrap().name;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o2750)).unwrap();
+        let sock = dir.join("updraft.sock");
+        let server = ControlServer::bind(&sock, Some(&name)).unwrap();
+        assert_eq!(std::fs::metadata(&sock).unwrap().gid(), gid.as_raw());
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn requests_round_trip() {

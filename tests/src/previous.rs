@@ -25,7 +25,7 @@ use std::time::Instant;
 
 /// The commit of the last landed release: the previous release a rollback
 /// runs. The one place that names it.
-pub const PINNED: &str = "9b62fe0a8da4191f82d9bfca287c1d56485e741f";
+pub const PINNED: &str = "20069d6bb9df9ca736537469cad586cde83fdce1";
 
 /// Why the previous release cannot be tested in this run, when that is a
 /// legitimate skip rather than a failure: the binaries run under an emulator

@@ -51,22 +51,32 @@ pub fn record_skip(test: &str, reason: &str, expected: bool) {
     };
     eprintln!("SKIPPED {test}: {reason}{note}");
     if let Some(path) = std::env::var_os("UPDRAFT_SKIP_LOG") {
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            // One write(2) per line: tests skipping at the same instant
-            // in parallel threads append whole lines (O_APPEND), never a
-            // mix of two.
-            let line = if expected {
-                format!("{test}\t{reason}\t{EXPECTED}\n")
-            } else {
-                format!("{test}\t{reason}\n")
-            };
-            let _ = f.write_all(line.as_bytes());
-        }
+        let _ = append(
+            Path::new(&path),
+            &Skip {
+                test,
+                reason,
+                expected,
+            },
+        );
     }
+}
+
+/// Append `skip` to the skip log at `path` as one line.
+pub fn append(path: &Path, skip: &Skip) -> std::io::Result<()> {
+    let reason = skip.reason.replace(['\n', '\t'], " ");
+    let line = if skip.expected {
+        format!("{}\t{reason}\t{EXPECTED}\n", skip.test)
+    } else {
+        format!("{}\t{reason}\n", skip.test)
+    };
+    // One write(2) per line: tests skipping at the same instant in
+    // parallel threads append whole lines (O_APPEND), never a mix of two.
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?
+        .write_all(line.as_bytes())
 }
 
 /// `test` prefixed with the test binary's target name (`fleet`,

@@ -8,6 +8,12 @@
 //! The "kernel" is not a kernel, so `booti` fails and the script resets;
 //! `-no-reboot` turns that reset into the end of the run.
 //!
+//! The FAT-file environment hooks (`env-fat-load.cmd.in`,
+//! `env-fat-save.cmd.in`) are run the same way, with a redundant pair of
+//! environment files on the FAT partition: the copy the script picks must
+//! be the one updraft's backend and libubootenv pick, and the copy it
+//! writes must read back with Debian's `fw_printenv`.
+//!
 //! Needs qemu-system-aarch64 (Debian `qemu-system-arm`), U-Boot for qemu
 //! (`u-boot-qemu`), mkimage (`u-boot-tools`), mkfs.vfat (`dosfstools`),
 //! mcopy (`mtools`) and mkfs.ext4 (`e2fsprogs`); without them the cases
@@ -16,6 +22,7 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use updraft_tests::bootenv::{Layout, UbootEnv};
 use updraft_tests::repo_root;
 use updraft_tests::skip;
 
@@ -75,13 +82,42 @@ fn run(cmd: &mut Command) {
     );
 }
 
-/// boot.cmd.in with the values a qemu virt board needs.
+const FILES: &str = "yocto/meta-updraft/recipes-bsp/updraft-bootfiles/files";
+
+/// Size of each copy of the FAT-file environment pair.
+const FAT_ENV_SIZE: usize = 0x4000;
+
+fn read_shipped(name: &str) -> String {
+    std::fs::read_to_string(repo_root().join(FILES).join(name))
+        .unwrap_or_else(|e| panic!("read {name}: {e}"))
+}
+
+/// boot.cmd.in with the values a qemu virt board needs and the default
+/// environment hooks (nothing to load, `saveenv`).
 fn render_script() -> String {
-    let template = std::fs::read_to_string(
-        repo_root().join("yocto/meta-updraft/recipes-bsp/updraft-bootfiles/files/boot.cmd.in"),
-    )
-    .expect("read boot.cmd.in");
+    render("", "saveenv")
+}
+
+/// boot.cmd.in with the FAT-file environment hooks for a pair
+/// `uboot.env` / `uboot-redund.env` on the boot partition.
+fn render_fat_env_script() -> String {
+    let hook = |name: &str| {
+        read_shipped(name)
+            .replace("@@UPDRAFT_ENV_DEV@@", "virtio 0:1")
+            // Above the load addresses, below U-Boot at the top of 256 MiB.
+            .replace("@@UPDRAFT_ENV_ADDR@@", "0x48000000")
+            .replace("@@UPDRAFT_ENV_SIZE@@", &format!("{FAT_ENV_SIZE:#x}"))
+            .replace("@@UPDRAFT_ENV_FILE@@", "uboot.env")
+            .replace("@@UPDRAFT_ENV_REDUND_FILE@@", "uboot-redund.env")
+    };
+    render(&hook("env-fat-load.cmd.in"), &hook("env-fat-save.cmd.in"))
+}
+
+fn render(env_load: &str, env_save: &str) -> String {
+    let template = read_shipped("boot.cmd.in");
     let values = [
+        ("UPDRAFT_ENV_LOAD", env_load),
+        ("UPDRAFT_ENV_SAVE", env_save),
         ("UPDRAFT_PART_A", "2"),
         ("UPDRAFT_PART_B", "3"),
         ("UPDRAFT_TRIES", "3"),
@@ -122,13 +158,26 @@ fn mbr() -> [u8; 512] {
 /// Boot U-Boot once with `env` (U-Boot commands run before the script, as
 /// if the environment held those values) and return its console output.
 fn boot(tag: &str, env: &[&str]) -> String {
-    use std::io::{Seek, SeekFrom, Write};
+    let dir = scratch(tag);
+    let mut script = env.iter().map(|l| format!("{l}\n")).collect::<String>();
+    script.push_str(&render_script());
+    let console = boot_disk(&dir, &script, &[]);
+    let _ = std::fs::remove_dir_all(&dir);
+    console
+}
+
+fn scratch(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("updraft-uboot-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("root/boot")).expect("scratch dir");
+    dir
+}
 
-    let mut script = env.iter().map(|l| format!("{l}\n")).collect::<String>();
-    script.push_str(&render_script());
+/// Boot U-Boot once from a disk in `dir` whose FAT partition holds
+/// `boot.scr` made from `script` and the `fat_files` (name, host path);
+/// afterwards the FAT partition is left in `dir/boot.img`. The console.
+fn boot_disk(dir: &Path, script: &str, fat_files: &[(&str, &Path)]) -> String {
+    use std::io::{Seek, SeekFrom, Write};
     std::fs::write(dir.join("boot.cmd"), script).expect("boot.cmd");
     run(tool("mkimage")
         .args([
@@ -145,6 +194,13 @@ fn boot(tag: &str, env: &[&str]) -> String {
         .arg(dir.join("boot.img"))
         .arg(dir.join("boot.scr"))
         .arg("::/boot.scr"));
+    for (name, path) in fat_files {
+        run(tool("mcopy")
+            .arg("-i")
+            .arg(dir.join("boot.img"))
+            .arg(path)
+            .arg(format!("::/{name}")));
+    }
     std::fs::write(dir.join("root/boot/Image"), b"not a kernel").expect("fake kernel");
     run(tool("mkfs.ext4")
         .args(["-q", "-F", "-d"])
@@ -188,7 +244,11 @@ fn boot(tag: &str, env: &[&str]) -> String {
         .output()
         .expect("run qemu-system-aarch64");
     let console = String::from_utf8_lossy(&out.stdout).replace('\r', "");
-    let _ = std::fs::remove_dir_all(&dir);
+    // The FAT partition as U-Boot left it.
+    let disk_bytes = std::fs::read(&disk).expect("read disk image");
+    let (_, _, start, len) = PARTS[0];
+    let (start, len) = (start as usize * 512, len as usize * 512);
+    std::fs::write(dir.join("boot.img"), &disk_bytes[start..start + len]).expect("boot.img");
     assert!(
         console.contains("did not boot; resetting"),
         "the script did not run to its end ({}):\n{console}\n{}",
@@ -336,4 +396,141 @@ fn a_boot_order_naming_no_slot_boots_a() {
     assert!(console.contains("names no slot, booting A"), "{console}");
     assert!(choice(&console).starts_with("updraft: booting slot A "));
     assert!(cmdline(&console).contains("root=/dev/vda2"));
+}
+
+/// A redundant pair of environment files in `dir`: copy 0 holding `vars0`
+/// with flags `flags[0]`, copy 1 holding `vars1` with `flags[1]`; copy 1's
+/// CRC broken when `break1`.
+fn fat_pair(
+    dir: &Path,
+    vars0: &[(&str, &str)],
+    vars1: &[(&str, &str)],
+    flags: [u8; 2],
+    break1: bool,
+) -> UbootEnv {
+    let other = dir.join("other");
+    std::fs::create_dir_all(&other).expect("scratch dir");
+    let pair = UbootEnv::create(dir, Layout::redundant_two_files(FAT_ENV_SIZE), vars0);
+    let second = UbootEnv::create(&other, Layout::redundant_two_files(FAT_ENV_SIZE), vars1);
+    pair.write_copy_bytes(1, &second.copy_bytes(1));
+    pair.set_flags(0, flags[0]);
+    pair.set_flags(1, flags[1]);
+    if break1 {
+        pair.corrupt(1);
+    }
+    pair
+}
+
+/// The copy updraft's backend reads from `pair`, with a lock file of the
+/// scratch directory's.
+fn updraft_pick(pair: &UbootEnv, dir: &Path) -> usize {
+    let lock = dir.join("fw_printenv.lock");
+    std::fs::write(&lock, b"").expect("lock file");
+    let mut b = pair.bootloader();
+    b.set_lock_file(lock);
+    b.load()
+        .unwrap_or_else(|e| panic!("updraft reading the pair: {e}"))
+        .current
+}
+
+/// Run the script with `pair` on the FAT partition; then copy the two files
+/// back out over `pair`'s, so that `pair` reads what U-Boot left.
+fn boot_fat_pair(dir: &Path, pair: &UbootEnv) -> String {
+    let files = [
+        ("uboot.env", pair.copies[0].0.as_path()),
+        ("uboot-redund.env", pair.copies[1].0.as_path()),
+    ];
+    let console = boot_disk(dir, &render_fat_env_script(), &files);
+    for (name, path) in files {
+        run(tool("mcopy")
+            .args(["-o", "-i"])
+            .arg(dir.join("boot.img"))
+            .arg(format!("::/{name}"))
+            .arg(path));
+    }
+    console
+}
+
+const FACTORY: [(&str, &str); 3] = [
+    ("BOOT_ORDER", "A B"),
+    ("BOOT_A_LEFT", "3"),
+    ("BOOT_B_LEFT", "0"),
+];
+const TRIAL_B: [(&str, &str); 3] = [
+    ("BOOT_ORDER", "B A"),
+    ("BOOT_A_LEFT", "3"),
+    ("BOOT_B_LEFT", "3"),
+];
+
+#[test]
+fn the_fat_pair_is_read_from_the_newer_copy_and_written_to_the_other() {
+    needs_tools!();
+    let dir = scratch("fat-newer");
+    let pair = fat_pair(&dir, &FACTORY, &TRIAL_B, [1, 2], false);
+    assert_eq!(updraft_pick(&pair, &dir), 1);
+    let console = boot_fat_pair(&dir, &pair);
+    assert!(
+        console.contains("updraft: environment copy 1 (flags 2)"),
+        "{console}"
+    );
+    assert_eq!(
+        choice(&console),
+        "updraft: booting slot B (A left 3, B left 2)"
+    );
+    // U-Boot wrote copy 0 with flags 3; copy 1 is as it was.
+    assert_eq!(pair.flags(0), 3);
+    assert_eq!(pair.flags(1), 2);
+    assert_eq!(updraft_pick(&pair, &dir), 0);
+    let env = pair.printenv().unwrap_or_else(|e| panic!("{e}"));
+    for (k, v) in [
+        ("BOOT_ORDER", "B A"),
+        ("BOOT_A_LEFT", "3"),
+        ("BOOT_B_LEFT", "2"),
+        ("updraft_slot", "B"),
+        ("updraft_part", "3"),
+    ] {
+        assert_eq!(env.get(k).map(String::as_str), Some(v), "{k} in {env:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_fat_copy_with_a_broken_crc_is_ignored_however_new() {
+    needs_tools!();
+    let dir = scratch("fat-crc");
+    let pair = fat_pair(&dir, &FACTORY, &TRIAL_B, [1, 2], true);
+    assert_eq!(updraft_pick(&pair, &dir), 0);
+    let console = boot_fat_pair(&dir, &pair);
+    assert!(console.contains("bad CRC"), "{console}");
+    assert_eq!(
+        choice(&console),
+        "updraft: booting slot A (A left 2, B left 0)"
+    );
+    // The broken copy was the one written, now newer than copy 0.
+    assert_eq!(pair.flags(1), 2);
+    assert_eq!(updraft_pick(&pair, &dir), 1);
+    let env = pair.printenv().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(env.get("BOOT_ORDER").map(String::as_str), Some("A B"));
+    assert_eq!(env.get("BOOT_A_LEFT").map(String::as_str), Some("2"));
+    assert_eq!(env.get("updraft_slot").map(String::as_str), Some("A"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_fat_pair_flags_wrap_from_255_to_0_as_updraft_counts_them() {
+    needs_tools!();
+    for (flags, current, slot) in [
+        ([255, 0], 1, "updraft: booting slot B (A left 3, B left 2)"),
+        ([0, 255], 0, "updraft: booting slot A (A left 2, B left 0)"),
+    ] {
+        let dir = scratch(&format!("fat-wrap-{}", flags[0]));
+        let pair = fat_pair(&dir, &FACTORY, &TRIAL_B, flags, false);
+        assert_eq!(updraft_pick(&pair, &dir), current);
+        let console = boot_fat_pair(&dir, &pair);
+        assert_eq!(choice(&console), slot);
+        let written = 1 - current;
+        assert_eq!(pair.flags(written), flags[current].wrapping_add(1));
+        assert_eq!(updraft_pick(&pair, &dir), written);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

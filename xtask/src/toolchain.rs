@@ -109,29 +109,10 @@ impl Toolchain {
         let runtime = runtime_package(v)?;
         let debs = self.root.join("debs");
         let _ = std::fs::remove_dir_all(&self.root);
-        std::fs::create_dir_all(&debs).map_err(|e| format!("creating {}: {e}", debs.display()))?;
-        let mut dl = Command::new("apt-get");
-        // The cache belongs to root; apt's unprivileged download user
-        // cannot write there.
-        dl.current_dir(&debs)
-            .args(["-o", "APT::Sandbox::User=root", "download"]);
-        dl.arg(format!("rustc-web={v}"));
-        dl.arg(format!("{runtime}={v}"));
-        for arch in ARCHES {
-            dl.arg(format!("{STD_DEV}:{arch}={v}"));
-        }
-        util::run(&mut dl)?;
+        let mut packages = vec![format!("rustc-web={v}"), format!("{runtime}={v}")];
+        packages.extend(ARCHES.iter().map(|arch| format!("{STD_DEV}:{arch}={v}")));
         let sysroot = self.root.join("sysroot");
-        let entries =
-            std::fs::read_dir(&debs).map_err(|e| format!("listing {}: {e}", debs.display()))?;
-        for entry in entries {
-            let path = entry
-                .map_err(|e| format!("listing {}: {e}", debs.display()))?
-                .path();
-            if path.extension().is_some_and(|x| x == "deb") {
-                util::run(Command::new("dpkg").arg("-x").arg(&path).arg(&sysroot))?;
-            }
-        }
+        util::unpack_debs(Command::new("apt-get"), &packages, &debs, &sysroot)?;
         let rustc = sysroot.join("usr/bin/rustc");
         if !rustc.is_file() {
             return Err(format!(

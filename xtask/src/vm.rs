@@ -1,16 +1,25 @@
-//! `cargo xtask vm-test [x86_64]`: the whole update cycle on a real
-//! full-system QEMU machine. SeaBIOS and GRUB boot the shipped GRUB
-//! fragment (`grub.cfg.in`), which reads the `grubenv` updraft's own GRUB
-//! backend writes; a real Debian cloud kernel boots a busybox userspace
-//! that starts `updraft daemon` as the systemd unit would, with the real
-//! `/proc/cmdline`, boot id and `reboot -f`. Releases come from
-//! `updraft-publish`, served by nginx over TLS on 127.0.0.1.
+//! `cargo xtask vm-test [x86_64|aarch64|all]`: the whole update cycle on a
+//! real full-system QEMU machine. On x86_64, SeaBIOS and GRUB boot the
+//! shipped GRUB fragment (`grub.cfg.in`), which reads the `grubenv`
+//! updraft's own GRUB backend writes; on aarch64 (`-M virt`), Debian's
+//! U-Boot runs the shipped `boot.cmd.in` with its FAT-file environment
+//! hooks, reading the redundant pair updraft's U-Boot backend writes. A
+//! real Debian cloud kernel boots a busybox userspace that starts `updraft
+//! daemon` (the host build on x86_64, the aarch64 release build on
+//! aarch64) as the systemd unit would, with the real `/proc/cmdline`, boot
+//! id and `reboot -f`. Releases come from `updraft-publish`, served by
+//! nginx over TLS on 127.0.0.1.
 //!
+//! * [`machine`]: what differs between the machines, as values;
+//! * [`debs`]: the arm64 kernel and busybox, fetched without adding the
+//!   architecture;
 //! * [`disk`]: the MBR disk image (boot, rootfs A, rootfs B, data) and
 //!   GRUB, and reading results back from it;
 //! * [`guest`]: the initramfs, the slot images and their scripts;
 //! * [`console`]: the QEMU process and its serial console, split into boots;
-//! * [`scenario`]: the server, the releases and the assertions.
+//! * [`scenario`]: the server, the releases and the assertions; scenario 6
+//!   (`vm/systemd.rs`, a child of it) boots slots that hold a Debian
+//!   systemd userspace running the shipped unit.
 //!
 //! This module owns the prerequisites (installed with apt-get as root on
 //! Debian; otherwise the command is printed and the run skips, or fails
@@ -18,8 +27,10 @@
 //! never start QEMU or write a disk itself.
 
 mod console;
+mod debs;
 mod disk;
 mod guest;
+mod machine;
 mod scenario;
 
 use std::path::{Path, PathBuf};
@@ -27,34 +38,45 @@ use std::time::{Duration, Instant};
 
 use crate::toolchain;
 use crate::util::{self, Result};
+use machine::{Loader, Machine};
 
-const USAGE: &str = "usage: cargo xtask vm-test [x86_64] [--cuts N] [--seed S]
-  boots a QEMU x86_64 machine (SeaBIOS, GRUB, Debian's cloud kernel, busybox, updraft)
+const USAGE: &str =
+    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--seed S] [--systemd-only]
+  boots a QEMU machine with Debian's cloud kernel, busybox and updraft: x86_64 (SeaBIOS,
+  GRUB; the default) or aarch64 (-M virt, U-Boot, the aarch64 release build), or both,
   and runs: 1 full-image update, 3 failing health check, 4 release that cannot boot
   (a kernel panic, then a hang caught by the watchdog), 2 delta update;
-  --cuts N: then 5, N power cuts (QEMU killed) at points chosen from --seed S (default 1)";
+  6 a full-image update on slots holding Debian with systemd, updraft from its unit;
+  --cuts N: then 5, N power cuts (QEMU killed) at points chosen from --seed S (default 1);
+  then 7, slot A holding the previous landed release of updraft: its update to this
+  one rolled back (old code on the new state), then committed;
+  --systemd-only: scenario 6 alone";
 
-/// Debian packages the VM needs, each with a file that shows it is there.
+/// Debian packages every machine needs, each with a file that shows it is
+/// there (each machine adds its own, see [`Machine::packages`]).
 const PACKAGES: &[(&str, &str)] = &[
-    ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
-    ("grub-pc-bin", "/usr/lib/grub/i386-pc/boot.img"),
-    ("grub-common", "/usr/bin/grub-editenv"),
-    ("linux-image-cloud-amd64", ""),
-    ("busybox-static", "/bin/busybox"),
     ("fdisk", "/usr/sbin/sfdisk"),
     ("e2fsprogs", "/usr/sbin/debugfs"),
     ("cpio", "/usr/bin/cpio"),
     ("binutils", "/usr/bin/strip"),
     ("nginx", "/usr/sbin/nginx"),
+    ("mmdebstrap", "/usr/bin/mmdebstrap"),
+    ("systemd", "/usr/bin/systemd-sysusers"),
 ];
 
 pub fn run(args: &[String]) -> Result {
     let mut cuts: u32 = 0;
     let mut seed: u64 = 1;
+    let mut systemd_only = false;
+    let mut machines: Vec<&'static Machine> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "x86_64" => {}
+            "all" => machines.extend(machine::MACHINES),
+            "--systemd-only" => systemd_only = true,
+            name if Machine::by_name(name).is_some() => {
+                machines.extend(Machine::by_name(name));
+            }
             "--cuts" | "--seed" => {
                 let v = it
                     .next()
@@ -70,71 +92,112 @@ pub fn run(args: &[String]) -> Result {
                 println!("{USAGE}");
                 return Ok(());
             }
-            "aarch64" | "armv7" => {
+            "armv7" => {
                 return Err(format!(
-                    "vm-test {a}: only x86_64 machines are built so far\n{USAGE}"
+                    "vm-test {a}: only x86_64 and aarch64 machines are built so far\n{USAGE}"
                 ));
             }
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
-    let total = Instant::now();
-    let Some((bin_dir, work)) = prepare("vm-test")? else {
-        return Ok(());
-    };
-    let (outcomes, cut) = util::guarded("vm-test", || scenarios(&work, &bin_dir, cuts, seed))?;
-    summary(&outcomes, total.elapsed(), &work);
-    if cuts > 0 {
-        cut_summary(&cut, seed);
+    if machines.is_empty() {
+        machines.push(&machine::X86_64);
+    }
+    machines.dedup_by_key(|m| m.name);
+    for m in machines {
+        let total = Instant::now();
+        let Some(p) = prepare(m, "vm-test")? else {
+            return Ok(());
+        };
+        let (outcomes, cut) =
+            util::guarded("vm-test", || scenarios(m, &p, cuts, seed, systemd_only))?;
+        summary(m, &outcomes, total.elapsed(), &p.work);
+        if cuts > 0 {
+            cut_summary(&cut, seed);
+        }
     }
     Ok(())
+}
+
+/// What a run works with: the host binaries' directory (the publisher,
+/// and `updraft history` over the disk), the updraft binary for the guest,
+/// and the run's empty work directory.
+struct Prepared {
+    bin_dir: PathBuf,
+    guest_updraft: PathBuf,
+    work: PathBuf,
 }
 
 /// `cargo xtask demo --vm`: scenarios 1 (a full update) and 3 (a failing
 /// health check, rolled back by a real reboot) with the console shown.
 pub fn demo() -> Result {
     let total = Instant::now();
-    let Some((bin_dir, work)) = prepare("vm-demo")? else {
+    let m = &machine::X86_64;
+    let Some(p) = prepare(m, "vm-demo")? else {
         return Ok(());
     };
     console::show_console();
     let outcomes = util::guarded("demo --vm", || {
-        let mut lab = scenario::Lab::new(&work, &bin_dir)?;
+        let mut lab = scenario::Lab::new(m, &p.work, &p.bin_dir, &p.guest_updraft)?;
         lab.full_update()?;
         lab.failed_health_check()?;
         Ok(std::mem::take(&mut lab.outcomes))
     })?;
-    summary(&outcomes, total.elapsed(), &work);
+    summary(m, &outcomes, total.elapsed(), &p.work);
     Ok(())
 }
 
 /// The prerequisites (`None`: the run skips), the binaries, and an empty
-/// `target/<dir>/x86_64`; the binaries' directory and that one.
-fn prepare(dir: &str) -> Result<Option<(PathBuf, PathBuf)>> {
-    if !prerequisites()? {
+/// `target/<dir>/<machine>`.
+fn prepare(m: &'static Machine, dir: &str) -> Result<Option<Prepared>> {
+    if !prerequisites(m)? {
         return Ok(None);
     }
     let bin_dir = util::build_binaries()?;
-    let work = util::target_dir().join(dir).join("x86_64");
+    let guest_updraft = match m.loader {
+        Loader::Grub => bin_dir.join("updraft"),
+        Loader::UBoot => {
+            let t = crate::cross::TARGETS
+                .iter()
+                .find(|t| t.short == m.name)
+                .ok_or_else(|| format!("no cross target for {}", m.name))?;
+            crate::cross::release_agent(t)?
+        }
+    };
+    let work = util::target_dir().join(dir).join(m.name);
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
-    Ok(Some((bin_dir, work)))
+    Ok(Some(Prepared {
+        bin_dir,
+        guest_updraft,
+        work,
+    }))
 }
 
 fn scenarios(
-    work: &Path,
-    bin_dir: &Path,
+    m: &'static Machine,
+    p: &Prepared,
     cuts: u32,
     seed: u64,
+    systemd_only: bool,
 ) -> Result<(Vec<scenario::Outcome>, Vec<scenario::Cut>)> {
-    let mut lab = scenario::Lab::new(work, bin_dir)?;
-    let result = lab
-        .full_update()
-        .and_then(|()| lab.failed_health_check())
-        .and_then(|()| lab.cannot_boot())
-        .and_then(|()| lab.hangs())
-        .and_then(|()| lab.delta_update())
-        .and_then(|()| lab.power_cuts(cuts, seed));
+    let work = &p.work;
+    let mut lab = scenario::Lab::new(m, work, &p.bin_dir, &p.guest_updraft)?;
+    // Scenarios 6 (a Debian systemd root, GRUB) and 7 (the previous
+    // release, built for the host) run on the x86_64 machine.
+    let x86 = m.name == machine::X86_64.name;
+    let result = if systemd_only {
+        lab.systemd_update()
+    } else {
+        lab.full_update()
+            .and_then(|()| lab.failed_health_check())
+            .and_then(|()| lab.cannot_boot())
+            .and_then(|()| lab.hangs())
+            .and_then(|()| lab.delta_update())
+            .and_then(|()| if x86 { lab.systemd_update() } else { Ok(()) })
+            .and_then(|()| lab.power_cuts(cuts, seed))
+            .and_then(|()| if x86 { lab.previous_release() } else { Ok(()) })
+    };
     match result {
         Ok(()) => Ok((
             std::mem::take(&mut lab.outcomes),
@@ -147,8 +210,8 @@ fn scenarios(
     }
 }
 
-fn summary(outcomes: &[scenario::Outcome], total: Duration, work: &Path) {
-    println!("\n== summary");
+fn summary(m: &Machine, outcomes: &[scenario::Outcome], total: Duration, work: &Path) {
+    println!("\n== summary ({})", m.name);
     let mut in_qemu = Duration::ZERO;
     for o in outcomes {
         let boots: Vec<String> = o
@@ -230,16 +293,18 @@ fn cut_summary(cuts: &[scenario::Cut], seed: u64) {
 }
 
 /// Check (and as root on Debian, install) the packages. `Ok(false)`: skip.
-fn prerequisites() -> Result<bool> {
-    let missing: Vec<&str> = PACKAGES
+fn prerequisites(m: &Machine) -> Result<bool> {
+    let missing: Vec<&str> = m
+        .packages
         .iter()
+        .chain(PACKAGES)
         .filter(|(pkg, file)| {
             !toolchain::installed(pkg) || (!file.is_empty() && !Path::new(file).exists())
         })
         .map(|(pkg, _)| *pkg)
         .collect();
     if missing.is_empty() {
-        return kernel_there();
+        return kernel_there(m);
     }
     let command = format!(
         "apt-get install -y --no-install-recommends {}",
@@ -248,7 +313,7 @@ fn prerequisites() -> Result<bool> {
     let debian = Path::new("/etc/debian_version").is_file();
     if util::is_root() && debian {
         toolchain::install_packages(&missing, "the VM test's tools and kernel")?;
-        return kernel_there();
+        return kernel_there(m);
     }
     let why = if debian {
         "not running as root"
@@ -266,8 +331,13 @@ fn prerequisites() -> Result<bool> {
     Ok(false)
 }
 
-fn kernel_there() -> Result<bool> {
-    guest::Kernel::find().map(|_| true)
+/// The host's kernel is there (x86_64); the arm64 one is fetched when the
+/// guest is prepared.
+fn kernel_there(m: &Machine) -> Result<bool> {
+    match m.loader {
+        Loader::Grub => guest::Kernel::find(m).map(|_| true),
+        Loader::UBoot => Ok(true),
+    }
 }
 
 fn ci() -> bool {

@@ -1,6 +1,6 @@
-//! One QEMU machine and its serial console: `qemu-system-x86_64` under TCG
-//! with the disk on virtio, user networking and the console on its stdin
-//! and stdout. Every console line goes to a log file as it arrives and is
+//! One QEMU machine and its serial console: the [`Machine`]'s QEMU under
+//! TCG with the disk on virtio, user networking and the console on its
+//! stdin and stdout. Every console line goes to a log file as it arrives and is
 //! split into boots by the guest's marker lines, with the time each boot
 //! took from the reset (or the start of QEMU) to its userspace.
 //!
@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
-use super::guest::{GRUB_MARK, USERSPACE_MARK};
+use super::guest::{BOOTLOADER_MARK, USERSPACE_MARK};
+use super::machine::Machine;
 use crate::util::Result;
 
 /// How many console lines an error shows.
@@ -39,7 +40,8 @@ pub fn show_console() {
 pub struct Boot {
     /// When the machine started or was reset into this boot.
     pub reset: Instant,
-    /// When GRUB started the shipped fragment.
+    /// When the bootloader started the shipped script (GRUB's fragment,
+    /// U-Boot's `boot.scr`).
     pub grub: Instant,
     /// When the slot's init printed its first line.
     pub userspace: Option<Instant>,
@@ -49,7 +51,7 @@ pub struct Boot {
 }
 
 impl Boot {
-    /// From the reset to GRUB's first line.
+    /// From the reset to the bootloader's first line.
     pub fn to_grub(&self) -> Duration {
         self.grub.duration_since(self.reset)
     }
@@ -105,7 +107,7 @@ impl Boots {
                 .unwrap_or(0);
             self.pending_reset = Some(t + Duration::from_secs(secs));
         }
-        if line.contains(GRUB_MARK) {
+        if line.contains(BOOTLOADER_MARK) {
             let reset = self
                 .pending_reset
                 .take()
@@ -130,28 +132,32 @@ impl Boots {
 }
 
 impl Vm {
-    /// Start QEMU on `disk`, its console logged to `log`.
-    pub fn start(name: &str, disk: &Path, log: &Path) -> Result<Vm> {
-        let mut cmd = Command::new("qemu-system-x86_64");
-        cmd.args(["-accel", "tcg", "-m", "512", "-smp", "1"])
-            .args(["-display", "none", "-monitor", "none", "-serial", "stdio"])
-            .arg("-drive")
-            .arg(format!(
-                "file={},format=raw,if=virtio,cache=writeback",
-                disk.display()
-            ))
-            .args(["-nic", "user,model=virtio-net-pci"])
+    /// Start `machine`'s QEMU on `disk` (and `flash`, the U-Boot
+    /// environment's flash image), its console logged to `log`.
+    pub fn start(
+        machine: &Machine,
+        name: &str,
+        disk: &Path,
+        flash: &Path,
+        log: &Path,
+    ) -> Result<Vm> {
+        let mut cmd = Command::new(machine.qemu);
+        cmd.args(machine.qemu_args(disk, flash))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let started = Instant::now();
+        let qemu = machine.qemu;
         let mut child = cmd.spawn().map_err(|e| {
-            format!("starting qemu-system-x86_64: {e} (Debian package qemu-system-x86)")
+            format!(
+                "starting {qemu}: {e} (Debian package {})",
+                machine.qemu_package
+            )
         })?;
         let stdout = child
             .stdout
             .take()
-            .ok_or("qemu-system-x86_64 has no stdout pipe")?;
+            .ok_or_else(|| format!("{qemu} has no stdout pipe"))?;
         let stderr = child.stderr.take();
         let stdin = child.stdin.take();
         let mut file =
@@ -434,19 +440,19 @@ mod tests {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut b = Boots::new(t0);
-        b.see(at(1), GRUB_MARK);
+        b.see(at(1), BOOTLOADER_MARK);
         b.see(
             at(6),
             &format!("{USERSPACE_MARK} slot=A version=1.0 uptime=3.1"),
         );
         b.see(at(20), "[   14.9] reboot: Restarting system");
-        b.see(at(21), GRUB_MARK);
+        b.see(at(21), BOOTLOADER_MARK);
         b.see(
             at(29),
             &format!("{USERSPACE_MARK} slot=B version=2.0 uptime=2.8"),
         );
         b.see(at(40), "[    2.8] Rebooting in 5 seconds..");
-        b.see(at(46), GRUB_MARK);
+        b.see(at(46), BOOTLOADER_MARK);
         let got: Vec<_> = b
             .boots
             .iter()

@@ -1,19 +1,23 @@
 //! The VM's disk image, made from directories and files with the ordinary
 //! tools and no loop device or mount: `mkfs.ext4 -d` fills each file
-//! system from a directory, `sfdisk` writes the MBR partition table into
-//! the image file, `dd conv=notrunc` puts each file system at its offset,
-//! and GRUB's `boot.img` (first 440 bytes) and a `grub-mkimage` core image
-//! (from sector 1) make it bootable by SeaBIOS. Results are read back by
-//! cutting a partition out with `dd` and asking `debugfs`.
+//! system from a directory (`mkfs.vfat` and `mcopy` the FAT boot partition
+//! of a U-Boot machine), `sfdisk` writes the MBR partition table into the
+//! image file, `dd conv=notrunc` puts each file system at its offset, and
+//! on a GRUB machine GRUB's `boot.img` (first 440 bytes) and a
+//! `grub-mkimage` core image (from sector 1) make it bootable by SeaBIOS.
+//! A U-Boot machine also gets its flash environment image (`mkenvimage`).
+//! Results are read back by cutting a partition out with `dd` and asking
+//! `debugfs` (ext4) or `mcopy` (FAT).
 //!
-//! This module owns the partition layout ([`PARTS`]) and the GRUB core
-//! image. It must never mount anything, never touch a block device of the
-//! host, and never decide what a scenario asserts.
+//! This module owns the partition layout ([`PARTS`]), the GRUB core image
+//! and the environment images. It must never mount anything, never touch
+//! a block device of the host, and never decide what a scenario asserts.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::machine::{FLASH_BYTES, Loader, Machine};
 use crate::util::{self, Result};
 
 const MIB: u64 = 1024 * 1024;
@@ -43,7 +47,8 @@ impl Part {
     }
 }
 
-/// Boot (GRUB's configuration and environment, the initramfs).
+/// Boot (GRUB's configuration and environment, or U-Boot's `boot.scr` and
+/// the environment pair; the initramfs).
 pub const BOOT: Part = Part {
     number: 1,
     name: "boot",
@@ -72,7 +77,6 @@ pub const DATA: Part = Part {
     size_mib: 32,
 };
 pub const PARTS: [Part; 4] = [BOOT, SLOT_A, SLOT_B, DATA];
-const DISK_MIB: u64 = 177;
 
 /// GRUB modules in the core image: the disk and file system, the script
 /// the shipped fragment needs, and the serial console.
@@ -93,6 +97,12 @@ const GRUB_MODULES: &[&str] = &[
 ];
 const GRUB_PC_DIR: &str = "/usr/lib/grub/i386-pc";
 
+/// The U-Boot environment pair on the FAT boot partition, as updraft's
+/// `fw_env.config` and the boot script's hooks name it, and each copy's
+/// size.
+pub const UBOOT_ENV_FILES: [&str; 2] = ["uboot.env", "uboot-redund.env"];
+pub const UBOOT_ENV_SIZE: usize = 0x4000;
+
 /// `mkfs.ext4` a file system image of `size_mib` from the contents of
 /// `dir`, with a journal, as a device's would have: power cuts must find
 /// every partition consistent after the journal is replayed (a journal-less
@@ -111,17 +121,62 @@ pub fn mkfs(dir: &Path, image: &Path, size_mib: u64, label: &str) -> Result {
     util::output(&mut c).map(drop)
 }
 
-/// Put the four file system images together into a bootable disk.
-pub fn assemble(disk: &Path, work: &Path, images: [&Path; 4]) -> Result {
+/// A FAT boot partition image of `size_mib` holding the files of `dir`
+/// (flat), made with `mkfs.vfat` and `mcopy`.
+pub fn mkfat(dir: &Path, image: &Path, size_mib: u64, label: &str) -> Result {
+    let _ = std::fs::remove_file(image);
+    util::output(
+        Command::new(tool("mkfs.vfat"))
+            .args(["-n", label, "-C"])
+            .arg(image)
+            .arg((size_mib * 1024).to_string()),
+    )
+    .map_err(|e| format!("{e} (Debian package dosfstools)"))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
+    let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    files.sort();
+    let mut c = Command::new(tool("mcopy"));
+    c.arg("-i").arg(image).args(&files).arg("::/");
+    util::output(&mut c)
+        .map(drop)
+        .map_err(|e| format!("{e} (Debian package mtools)"))
+}
+
+/// Put the four file system images together into a disk `machine` boots.
+pub fn assemble(machine: &Machine, disk: &Path, work: &Path, images: [&Path; 4]) -> Result {
+    assemble_parts(machine, disk, work, PARTS, images)
+}
+
+/// [`assemble`] with another layout of the same four partitions (a guest
+/// whose slots need more room); the boot partition stays [`BOOT`], where
+/// the boot loader looks for its files.
+pub fn assemble_parts(
+    machine: &Machine,
+    disk: &Path,
+    work: &Path,
+    parts: [Part; 4],
+    images: [&Path; 4],
+) -> Result {
     let _ = std::fs::remove_file(disk);
     let f = std::fs::File::create(disk).map_err(|e| format!("creating {}: {e}", disk.display()))?;
-    f.set_len(DISK_MIB * MIB)
+    let end_mib = parts
+        .iter()
+        .map(|p| p.start_mib + p.size_mib)
+        .max()
+        .unwrap_or(0);
+    f.set_len(end_mib * MIB)
         .map_err(|e| format!("sizing {}: {e}", disk.display()))?;
     drop(f);
     let mut table = format!("label: dos\nlabel-id: 0x{DISK_ID:08x}\nunit: sectors\n\n");
-    for p in PARTS {
+    for p in parts {
+        // FAT32 (LBA) for a U-Boot machine's boot partition.
+        let kind = if p.number == BOOT.number && machine.loader == Loader::UBoot {
+            "c"
+        } else {
+            "83"
+        };
         table.push_str(&format!(
-            "start={}, size={}, type=83{}\n",
+            "start={}, size={}, type={kind}{}\n",
             p.start_mib * MIB / 512,
             p.bytes() / 512,
             if p.number == BOOT.number {
@@ -142,7 +197,7 @@ pub fn assemble(disk: &Path, work: &Path, images: [&Path; 4]) -> Result {
             .stdin(stdin),
     )
     .map_err(|e| format!("partitioning {}: {e}", disk.display()))?;
-    for (p, image) in PARTS.iter().zip(images) {
+    for (p, image) in parts.iter().zip(images) {
         let len = std::fs::metadata(image)
             .map_err(|e| format!("{}: {e}", image.display()))?
             .len();
@@ -156,7 +211,10 @@ pub fn assemble(disk: &Path, work: &Path, images: [&Path; 4]) -> Result {
         }
         write_at(disk, image, p.start_mib * MIB)?;
     }
-    install_grub(disk, work)
+    match machine.loader {
+        Loader::Grub => install_grub(disk, work),
+        Loader::UBoot => Ok(()),
+    }
 }
 
 /// GRUB for BIOS without `grub-install` (which wants a block device):
@@ -275,6 +333,110 @@ pub fn grubenv(disk: &Path, work: &Path) -> Result<BTreeMap<String, String>> {
         .collect())
 }
 
+/// The U-Boot environment pair on the FAT boot partition, read the way
+/// updraft and U-Boot's script read it: both files copied out with
+/// `mcopy`, then `fw_printenv -c` (libubootenv) over them.
+pub fn uboot_env(disk: &Path, work: &Path) -> Result<BTreeMap<String, String>> {
+    let image = work.join(format!("part{}.img", BOOT.number));
+    extract(disk, BOOT, &image)?;
+    let dir = work.join("uboot-env.read");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let mut config = String::new();
+    for name in UBOOT_ENV_FILES {
+        let out = dir.join(name);
+        let copied = util::output(
+            Command::new(tool("mcopy"))
+                .arg("-i")
+                .arg(&image)
+                .arg(format!("::/{name}"))
+                .arg(&out),
+        );
+        if let Err(e) = copied {
+            let _ = std::fs::remove_file(&image);
+            return Err(format!("copying {name} out of the boot partition: {e}"));
+        }
+        config.push_str(&format!("{} 0x0 {UBOOT_ENV_SIZE:#x}\n", out.display()));
+    }
+    let _ = std::fs::remove_file(&image);
+    let config_path = dir.join("fw_env.config");
+    std::fs::write(&config_path, config)
+        .map_err(|e| format!("writing {}: {e}", config_path.display()))?;
+    let listing = util::output(
+        Command::new(tool("fw_printenv"))
+            .arg("-c")
+            .arg(&config_path)
+            .env("LC_ALL", "C"),
+    )
+    .map_err(|e| format!("{e} (Debian package libubootenv-tool)"))?;
+    Ok(listing
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
+/// The U-Boot environment copy `flags` and `vars`, as libubootenv lays out
+/// a redundant copy: CRC-32 (little-endian) over the data, the flags byte,
+/// the data (`name=value` entries, each ending in NUL, then NUL padding).
+pub fn uboot_env_copy(vars: &[(&str, &str)], flags: u8) -> Result<Vec<u8>> {
+    let mut data = Vec::new();
+    for (k, v) in vars {
+        data.extend_from_slice(format!("{k}={v}").as_bytes());
+        data.push(0);
+    }
+    data.push(0);
+    if data.len() > UBOOT_ENV_SIZE - 5 {
+        return Err(format!(
+            "{vars:?} do not fit a {UBOOT_ENV_SIZE:#x}-byte environment"
+        ));
+    }
+    data.resize(UBOOT_ENV_SIZE - 5, 0);
+    let mut copy = crc32(&data).to_le_bytes().to_vec();
+    copy.push(flags);
+    copy.extend_from_slice(&data);
+    Ok(copy)
+}
+
+/// zlib's CRC-32, as U-Boot and libubootenv check an environment copy.
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// U-Boot's own environment in the `virt` machine's second flash bank:
+/// `vars` as `mkenvimage -s 0x40000` writes them (CRC, data), in a file
+/// the size of the bank.
+pub fn make_flash_env(path: &Path, work: &Path, vars: &[(&str, &str)]) -> Result {
+    let text: String = vars.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    let txt = work.join("flash-env.txt");
+    std::fs::write(&txt, text).map_err(|e| format!("writing {}: {e}", txt.display()))?;
+    let img = work.join("flash-env.img");
+    util::output(
+        Command::new(tool("mkenvimage"))
+            .args(["-s", "0x40000", "-o"])
+            .arg(&img)
+            .arg(&txt),
+    )
+    .map_err(|e| format!("{e} (Debian package u-boot-tools)"))?;
+    let _ = std::fs::remove_file(path);
+    let f = std::fs::File::create(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+    f.set_len(FLASH_BYTES)
+        .map_err(|e| format!("sizing {}: {e}", path.display()))?;
+    drop(f);
+    write_at(path, &img, 0)
+}
+
 /// Write a fresh GRUB environment block with `vars` to `path`.
 pub fn make_grubenv(path: &Path, vars: &[(&str, &str)]) -> Result {
     let _ = std::fs::remove_file(path);
@@ -301,4 +463,20 @@ pub fn tool(name: &str) -> PathBuf {
         }
     }
     PathBuf::from(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_environment_copy_is_laid_out_as_libubootenv_reads_it() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+        let copy = uboot_env_copy(&[("BOOT_ORDER", "A B")], 7).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(copy.len(), UBOOT_ENV_SIZE);
+        assert_eq!(copy[4], 7);
+        assert!(copy[5..].starts_with(b"BOOT_ORDER=A B\0\0"));
+        let crc = u32::from_le_bytes([copy[0], copy[1], copy[2], copy[3]]);
+        assert_eq!(crc, crc32(&copy[5..]));
+    }
 }

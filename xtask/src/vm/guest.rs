@@ -1,7 +1,10 @@
 //! What runs inside the VM: a busybox initramfs that loads the virtio
-//! drivers of the host's Debian cloud kernel and `switch_root`s into the
-//! slot the boot script named, and the slot root file systems: busybox,
-//! the updraft binary cargo built (with the glibc libraries `ldd` lists),
+//! drivers of the Debian cloud kernel (the host's for x86_64, the arm64
+//! package fetched by [`super::debs`] for aarch64) and `switch_root`s into
+//! the slot the boot script named, and the slot root file systems: busybox,
+//! the updraft binary cargo built (with the glibc loader and libraries it
+//! needs: as `ldd` lists them on the host, or as the aarch64 binary's
+//! `DT_NEEDED` entries name them in the cross sysroot),
 //! the kernel in `/boot`, updraft's configuration, the release's health
 //! check, and an init script that does what a real system does before the
 //! systemd unit starts `updraft daemon` (mounts, network), then starts it.
@@ -18,24 +21,20 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::disk;
+use super::machine::{Loader, Machine};
 use crate::util::{self, Result};
 
-/// The line GRUB prints before it runs the shipped fragment.
-pub const GRUB_MARK: &str = "updraft-vm: grub";
+/// The line the bootloader prints before it runs the shipped script.
+pub const BOOTLOADER_MARK: &str = "updraft-vm: bootloader";
 /// The first line of a slot's userspace; followed by `slot=X version=V`.
 pub const USERSPACE_MARK: &str = "updraft-vm: userspace";
 /// A status line: followed by `updraft status --json` on one line.
 pub const STATUS_MARK: &str = "updraft-vm: status ";
 /// Printed right before a clean power-off.
 pub const HALT_MARK: &str = "updraft-vm: halting";
-/// The `compatible` of the VM's releases.
-pub const COMPATIBLE: &str = "updraft-vm-x86_64";
-
-/// Kernel modules the initramfs loads, with their dependencies (from
-/// `modules.dep`): the virtio disk and network on the PCI transport, and
-/// the software watchdog (the cloud kernel has no driver for QEMU's
-/// emulated watchdog devices).
-const MODULES: &[&str] = &["virtio_pci", "virtio_blk", "virtio_net", "softdog"];
+/// Where the guest keeps libubootenv's configuration naming the
+/// environment pair on the FAT boot partition (U-Boot machines).
+const FW_ENV_CONFIG: &str = "/etc/fw_env.config";
 
 /// The watchdog the slot's init arms, as systemd's `RuntimeWatchdogSec`
 /// would: fed every second, it resets the machine after this many seconds
@@ -73,16 +72,36 @@ pub struct Settings {
     pub release_key: PathBuf,
 }
 
-/// The installed Debian kernel.
+/// The Debian kernel a machine boots.
+#[derive(Clone)]
 pub struct Kernel {
     pub version: String,
     pub image: PathBuf,
     modules: PathBuf,
+    /// The modules the initramfs loads (the machine's).
+    wanted: &'static [&'static str],
 }
 
 impl Kernel {
+    /// `machine`'s kernel: the host's for x86_64, the fetched arm64
+    /// package otherwise.
+    pub fn of(machine: &Machine) -> Result<Kernel> {
+        match machine.loader {
+            Loader::Grub => Kernel::find(machine),
+            Loader::UBoot => {
+                let x = super::debs::kernel_and_busybox(machine.debian_arch)?;
+                Ok(Kernel {
+                    image: x.root.join(format!("boot/vmlinuz-{}", x.kernel_version)),
+                    modules: x.root.join("lib/modules").join(&x.kernel_version),
+                    version: x.kernel_version,
+                    wanted: machine.modules,
+                })
+            }
+        }
+    }
+
     /// The newest `/boot/vmlinuz-*-cloud-amd64` with its modules.
-    pub fn find() -> Result<Kernel> {
+    pub fn find(machine: &Machine) -> Result<Kernel> {
         let entries = std::fs::read_dir("/boot").map_err(|e| format!("listing /boot: {e}"))?;
         let mut versions: Vec<String> = entries
             .filter_map(|e| e.ok())
@@ -108,10 +127,11 @@ impl Kernel {
             image: PathBuf::from(format!("/boot/vmlinuz-{version}")),
             modules: Path::new("/lib/modules").join(&version),
             version,
+            wanted: machine.modules,
         })
     }
 
-    /// The module files for [`MODULES`], dependencies first.
+    /// The module files the machine names, dependencies first.
     fn module_files(&self) -> Result<Vec<PathBuf>> {
         let dep_file = self.modules.join("modules.dep");
         let text = std::fs::read_to_string(&dep_file)
@@ -143,7 +163,7 @@ impl Kernel {
             out.push(m);
         }
         let mut order = Vec::new();
-        for name in MODULES {
+        for name in self.wanted {
             visit(by_name(name)?, &deps, &mut order);
         }
         order
@@ -160,7 +180,7 @@ impl Kernel {
     }
 }
 
-fn module_name(path: &str) -> String {
+pub(super) fn module_name(path: &str) -> String {
     let file = path.rsplit('/').next().unwrap_or(path);
     let stem = file.split('.').next().unwrap_or(file);
     stem.replace('-', "_")
@@ -174,23 +194,34 @@ fn natural(v: &str) -> Vec<u64> {
 }
 
 /// The host files every guest image is made from.
+#[derive(Clone)]
 pub struct Guest {
+    machine: &'static Machine,
     pub kernel: Kernel,
     busybox: PathBuf,
     applets: Vec<String>,
     /// The updraft binary without its debug information.
     updraft: PathBuf,
-    /// The loader and libraries the binary needs, at their host paths.
-    libs: Vec<PathBuf>,
+    /// The loader and libraries the binary needs: where they are on the
+    /// host, and where they go in the slot.
+    libs: Vec<(PathBuf, PathBuf)>,
 }
 
 impl Guest {
-    /// Collect the kernel, busybox and updraft (`updraft_bin`, stripped
-    /// into `work`).
-    pub fn prepare(updraft_bin: &Path, work: &Path) -> Result<Guest> {
-        let kernel = Kernel::find()?;
-        let busybox = PathBuf::from("/bin/busybox");
-        let list = util::output(Command::new(&busybox).arg("--list"))
+    /// Collect the kernel, busybox and updraft (`updraft_bin`, built for
+    /// the machine, stripped into `work`).
+    pub fn prepare(machine: &'static Machine, updraft_bin: &Path, work: &Path) -> Result<Guest> {
+        let kernel = Kernel::of(machine)?;
+        let host_busybox = PathBuf::from("/bin/busybox");
+        let busybox = match machine.loader {
+            Loader::Grub => host_busybox.clone(),
+            Loader::UBoot => super::debs::kernel_and_busybox(machine.debian_arch)?
+                .root
+                .join("bin/busybox"),
+        };
+        // The host's busybox-static is the same Debian package: its applet
+        // list names the links for either.
+        let list = util::output(Command::new(&host_busybox).arg("--list"))
             .map_err(|e| format!("{e} (Debian package busybox-static)"))?;
         let applets = list
             .lines()
@@ -198,23 +229,31 @@ impl Guest {
             .filter(|a| !a.is_empty() && !a.contains('/'))
             .map(str::to_string)
             .collect();
-        let updraft = work.join("updraft");
-        util::output(
-            Command::new("strip")
-                .arg("--strip-debug")
-                .arg("-o")
-                .arg(&updraft)
-                .arg(updraft_bin),
-        )
-        .map_err(|e| format!("{e} (Debian package binutils)"))?;
-        let libs = shared_libraries(&updraft)?;
+        let (updraft, libs) = stripped(machine, updraft_bin, &work.join("updraft"))?;
         Ok(Guest {
+            machine,
             kernel,
             busybox,
             applets,
             updraft,
             libs,
         })
+    }
+
+    /// The same guest with another updraft binary (the previous release's,
+    /// for scenario 7), stripped into `work` as `name`.
+    pub fn with_updraft(&self, updraft_bin: &Path, work: &Path, name: &str) -> Result<Guest> {
+        let (updraft, libs) = stripped(self.machine, updraft_bin, &work.join(name))?;
+        Ok(Guest {
+            updraft,
+            libs,
+            ..self.clone()
+        })
+    }
+
+    /// The stripped updraft binary every guest image carries.
+    pub fn updraft(&self) -> &Path {
+        &self.updraft
     }
 
     /// The initramfs (an uncompressed newc cpio archive) at `out`.
@@ -300,9 +339,9 @@ impl Guest {
             }
         }
         copy(&self.updraft, &root.join("usr/bin/updraft"), 0o755)?;
-        for lib in &self.libs {
-            let rel = lib.strip_prefix("/").unwrap_or(lib);
-            copy(lib, &root.join(rel), 0o755)?;
+        for (from, to) in &self.libs {
+            let rel = to.strip_prefix("/").unwrap_or(to);
+            copy(from, &root.join(rel), 0o755)?;
         }
         copy(&self.kernel.image, &root.join("boot/vmlinuz"), 0o644)?;
         copy(&settings.ca_file, &root.join("etc/updraft/ca.pem"), 0o644)?;
@@ -313,9 +352,16 @@ impl Guest {
         )?;
         write(
             &root.join("etc/updraft/updraft.toml"),
-            &config(settings),
+            &config(settings, self.machine),
             0o644,
         )?;
+        if self.machine.loader == Loader::UBoot {
+            write(
+                &root.join(&FW_ENV_CONFIG[1..]),
+                &fw_env_config("/boot"),
+                0o644,
+            )?;
+        }
         write(
             &root.join("etc/updraft/health.d/10-vm"),
             &health_check(release),
@@ -333,7 +379,11 @@ impl Guest {
             &release.version,
             0o644,
         )?;
-        write(&root.join("sbin/init"), &slot_init(release), 0o755)?;
+        write(
+            &root.join("sbin/init"),
+            &slot_init(release, self.machine),
+            0o755,
+        )?;
         // With a journal, as a Yocto ext4 image has: mounted read-only,
         // its page cache differs from the medium (the kernel changes the
         // journal superblock in memory), and a delta must still apply
@@ -344,8 +394,35 @@ impl Guest {
     }
 }
 
-/// The loader and libraries `ldd` lists for `binary`.
-fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+/// `binary` without its debug information at `out`, and the loader and
+/// libraries it needs for `machine`.
+fn stripped(
+    machine: &Machine,
+    binary: &Path,
+    out: &Path,
+) -> Result<(PathBuf, Vec<(PathBuf, PathBuf)>)> {
+    let strip = match machine.loader {
+        Loader::Grub => "strip",
+        Loader::UBoot => "aarch64-linux-gnu-strip",
+    };
+    util::output(
+        Command::new(strip)
+            .arg("--strip-debug")
+            .arg("-o")
+            .arg(out)
+            .arg(binary),
+    )
+    .map_err(|e| format!("{e} (Debian package binutils)"))?;
+    let libs = match machine.loader {
+        Loader::Grub => shared_libraries(out)?,
+        Loader::UBoot => cross_libraries(out, Path::new(AARCH64_SYSROOT))?,
+    };
+    Ok((out.to_path_buf(), libs))
+}
+
+/// The loader and libraries `ldd` lists for `binary`, each going to the
+/// same path in the slot.
+fn shared_libraries(binary: &Path) -> Result<Vec<(PathBuf, PathBuf)>> {
     let out = util::output(Command::new("ldd").arg(binary))?;
     let libs = parse_ldd(&out);
     if !libs
@@ -357,7 +434,75 @@ fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
             binary.display()
         ));
     }
+    Ok(libs.into_iter().map(|l| (l.clone(), l)).collect())
+}
+
+/// The aarch64 sysroot the cross toolchain links against (Debian package
+/// libc6-arm64-cross).
+const AARCH64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// The loader and libraries of a foreign `binary` (`ldd` cannot run it):
+/// its program interpreter and `DT_NEEDED` entries, as
+/// `aarch64-linux-gnu-readelf` shows them, taken from `sysroot/lib` and
+/// put where Debian's arm64 loader looks (its own path, and the multiarch
+/// `/lib/aarch64-linux-gnu`; the cross libc is Debian's arm64 one).
+fn cross_libraries(binary: &Path, sysroot: &Path) -> Result<Vec<(PathBuf, PathBuf)>> {
+    let out = util::output(
+        Command::new("aarch64-linux-gnu-readelf")
+            .args(["-d", "-l", "-W"])
+            .arg(binary),
+    )
+    .map_err(|e| format!("{e} (Debian package binutils-aarch64-linux-gnu)"))?;
+    let (interp, needed) = parse_readelf(&out);
+    let interp = interp.ok_or_else(|| {
+        format!(
+            "readelf shows no program interpreter for {}:\n{out}",
+            binary.display()
+        )
+    })?;
+    let lib = sysroot.join("lib");
+    let mut libs = Vec::new();
+    let interp_name = interp
+        .file_name()
+        .ok_or_else(|| format!("interpreter {} has no file name", interp.display()))?;
+    libs.push((lib.join(interp_name), interp.clone()));
+    for n in needed {
+        if Path::new(&n).file_name() == Some(interp_name) {
+            continue;
+        }
+        let from = lib.join(&n);
+        if !from.is_file() {
+            return Err(format!(
+                "{} needs {n}, which {} does not have (Debian package libc6-arm64-cross)",
+                binary.display(),
+                lib.display()
+            ));
+        }
+        libs.push((from, PathBuf::from("/lib/aarch64-linux-gnu").join(&n)));
+    }
     Ok(libs)
+}
+
+/// The interpreter (`[Requesting program interpreter: /lib/ld-….so.1]`)
+/// and the `(NEEDED)  Shared library: [libc.so.6]` entries of `readelf -d
+/// -l` output.
+fn parse_readelf(text: &str) -> (Option<PathBuf>, Vec<String>) {
+    let bracketed = |l: &str| {
+        let start = l.find('[')? + 1;
+        let end = l[start..].find(']')? + start;
+        Some(l[start..end].to_string())
+    };
+    let interp = text
+        .lines()
+        .find_map(|l| l.split_once("Requesting program interpreter: "))
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(path, _)| PathBuf::from(path.trim()));
+    let needed = text
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(bracketed)
+        .collect();
+    (interp, needed)
 }
 
 /// The files in `ldd` output: `libc.so.6 => /lib/…/libc.so.6 (0x…)` or
@@ -373,10 +518,34 @@ fn parse_ldd(text: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-fn config(s: &Settings) -> String {
+/// The `[bootloader]` section of the guest's configuration.
+fn bootloader_section(m: &Machine) -> String {
+    match m.loader {
+        Loader::Grub => "kind = \"grub\"\ngrubenv = \"/boot/grub/grubenv\"\n".to_string(),
+        // The lock file on the tmpfs: the slot root is read-only.
+        Loader::UBoot => format!(
+            "kind = \"uboot\"\nfw_env_config = \"{FW_ENV_CONFIG}\"\nlock_file = \"/run/fw_printenv.lock\"\n"
+        ),
+    }
+}
+
+/// libubootenv's configuration for the pair on the FAT partition mounted
+/// at `dir`.
+pub fn fw_env_config(dir: &str) -> String {
     format!(
-        r#"# updraft in the VM: polls the host's nginx through QEMU's user network.
-[server]
+        "# The redundant environment pair on the FAT boot partition.\n\
+         {dir}/{} 0x0 {size:#x}\n{dir}/{} 0x0 {size:#x}\n",
+        disk::UBOOT_ENV_FILES[0],
+        disk::UBOOT_ENV_FILES[1],
+        size = disk::UBOOT_ENV_SIZE
+    )
+}
+
+/// The `[server]` section every guest's configuration starts with: the
+/// host's nginx through QEMU's user network, polled every few seconds.
+pub fn server_section(s: &Settings) -> String {
+    format!(
+        r#"[server]
 manifest_url = "{manifest}"
 report_url = "{report}"
 ca_file = "/etc/updraft/ca.pem"
@@ -384,9 +553,18 @@ system_roots = false
 poll_interval = "4s"
 poll_jitter = "1s"
 retry_max = "10s"
+"#,
+        manifest = s.manifest_url,
+        report = s.report_url,
+    )
+}
 
+fn config(s: &Settings, m: &Machine) -> String {
+    format!(
+        r#"# updraft in the VM: polls the host's nginx through QEMU's user network.
+{server}
 [device]
-compatible = "{COMPATIBLE}"
+compatible = "{compatible}"
 
 [trust]
 keys = ["/etc/updraft/release.pub"]
@@ -396,9 +574,7 @@ a = "/dev/vda{a}"
 b = "/dev/vda{b}"
 
 [bootloader]
-kind = "grub"
-grubenv = "/boot/grub/grubenv"
-
+{bootloader}
 [health]
 checks_dir = "/etc/updraft/health.d"
 timeout = "60s"
@@ -407,10 +583,11 @@ timeout = "60s"
 reboot_command = ["reboot", "-f"]
 state_dir = "/data/updraft"
 "#,
-        manifest = s.manifest_url,
-        report = s.report_url,
+        server = server_section(s),
         a = disk::SLOT_A.number,
         b = disk::SLOT_B.number,
+        compatible = m.compatible(),
+        bootloader = bootloader_section(m),
     )
 }
 
@@ -429,7 +606,8 @@ fn health_check(r: &Release) -> String {
 }
 
 /// The initramfs: drivers, then the partition `root=PARTUUID=<disk>-<NN>`
-/// names, mounted read-only and switched into.
+/// (GRUB's fragment) or `root=/dev/vdaN` (U-Boot's script) names, mounted
+/// read-only and switched into.
 const INITRAMFS_INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -440,11 +618,17 @@ for m in $(cat /lib/modules/order); do
     insmod /lib/modules/$m || echo "updraft-vm: initramfs: insmod $m failed"
 done
 root=
+dev=
 for a in $(cat /proc/cmdline); do
-    case "$a" in root=PARTUUID=*) root=${a#root=PARTUUID=} ;; esac
+    case "$a" in
+        root=PARTUUID=*) root=${a#root=PARTUUID=} ;;
+        root=/dev/*) dev=${a#root=} ;;
+    esac
 done
-part=${root##*-}
-dev=/dev/vda$((0x${part:-0}))
+if [ -z "$dev" ]; then
+    part=${root##*-}
+    dev=/dev/vda$((0x${part:-0}))
+fi
 n=0
 while [ ! -b "$dev" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
 if ! mount -t ext4 -o ro "$dev" /newroot; then
@@ -461,7 +645,7 @@ exec switch_root /newroot /sbin/init
 /// then the daemon (restarted when it fails, as `Restart=on-failure`
 /// does), a status line whenever the status changes, and the harness's
 /// commands read from the console.
-fn slot_init(r: &Release) -> String {
+fn slot_init(r: &Release, m: &Machine) -> String {
     let broken = match r.behaviour {
         Behaviour::CannotBoot => {
             "echo \"updraft-vm: release $version cannot boot: init exits\"\nexit 1\n"
@@ -488,7 +672,8 @@ done
 echo "{USERSPACE_MARK} slot=$slot version=$version uptime=$(cut -d' ' -f1 /proc/uptime) boot_id=$(cat /proc/sys/kernel/random/boot_id)"
 watchdog -t 1 -T {WATCHDOG_SECONDS} /dev/watchdog || echo "updraft-vm: no watchdog"
 {broken}mount -t ext4 /dev/vda{data} /data || echo "updraft-vm: cannot mount the data partition"
-mount -t ext4 /dev/vda{boot} /boot || echo "updraft-vm: cannot mount the boot partition"
+mount -t {boot_fs} /dev/vda{boot} /boot || echo "updraft-vm: cannot mount the boot partition"
+{lock}
 ip link set lo up
 ip addr add 10.0.2.15/24 dev eth0
 ip link set eth0 up
@@ -532,6 +717,15 @@ sleep 100000
 "#,
         data = disk::DATA.number,
         boot = disk::BOOT.number,
+        boot_fs = match m.loader {
+            Loader::Grub => "ext4",
+            Loader::UBoot => "vfat",
+        },
+        // libubootenv's lock file, which the tmpfiles.d entry would create.
+        lock = match m.loader {
+            Loader::Grub => "",
+            Loader::UBoot => "touch /run/fw_printenv.lock && chmod 0600 /run/fw_printenv.lock",
+        },
     )
 }
 
@@ -585,6 +779,16 @@ mod tests {
         ];
         v.sort_by_key(|v| natural(v));
         assert_eq!(v.last(), Some(&"6.1.0-57-cloud-amd64"));
+    }
+
+    #[test]
+    fn readelf_output_gives_the_interpreter_and_needed_libraries() {
+        let text = "      [Requesting program interpreter: /lib/ld-linux-aarch64.so.1]\n\
+                    \x20 0x0000000000000001 (NEEDED)             Shared library: [libgcc_s.so.1]\n\
+                    \x20 0x0000000000000001 (NEEDED)             Shared library: [libc.so.6]\n";
+        let (interp, needed) = parse_readelf(text);
+        assert_eq!(interp, Some(PathBuf::from("/lib/ld-linux-aarch64.so.1")));
+        assert_eq!(needed, vec!["libgcc_s.so.1", "libc.so.6"]);
     }
 
     #[test]

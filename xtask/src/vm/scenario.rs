@@ -1,25 +1,34 @@
 //! The update cycle on the VM, scenario by scenario, on one disk whose
-//! state carries from one scenario to the next (as a device's would):
+//! state carries from one scenario to the next (as a device's would; 7
+//! starts a disk of its own):
 //!
 //! 1. a full-image update from the factory release in A to B, committed,
 //!    and the next boot still in B;
 //! 3. a release whose health check fails: rolled back by a reboot into the
 //!    old slot, reported, not tried again;
 //! 4. a release that cannot boot (its init exits, the kernel panics and
-//!    reboots): GRUB falls back, and the daemon records the rollback; then
-//!    one that hangs, reset by the watchdog, with the same outcome;
+//!    reboots): the bootloader falls back (GRUB after one try, U-Boot
+//!    after three), and the daemon records the rollback; then one that hangs, reset by the watchdog, with the same outcome;
 //! 2. a delta update from the running slot, applied without falling back
 //!    to the full image;
+//! 6. the systemd guest (`systemd`, on a disk of its own): a full-image
+//!    update with updraft started from the shipped unit;
 //! 5. power cuts (`--cuts N --seed S`): QEMU is killed at an instant chosen
 //!    from a console marker plus seeded jitter, in the download, the write,
 //!    the bootloader-environment write and switch, the reboot, the first
 //!    boot and the commit; the machine is started again and must boot a
-//!    verified slot and converge, with every install report delivered.
+//!    verified slot and converge, with every install report delivered;
+//! 7. on a new disk whose slot A holds the previous landed release of
+//!    updraft: a release of this updraft that fails its health check is
+//!    rolled back into the previous updraft, which reads the state this
+//!    one wrote; then a healthy one commits.
 //!
 //! Each scenario runs one QEMU machine (reboots happen inside it), asserts
 //! what the serial console showed, powers the guest off cleanly, and then
-//! asserts what is on the disk: the GRUB environment (`grub-editenv list`)
-//! and updraft's history (`updraft history --json` on the host, over a copy
+//! asserts what is on the disk: the bootloader environment (GRUB's with
+//! `grub-editenv list`, U-Boot's pair on the FAT partition with
+//! `fw_printenv`), as that bootloader's script leaves it, and updraft's
+//! history (`updraft history --json` on the host, over a copy
 //! of the data partition's state directory).
 //!
 //! This module owns the update server (nginx over TLS on 127.0.0.1 with a
@@ -41,10 +50,15 @@ use updraft_tests::publisher::{KeyPair, Repo, keygen, publish_ok};
 use super::console::{Boot, Vm};
 use super::disk::{self, BOOT, DATA};
 use super::guest::{
-    Behaviour, COMPATIBLE, GRUB_MARK, Guest, HALT_MARK, Release, STATUS_MARK, Settings,
-    USERSPACE_MARK,
+    BOOTLOADER_MARK, Behaviour, Guest, HALT_MARK, Release, STATUS_MARK, Settings, USERSPACE_MARK,
 };
+use super::machine::{Loader, Machine};
 use crate::util::{self, Result};
+
+// Scenario 6, the systemd guest: a child of this module so that it runs on
+// the same server, keys and helpers.
+#[path = "systemd.rs"]
+mod systemd;
 
 /// A boot under TCG takes 5–12 s; an install of a slot image about a
 /// minute. These bound each wait generously for a loaded machine.
@@ -129,8 +143,11 @@ pub struct Outcome {
 
 /// The server, the keys, the guest files and the disk.
 pub struct Lab {
+    machine: &'static Machine,
     work: PathBuf,
     disk: PathBuf,
+    /// U-Boot's flash environment image (U-Boot machines).
+    flash: PathBuf,
     bin_dir: PathBuf,
     key: KeyPair,
     site: PathBuf,
@@ -147,7 +164,12 @@ pub struct Lab {
 impl Lab {
     /// Start the server and build the factory disk: release 1.0 in slot A,
     /// slot B empty, GRUB with the shipped fragment.
-    pub fn new(work: &Path, bin_dir: &Path) -> Result<Lab> {
+    pub fn new(
+        machine: &'static Machine,
+        work: &Path,
+        bin_dir: &Path,
+        guest_updraft: &Path,
+    ) -> Result<Lab> {
         let site = work.join("site");
         mkdir(&site)?;
         let key = keygen(work, "release");
@@ -173,11 +195,13 @@ impl Lab {
             ca_file: nginx.ca_file().to_path_buf(),
             release_key: key.public.clone(),
         };
-        let guest = Guest::prepare(&bin_dir.join("updraft"), work)?;
+        let guest = Guest::prepare(machine, guest_updraft, work)?;
         println!("kernel {}", guest.kernel.version);
         let mut lab = Lab {
+            machine,
             work: work.to_path_buf(),
             disk: work.join("disk.img"),
+            flash: work.join("flash.img"),
             bin_dir: bin_dir.to_path_buf(),
             key,
             site,
@@ -190,46 +214,92 @@ impl Lab {
             outcomes: Vec::new(),
             cuts: Vec::new(),
         };
-        lab.build_disk()?;
+        let factory = lab.image(&healthy("1.0"))?;
+        lab.build_disk(&factory, "1.0")?;
         Ok(lab)
     }
 
-    fn build_disk(&mut self) -> Result {
+    /// A factory disk: `factory` (release `version`) in slot A, slot B
+    /// empty, an empty data partition, the machine's boot partition.
+    fn build_disk(&mut self, factory: &Path, version: &str) -> Result {
         let t = Instant::now();
         let w = &self.work.clone();
-        let boot = w.join("bootfs");
-        mkdir(&boot.join("grub"))?;
-        self.guest.initramfs(w, &boot.join("initrd.img"))?;
-        std::fs::write(boot.join("grub/grub.cfg"), grub_cfg()?)
-            .map_err(|e| format!("writing grub.cfg: {e}"))?;
-        disk::make_grubenv(
-            &boot.join("grub/grubenv"),
-            &[
-                ("ORDER", "A B"),
-                ("A_OK", "1"),
-                ("A_TRY", "0"),
-                ("B_OK", "0"),
-                ("B_TRY", "0"),
-            ],
-        )?;
         let boot_img = w.join("boot.ext4");
-        disk::mkfs(&boot, &boot_img, BOOT.size_mib, "boot")?;
+        self.boot_partition(&boot_img)?;
         let data = w.join("datafs");
         mkdir(&data)?;
         let data_img = w.join("data.ext4");
         disk::mkfs(&data, &data_img, DATA.size_mib, "data")?;
-        let a = self.image(&Release {
-            version: "1.0".into(),
-            behaviour: Behaviour::Healthy,
-        })?;
         let empty = w.join("empty.img");
         std::fs::write(&empty, b"").map_err(|e| format!("writing {}: {e}", empty.display()))?;
-        disk::assemble(&self.disk, w, [&boot_img, &a, &empty, &data_img])?;
+        disk::assemble(
+            self.machine,
+            &self.disk,
+            w,
+            [&boot_img, factory, &empty, &data_img],
+        )?;
         println!(
-            "disk {} built in {:.1} s: boot, rootfs A (release 1.0), rootfs B (empty), data",
+            "disk {} built in {:.1} s: boot, rootfs A (release {version}), rootfs B (empty), data",
             self.disk.display(),
             t.elapsed().as_secs_f64()
         );
+        Ok(())
+    }
+
+    /// The factory boot partition at `out`: the initramfs, and `grub.cfg`
+    /// with the shipped fragment and a `grubenv` that boots A, or `boot.scr`
+    /// from `boot.cmd.in` and the U-Boot environment pair that boots A.
+    fn boot_partition(&self, out: &Path) -> Result {
+        let w = &self.work;
+        let boot = w.join("bootfs");
+        let _ = std::fs::remove_dir_all(&boot);
+        mkdir(&boot)?;
+        self.guest.initramfs(w, &boot.join("initrd.img"))?;
+        let boot_img = out;
+        match self.machine.loader {
+            Loader::Grub => {
+                mkdir(&boot.join("grub"))?;
+                std::fs::write(boot.join("grub/grub.cfg"), grub_cfg(self.machine)?)
+                    .map_err(|e| format!("writing grub.cfg: {e}"))?;
+                disk::make_grubenv(
+                    &boot.join("grub/grubenv"),
+                    &[
+                        ("ORDER", "A B"),
+                        ("A_OK", "1"),
+                        ("A_TRY", "0"),
+                        ("B_OK", "0"),
+                        ("B_TRY", "0"),
+                    ],
+                )?;
+                disk::mkfs(&boot, boot_img, BOOT.size_mib, "boot")?;
+            }
+            Loader::UBoot => {
+                let cmd = w.join("boot.cmd");
+                std::fs::write(&cmd, uboot_script(self.machine)?)
+                    .map_err(|e| format!("writing {}: {e}", cmd.display()))?;
+                util::output(
+                    Command::new(disk::tool("mkimage"))
+                        .args(["-A", "arm64", "-T", "script", "-C", "none"])
+                        .args(["-n", "updraft A/B boot", "-d"])
+                        .arg(&cmd)
+                        .arg(boot.join("boot.scr")),
+                )
+                .map_err(|e| format!("{e} (Debian package u-boot-tools)"))?;
+                // The factory state, in both copies of the pair (the first
+                // current, as mkenvimage -r would leave them).
+                let factory = [
+                    ("BOOT_ORDER", "A B"),
+                    ("BOOT_A_LEFT", "3"),
+                    ("BOOT_B_LEFT", "0"),
+                ];
+                for (name, flags) in disk::UBOOT_ENV_FILES.iter().zip([1u8, 0]) {
+                    std::fs::write(boot.join(name), disk::uboot_env_copy(&factory, flags)?)
+                        .map_err(|e| format!("writing {name}: {e}"))?;
+                }
+                disk::mkfat(&boot, boot_img, BOOT.size_mib, "BOOT")?;
+                disk::make_flash_env(&self.flash, w, UBOOT_FLASH_ENV)?;
+            }
+        }
         Ok(())
     }
 
@@ -254,7 +324,7 @@ impl Lab {
             "--version".into(),
             r.version.clone(),
             "--compatible".into(),
-            COMPATIBLE.into(),
+            self.machine.compatible(),
             "--image".into(),
             img.display().to_string(),
             "--level".into(),
@@ -288,8 +358,10 @@ impl Lab {
     fn start(&self, name: &str) -> Result<Vm> {
         println!("\n== {name}");
         Vm::start(
+            self.machine,
             name,
             &self.disk,
+            &self.flash,
             &self.work.join(format!("{name}.console.log")),
         )
     }
@@ -315,7 +387,7 @@ impl Lab {
                 b.version.as_deref().unwrap_or("?"),
                 b.to_userspace()
                     .map(|d| format!(
-                        "{:.1} s from reset to userspace ({:.1} s of it firmware and GRUB)",
+                        "{:.1} s from reset to userspace ({:.1} s of it firmware and bootloader)",
                         d.as_secs_f64(),
                         b.to_grub().as_secs_f64()
                     ))
@@ -338,8 +410,7 @@ impl Lab {
         self.publish(&v2, &[])?;
         let mut vm = self.start(name)?;
         wait_userspace(&mut vm, "A", "1.0", 0)?;
-        let m = vm.mark();
-        wait_userspace(&mut vm, "B", "2.0", m).map_err(|e| format!("no trial boot of 2.0: {e}"))?;
+        wait_trial_boot(&mut vm, "B", "2.0")?;
         let st = wait_status(&mut vm, "2.0 committed in B", |s| {
             committed(s, "2.0") && s["booted_slot"] == "B"
         })?;
@@ -356,12 +427,13 @@ impl Lab {
         println!("   console: the next boot is B with 2.0 again");
         self.finish(vm, name)?;
 
-        let env = self.grubenv()?;
-        expect_env(&env, &[("ORDER", "B A"), ("B_OK", "1"), ("B_TRY", "0")])?;
+        let env = self.boot_env()?;
+        self.expect_env(&env, After::Committed("B"))?;
         let h = self.history()?;
         expect_event(&h, "committed", "2.0", Some("B"))?;
         println!(
-            "   disk: grubenv {}; history: 2.0 committed in B",
+            "   disk: {} {}; history: 2.0 committed in B",
+            self.env_name(),
             show_env(&env)
         );
         Ok(())
@@ -378,8 +450,7 @@ impl Lab {
         self.publish(&v3, &[])?;
         let mut vm = self.start(name)?;
         wait_userspace(&mut vm, "B", "2.0", 0)?;
-        let m = vm.mark();
-        wait_userspace(&mut vm, "A", "3.0", m).map_err(|e| format!("no trial boot of 3.0: {e}"))?;
+        wait_trial_boot(&mut vm, "A", "3.0")?;
         let m = vm.mark();
         wait_userspace(&mut vm, "B", "2.0", m).map_err(|e| format!("no rollback reboot: {e}"))?;
         let st = wait_status(&mut vm, "3.0 rolled back", |s| rolled_back(s, "3.0"))?;
@@ -425,9 +496,8 @@ impl Lab {
         );
         self.finish(vm, name)?;
 
-        let env = self.grubenv()?;
-        expect_env(&env, &[("ORDER", "B"), ("A_OK", "0"), ("B_OK", "1")])
-            .or_else(|_| expect_env(&env, &[("A_OK", "0"), ("B_OK", "1"), ("B_TRY", "0")]))?;
+        let env = self.boot_env()?;
+        self.expect_env(&env, After::HealthRolledBack("A"))?;
         let h = self.history()?;
         expect_event(&h, "rolled-back", "3.0", None)?;
         let downloads = count_events(&h, "download", "3.0");
@@ -438,15 +508,17 @@ impl Lab {
             ));
         }
         println!(
-            "   disk: grubenv {}; history: 3.0 downloaded once, rolled back",
+            "   disk: {} {}; history: 3.0 downloaded once, rolled back",
+            self.env_name(),
             show_env(&env)
         );
         Ok(())
     }
 
-    /// Scenario 4: a release that cannot boot: the kernel panics, GRUB's try flag
-    /// makes the next boot the old slot, and the daemon records the
-    /// rollback there.
+    /// Scenario 4: a release that cannot boot: the kernel panics, the
+    /// bootloader (GRUB's try flag, U-Boot's counter once its tries are
+    /// used up) makes the next boot the old slot, and the daemon records
+    /// the rollback there.
     pub fn cannot_boot(&mut self) -> Result {
         self.unbootable(
             "4-cannot-boot",
@@ -481,34 +553,33 @@ impl Lab {
         self.publish(&release, &[])?;
         let mut vm = self.start(name)?;
         wait_userspace(&mut vm, "B", "2.0", 0)?;
-        let m = vm.mark();
-        wait_userspace(&mut vm, "A", version, m)
-            .map_err(|e| format!("no trial boot of {version}: {e}"))?;
+        wait_trial_boot(&mut vm, "A", version)?;
         let m = vm.mark();
         vm.wait_line(&format!("the reset ({reset})"), m, BOOT_WAIT, |l| {
             l.contains(reset)
         })?;
         let m = vm.mark();
-        vm.wait_line("GRUB after the reset", m, BOOT_WAIT, |l| {
-            l.contains(GRUB_MARK)
+        vm.wait_line("the bootloader after the reset", m, BOOT_WAIT, |l| {
+            l.contains(BOOTLOADER_MARK)
         })?;
         wait_userspace(&mut vm, "B", "2.0", m).map_err(|e| format!("no fallback to B: {e}"))?;
         let st = wait_status(&mut vm, &format!("{version} rolled back"), |s| {
             rolled_back(s, version)
         })?;
         println!(
-            "   console: {version} did not come up in A ({reset}), GRUB fell back to B: {}",
+            "   console: {version} did not come up in A ({reset}), the bootloader fell back to B: {}",
             st["last_install"]["reason"]
         );
         self.wait_report(version, "rolled_back")?;
         self.finish(vm, name)?;
 
-        let env = self.grubenv()?;
-        expect_env(&env, &[("A_OK", "0"), ("B_OK", "1"), ("B_TRY", "0")])?;
+        let env = self.boot_env()?;
+        self.expect_env(&env, After::RolledBack("A"))?;
         let h = self.history()?;
         expect_event(&h, "rolled-back", version, None)?;
         println!(
-            "   disk: grubenv {}; history: {version} rolled back",
+            "   disk: {} {}; history: {version} rolled back",
+            self.env_name(),
             show_env(&env)
         );
         Ok(())
@@ -521,16 +592,15 @@ impl Lab {
         self.publish(&v5, &["2.0"])?;
         let mut vm = self.start(name)?;
         wait_userspace(&mut vm, "B", "2.0", 0)?;
-        let m = vm.mark();
-        wait_userspace(&mut vm, "A", "5.0", m).map_err(|e| format!("no trial boot of 5.0: {e}"))?;
+        wait_trial_boot(&mut vm, "A", "5.0")?;
         wait_status(&mut vm, "5.0 committed in A", |s| {
             committed(s, "5.0") && s["booted_slot"] == "A"
         })?;
         println!("   console: 5.0 was applied as a delta to A, booted and committed");
         self.finish(vm, name)?;
 
-        let env = self.grubenv()?;
-        expect_env(&env, &[("ORDER", "A B"), ("A_OK", "1"), ("A_TRY", "0")])?;
+        let env = self.boot_env()?;
+        self.expect_env(&env, After::Committed("A"))?;
         let h = self.history()?;
         expect_event(&h, "committed", "5.0", Some("A"))?;
         let delta = h.iter().any(|e| {
@@ -573,8 +643,9 @@ impl Lab {
             ));
         }
         println!(
-            "   disk: grubenv {}; history: 5.0 installed from its delta, committed in A; \
+            "   disk: {} {}; history: 5.0 installed from its delta, committed in A; \
              nginx never served its full image",
+            self.env_name(),
             show_env(&env)
         );
         Ok(())
@@ -640,11 +711,18 @@ impl Lab {
                 .as_str()
                 .unwrap_or("?")
                 .to_string();
+            // A cut during the trial boot (or the reboot into it) costs
+            // that boot one of its tries. With one try (GRUB) the next boot
+            // is the old slot and the release may end rolled back; with
+            // more (U-Boot's 3) the next boot tries it again, so it must
+            // commit like any other cut.
             let trial_cut = matches!(point.phase, "first boot" | "commit" | "reboot");
-            if result != "committed" && !trial_cut {
+            if result != "committed" && (!trial_cut || self.machine.trial_tries() > 1) {
                 return Err(vm.failure(&format!(
-                    "a power cut in the {} of {version} ended it as {result}: it must resume and commit",
-                    point.phase
+                    "a power cut in the {} of {version} ended it as {result}: it must resume and commit \
+                     ({} tries for a trial boot)",
+                    point.phase,
+                    self.machine.trial_tries()
                 )));
             }
             let expect_running = if result == "committed" {
@@ -670,7 +748,7 @@ impl Lab {
                 "   after the cut: {version} {result}, running {expect_running}, {boots_after} boots, install report delivered"
             );
             self.finish(vm, &name_after)?;
-            let env = self.grubenv()?;
+            let env = self.boot_env()?;
             let h = self.history()?;
             let settled = if result == "committed" {
                 "committed"
@@ -679,7 +757,8 @@ impl Lab {
             };
             expect_event(&h, settled, &version, None)?;
             println!(
-                "   disk: grubenv {}; history: {version} {settled}",
+                "   disk: {} {}; history: {version} {settled}",
+                self.env_name(),
                 show_env(&env)
             );
             self.cuts.push(Cut {
@@ -692,6 +771,81 @@ impl Lab {
             });
             running = expect_running;
         }
+        Ok(())
+    }
+
+    /// Scenario 7: slot A of a new disk holds the previous landed release
+    /// of updraft (built from the commit `updraft_tests::previous` pins).
+    /// It installs a release of this updraft whose health check fails;
+    /// the rollback boots the previous updraft on the state this one
+    /// wrote, which must report the rollback and not try the release
+    /// again. Then it installs a healthy release of this updraft, which
+    /// commits.
+    pub fn previous_release(&mut self) -> Result {
+        let name = "7-previous-release";
+        let commit = updraft_tests::previous::short(updraft_tests::previous::PINNED);
+        println!("\n== {name}: slot A runs updraft {commit}, the previous landed release");
+        let old_bin = updraft_tests::previous::binary()?;
+        let old_guest = self
+            .guest
+            .with_updraft(&old_bin, &self.work, "updraft-previous")?;
+        let factory = self.work.join("rootfs-8.0-previous.ext4");
+        old_guest.rootfs(&healthy("8.0"), &self.settings, &self.work, &factory)?;
+        self.images.insert("8.0".into(), factory.clone());
+        self.build_disk(&factory, "8.0 with the previous updraft")?;
+
+        let failing = Release {
+            version: "8.1".into(),
+            behaviour: Behaviour::FailsHealthCheck,
+        };
+        self.publish(&failing, &[])?;
+        let mut vm = self.start(name)?;
+        wait_userspace(&mut vm, "A", "8.0", 0)?;
+        wait_trial_boot(&mut vm, "B", "8.1")?;
+        let m = vm.mark();
+        wait_userspace(&mut vm, "A", "8.0", m)
+            .map_err(|e| format!("no rollback reboot into the previous updraft: {e}"))?;
+        let st = wait_status(
+            &mut vm,
+            "8.1 rolled back, seen by the previous updraft",
+            |s| rolled_back(s, "8.1") && s["booted_slot"] == "A",
+        )?;
+        println!(
+            "   console: the previous updraft ({commit}) installed 8.1, this updraft failed its \
+             health check, and the previous one reads the rollback: {}",
+            st["last_install"]["reason"]
+        );
+        self.wait_report("8.1", "rolled_back")?;
+        println!("   the server got the install report of 8.1: rolled_back");
+
+        self.publish(&healthy("8.2"), &[])?;
+        wait_trial_boot(&mut vm, "B", "8.2")?;
+        wait_status(&mut vm, "8.2 committed in B", |s| {
+            committed(s, "8.2") && s["booted_slot"] == "B"
+        })?;
+        self.wait_report("8.2", "committed")?;
+        println!(
+            "   console: the previous updraft installed 8.2, which this updraft committed in B"
+        );
+        self.finish(vm, name)?;
+
+        let env = self.boot_env()?;
+        self.expect_env(&env, After::Committed("B"))?;
+        let h = self.history()?;
+        expect_event(&h, "rolled-back", "8.1", None)?;
+        expect_event(&h, "committed", "8.2", Some("B"))?;
+        let downloads = count_events(&h, "download", "8.1");
+        if downloads != 1 {
+            return Err(format!(
+                "8.1 was downloaded {downloads} times; the previous updraft must not try a \
+                 rolled-back release again\n{}",
+                show_history(&h)
+            ));
+        }
+        println!(
+            "   disk: grubenv {}; history: 8.1 downloaded once and rolled back, 8.2 committed in B",
+            show_env(&env)
+        );
         Ok(())
     }
 
@@ -708,23 +862,69 @@ impl Lab {
             })
     }
 
-    fn grubenv(&self) -> Result<BTreeMap<String, String>> {
-        disk::grubenv(&self.disk, &self.work)
+    /// The bootloader environment on the disk.
+    fn boot_env(&self) -> Result<BTreeMap<String, String>> {
+        match self.machine.loader {
+            Loader::Grub => disk::grubenv(&self.disk, &self.work),
+            Loader::UBoot => disk::uboot_env(&self.disk, &self.work),
+        }
+    }
+
+    fn env_name(&self) -> &'static str {
+        match self.machine.loader {
+            Loader::Grub => "grubenv",
+            Loader::UBoot => "U-Boot environment",
+        }
+    }
+
+    /// Check `env` against what this machine's bootloader script and
+    /// updraft's backend for it leave `after` a scenario.
+    fn expect_env(&self, env: &BTreeMap<String, String>, after: After) -> Result {
+        let alternatives = expected_env(self.machine.loader, after);
+        let mut last = Ok(());
+        for want in &alternatives {
+            let want: Vec<(&str, &str)> =
+                want.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            last = expect_env(env, self.env_name(), &want);
+            if last.is_ok() {
+                return last;
+            }
+        }
+        last
     }
 
     /// `updraft history --json` over a copy of the data partition's state.
     fn history(&self) -> Result<Vec<Value>> {
+        self.history_of(&self.disk, DATA)
+    }
+
+    /// [`Lab::history`] of another disk, whose data partition is `data`.
+    fn history_of(&self, disk_image: &Path, data: disk::Part) -> Result<Vec<Value>> {
         let copy = self.work.join("state-copy");
         let _ = std::fs::remove_dir_all(&copy);
         mkdir(&copy)?;
-        disk::dump_dir(&self.disk, DATA, "/updraft", &copy, &self.work)?;
+        disk::dump_dir(disk_image, data, "/updraft", &copy, &self.work)?;
         let state = copy.join("updraft");
-        let grubenv = self.work.join("grubenv.host");
-        std::fs::write(
-            &grubenv,
-            disk::read_file(&self.disk, BOOT, "/grub/grubenv", &self.work)?,
-        )
-        .map_err(|e| format!("writing {}: {e}", grubenv.display()))?;
+        let bootloader = match self.machine.loader {
+            Loader::Grub => {
+                let grubenv = self.work.join("grubenv.host");
+                std::fs::write(
+                    &grubenv,
+                    disk::read_file(disk_image, BOOT, "/grub/grubenv", &self.work)?,
+                )
+                .map_err(|e| format!("writing {}: {e}", grubenv.display()))?;
+                format!("kind = \"grub\"\ngrubenv = {grubenv:?}\n")
+            }
+            Loader::UBoot => {
+                // The pair copied out of the FAT partition, with its config.
+                disk::uboot_env(disk_image, &self.work)?;
+                let config = self.work.join("uboot-env.read").join("fw_env.config");
+                let lock = self.work.join("fw_printenv.lock");
+                std::fs::write(&lock, b"")
+                    .map_err(|e| format!("writing {}: {e}", lock.display()))?;
+                format!("kind = \"uboot\"\nfw_env_config = {config:?}\nlock_file = {lock:?}\n")
+            }
+        };
         let (a, b) = (self.work.join("slot-a.host"), self.work.join("slot-b.host"));
         for p in [&a, &b] {
             std::fs::write(p, b"").map_err(|e| format!("writing {}: {e}", p.display()))?;
@@ -733,11 +933,12 @@ impl Lab {
         std::fs::write(
             &config,
             format!(
-                "[device]\ncompatible = {COMPATIBLE:?}\nid_file = {id:?}\n\
+                "[device]\ncompatible = {compatible:?}\nid_file = {id:?}\n\
                  [trust]\nkeys = [{key:?}]\n\
                  [slots]\na = {a:?}\nb = {b:?}\ncmdline = {cmdline:?}\n\
-                 [bootloader]\nkind = \"grub\"\ngrubenv = {grubenv:?}\n\
+                 [bootloader]\n{bootloader}\
                  [system]\nstate_dir = {state:?}\nsocket = {sock:?}\n",
+                compatible = self.machine.compatible(),
                 id = state.join("device-id"),
                 key = self.key.public,
                 cmdline = self.work.join("cmdline.host"),
@@ -797,7 +998,7 @@ fn healthy(version: &str) -> Release {
 
 /// `grub.cfg` on the boot partition: the serial console, a marker line,
 /// then the shipped fragment rendered for this disk.
-fn grub_cfg() -> Result<String> {
+fn grub_cfg(machine: &Machine) -> Result<String> {
     let template_path =
         util::root().join("yocto/meta-updraft/recipes-bsp/updraft-bootfiles/files/grub.cfg.in");
     let template = std::fs::read_to_string(&template_path)
@@ -817,21 +1018,110 @@ fn grub_cfg() -> Result<String> {
         ("UPDRAFT_PANIC_SECONDS", "5".to_string()),
         (
             "UPDRAFT_EXTRA_BOOTARGS",
-            "console=ttyS0,115200 quiet".to_string(),
+            format!("{} quiet", machine.console_arg()),
         ),
     ];
-    let mut text = template;
-    for (k, v) in &values {
+    let text = fill(&template, &values, &template_path)?;
+    Ok(format!("{GRUB_HEADER}echo \"{BOOTLOADER_MARK}\"\n{text}"))
+}
+
+/// The template's placeholders filled with `values`; every placeholder
+/// must be.
+fn fill(template: &str, values: &[(&str, String)], path: &Path) -> Result<String> {
+    let mut text = template.to_string();
+    for (k, v) in values {
         text = text.replace(&format!("@@{k}@@"), v);
     }
     if let Some(rest) = text.split("@@").nth(1) {
         return Err(format!(
             "{} has a placeholder the VM does not fill: @@{}@@",
-            template_path.display(),
+            path.display(),
             rest.split("@@").next().unwrap_or(rest)
         ));
     }
-    Ok(format!("{GRUB_HEADER}echo \"{GRUB_MARK}\"\n{text}"))
+    Ok(text)
+}
+
+/// U-Boot's own environment in flash: no boot delay, and a boot command
+/// that runs `boot.scr` from the FAT partition of the virtio disk (what
+/// the distro boot of `boot_targets=virtio0` would find), with the load
+/// addresses of Debian's `qemu_arm64` defaults (the flash environment
+/// replaces the built-in one whole).
+const UBOOT_FLASH_ENV: &[(&str, &str)] = &[
+    ("bootdelay", "0"),
+    ("boot_targets", "virtio0"),
+    ("arch", "arm"),
+    ("cpu", "armv8"),
+    ("board", "qemu-arm"),
+    ("vendor", "emulation"),
+    ("fdt_high", "0xffffffff"),
+    ("initrd_high", "0xffffffff"),
+    ("fdt_addr", "0x40000000"),
+    ("scriptaddr", "0x40200000"),
+    ("loadaddr", "0x40200000"),
+    ("kernel_addr_r", "0x40400000"),
+    ("ramdisk_addr_r", "0x44000000"),
+    (
+        "bootcmd",
+        "virtio scan; load virtio 0:1 ${scriptaddr} /boot.scr && source ${scriptaddr}; reset",
+    ),
+];
+
+/// Where the environment hooks keep the two copies and their scratch
+/// buffers: RAM well above the kernel and initramfs, below U-Boot.
+const UBOOT_ENV_ADDR: &str = "0x4f000000";
+
+/// `boot.scr`'s source: a marker line, then the shipped `boot.cmd.in`
+/// with the FAT-file environment hooks for the pair on the boot partition,
+/// rendered for this disk. The initramfs comes from the boot partition.
+fn uboot_script(machine: &Machine) -> Result<String> {
+    let dir = util::root().join("yocto/meta-updraft/recipes-bsp/updraft-bootfiles/files");
+    let read = |name: &str| {
+        let p = dir.join(name);
+        std::fs::read_to_string(&p)
+            .map_err(|e| format!("reading {}: {e}", p.display()))
+            .map(|t| (t, p))
+    };
+    let dev = format!("virtio 0:{}", BOOT.number);
+    let hook_values = [
+        ("UPDRAFT_ENV_DEV", dev.clone()),
+        ("UPDRAFT_ENV_ADDR", UBOOT_ENV_ADDR.to_string()),
+        ("UPDRAFT_ENV_SIZE", format!("{:#x}", disk::UBOOT_ENV_SIZE)),
+        ("UPDRAFT_ENV_FILE", disk::UBOOT_ENV_FILES[0].to_string()),
+        (
+            "UPDRAFT_ENV_REDUND_FILE",
+            disk::UBOOT_ENV_FILES[1].to_string(),
+        ),
+    ];
+    let (load, load_path) = read("env-fat-load.cmd.in")?;
+    let (save, save_path) = read("env-fat-save.cmd.in")?;
+    let load = fill(&load, &hook_values, &load_path)?;
+    let save = fill(&save, &hook_values, &save_path)?;
+    let (template, template_path) = read("boot.cmd.in")?;
+    let values = [
+        ("UPDRAFT_ENV_LOAD", load),
+        ("UPDRAFT_ENV_SAVE", save),
+        ("UPDRAFT_PART_A", disk::SLOT_A.number.to_string()),
+        ("UPDRAFT_PART_B", disk::SLOT_B.number.to_string()),
+        ("UPDRAFT_TRIES", machine.trial_tries().to_string()),
+        ("UPDRAFT_PANIC_SECONDS", "5".to_string()),
+        (
+            "UPDRAFT_EXTRA_BOOTARGS",
+            format!("{} quiet", machine.console_arg()),
+        ),
+        ("UPDRAFT_KERNEL_PATH", "/boot/vmlinuz".to_string()),
+        ("UPDRAFT_BOOT_DEV", "virtio 0".to_string()),
+        ("UPDRAFT_ROOT_PREFIX", "/dev/vda".to_string()),
+        (
+            "UPDRAFT_BOOT_CMD",
+            format!(
+                "load {dev} ${{ramdisk_addr_r}} /initrd.img; \
+                 booti ${{kernel_addr_r}} ${{ramdisk_addr_r}}:${{filesize}} ${{fdtcontroladdr}}"
+            ),
+        ),
+    ];
+    let text = fill(&template, &values, &template_path)?;
+    Ok(format!("echo \"{BOOTLOADER_MARK}\"\n{text}"))
 }
 
 fn wait_userspace(vm: &mut Vm, slot: &str, version: &str, from: usize) -> Result<String> {
@@ -844,6 +1134,12 @@ fn wait_userspace(vm: &mut Vm, slot: &str, version: &str, from: usize) -> Result
         wait,
         |l| l.contains(USERSPACE_MARK) && l.contains(&want_slot) && l.contains(&want_version),
     )
+}
+
+/// From the console's end on: the trial boot of `version` in `slot`.
+fn wait_trial_boot(vm: &mut Vm, slot: &str, version: &str) -> Result<String> {
+    let m = vm.mark();
+    wait_userspace(vm, slot, version, m).map_err(|e| format!("no trial boot of {version}: {e}"))
 }
 
 /// Wait for a status line whose JSON satisfies `pred`; that JSON.
@@ -883,13 +1179,74 @@ fn rolled_back(s: &Value, version: &str) -> bool {
         && s["last_install"]["result"] == "rolled_back"
 }
 
-fn expect_env(env: &BTreeMap<String, String>, want: &[(&str, &str)]) -> Result {
+/// Where a scenario leaves the A/B state; the slot named is the new
+/// release's (committed) or the failed one's (rolled back).
+#[derive(Clone, Copy)]
+enum After {
+    Committed(&'static str),
+    /// Rolled back by updraft after a failed health check.
+    HealthRolledBack(&'static str),
+    /// Fallen back by the bootloader (the release never came up).
+    RolledBack(&'static str),
+}
+
+/// The variables `loader`'s environment must hold `after` a scenario (any
+/// one of the alternatives).
+fn expected_env(loader: Loader, after: After) -> Vec<Vec<(String, String)>> {
+    let other = |s: &str| if s == "A" { "B" } else { "A" };
+    let kv = |k: String, v: &str| (k, v.to_string());
+    match (loader, after) {
+        (Loader::Grub, After::Committed(s)) => vec![vec![
+            kv("ORDER".into(), &format!("{s} {}", other(s))),
+            kv(format!("{s}_OK"), "1"),
+            kv(format!("{s}_TRY"), "0"),
+        ]],
+        (Loader::Grub, After::HealthRolledBack(bad)) => {
+            let good = other(bad);
+            vec![
+                vec![
+                    kv("ORDER".into(), good),
+                    kv(format!("{bad}_OK"), "0"),
+                    kv(format!("{good}_OK"), "1"),
+                ],
+                vec![
+                    kv(format!("{bad}_OK"), "0"),
+                    kv(format!("{good}_OK"), "1"),
+                    kv(format!("{good}_TRY"), "0"),
+                ],
+            ]
+        }
+        (Loader::Grub, After::RolledBack(bad)) => {
+            let good = other(bad);
+            vec![vec![
+                kv(format!("{bad}_OK"), "0"),
+                kv(format!("{good}_OK"), "1"),
+                kv(format!("{good}_TRY"), "0"),
+            ]]
+        }
+        // updraft's U-Boot backend puts a committed slot first; the script
+        // records the slot it booted last.
+        (Loader::UBoot, After::Committed(s)) => vec![vec![
+            kv("BOOT_ORDER".into(), &format!("{s} {}", other(s))),
+            kv("updraft_slot".into(), s),
+        ]],
+        // A bad slot is taken out of BOOT_ORDER with no tries left, by
+        // updraft (a failed check) or after the script used its tries up.
+        (Loader::UBoot, After::HealthRolledBack(bad) | After::RolledBack(bad)) => {
+            let good = other(bad);
+            vec![vec![
+                kv("BOOT_ORDER".into(), good),
+                kv(format!("BOOT_{bad}_LEFT"), "0"),
+                kv("updraft_slot".into(), good),
+            ]]
+        }
+    }
+}
+
+fn expect_env(env: &BTreeMap<String, String>, what: &str, want: &[(&str, &str)]) -> Result {
     for (k, v) in want {
         if env.get(*k).map(String::as_str) != Some(*v) {
-            return Err(format!(
-                "grubenv: expected {k}={v}, found {}",
-                show_env(env)
-            ));
+            return Err(format!("{what}: expected {k}={v}, found {}", show_env(env)));
         }
     }
     Ok(())
@@ -949,14 +1306,43 @@ mod tests {
 
     #[test]
     fn the_shipped_fragment_renders_for_the_vm_disk() {
-        let cfg = grub_cfg().unwrap_or_else(|e| panic!("{e}"));
+        let cfg = grub_cfg(&super::super::machine::X86_64).unwrap_or_else(|e| panic!("{e}"));
         assert!(!cfg.contains("@@"), "{cfg}");
         assert!(cfg.starts_with(GRUB_HEADER));
-        assert!(cfg.contains(&format!("echo \"{GRUB_MARK}\"")));
+        assert!(cfg.contains(&format!("echo \"{BOOTLOADER_MARK}\"")));
         assert!(cfg.contains(
             "linux16 (hd0,msdos2)/boot/vmlinuz root=PARTUUID=75706466-02 rootwait ro updraft.slot=A panic=5 console=ttyS0,115200 quiet"
         ));
         assert!(cfg.contains("initrd16 (hd0,msdos1)/initrd.img"));
         assert!(cfg.contains("save_env A_TRY B_TRY"));
+    }
+
+    #[test]
+    fn the_shipped_boot_script_renders_with_the_fat_environment_hooks() {
+        let m = &super::super::machine::AARCH64;
+        let scr = uboot_script(m).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!scr.contains("@@"), "{scr}");
+        assert!(scr.starts_with(&format!("echo \"{BOOTLOADER_MARK}\"\n")));
+        assert!(!scr.lines().any(|l| l.trim() == "saveenv"), "{scr}");
+        assert!(scr.contains("fatload virtio 0:1 ${updraft_env_a0} uboot.env 0x4000"));
+        assert!(scr.contains("fatwrite virtio 0:1 ${updraft_env_a0} ${updraft_env_file} 0x4000"));
+        assert!(scr.contains("console=ttyAMA0,115200"));
+        assert!(
+            scr.contains("booti ${kernel_addr_r} ${ramdisk_addr_r}:${filesize} ${fdtcontroladdr}")
+        );
+    }
+
+    #[test]
+    fn each_bootloader_has_its_expected_environment() {
+        let committed = expected_env(Loader::UBoot, After::Committed("B"));
+        assert_eq!(
+            committed[0],
+            vec![
+                ("BOOT_ORDER".to_string(), "B A".to_string()),
+                ("updraft_slot".to_string(), "B".to_string())
+            ]
+        );
+        let grub = expected_env(Loader::Grub, After::RolledBack("A"));
+        assert_eq!(grub[0][0], ("A_OK".to_string(), "0".to_string()));
     }
 }

@@ -35,6 +35,14 @@ UPDRAFT_KERNEL_PATH ??= "/boot/${KERNEL_IMAGETYPE}"
 UPDRAFT_BOOT_DEV ??= "mmc 0"
 UPDRAFT_ROOT_PREFIX ??= "/dev/mmcblk0p"
 UPDRAFT_BOOT_CMD ??= "booti ${kernel_addr_r} - ${fdt_addr}"
+# U-Boot: the environment hooks, run before the slot choice and where it is
+# saved. By default U-Boot's own environment store (nothing to load, then
+# saveenv). A board whose U-Boot cannot write its store can keep updraft's
+# variables in a redundant pair of files on the FAT boot partition with the
+# shipped fragments env-fat-load.cmd.in and env-fat-save.cmd.in (see
+# docs/bootloaders.md): one command each here, e.g. sourcing them.
+UPDRAFT_ENV_LOAD ??= ""
+UPDRAFT_ENV_SAVE ??= "saveenv"
 
 # GRUB: disk as GRUB names it and the partitions' GPT UUIDs (wic --uuid).
 UPDRAFT_GRUB_DISK ??= "hd0"
@@ -63,6 +71,8 @@ do_compile() {
             -e 's#@@UPDRAFT_BOOT_DEV@@#${UPDRAFT_BOOT_DEV}#g' \
             -e 's#@@UPDRAFT_ROOT_PREFIX@@#${UPDRAFT_ROOT_PREFIX}#g' \
             -e 's#@@UPDRAFT_BOOT_CMD@@#${UPDRAFT_BOOT_CMD}#g' \
+            -e 's#@@UPDRAFT_ENV_LOAD@@#${UPDRAFT_ENV_LOAD}#g' \
+            -e 's#@@UPDRAFT_ENV_SAVE@@#${UPDRAFT_ENV_SAVE}#g' \
             -e 's#@@UPDRAFT_GRUB_DISK@@#${UPDRAFT_GRUB_DISK}#g' \
             -e 's#@@UPDRAFT_GRUB_TIMEOUT@@#${UPDRAFT_GRUB_TIMEOUT}#g' \
             -e 's#@@UPDRAFT_PARTUUID_A@@#${UPDRAFT_PARTUUID_A}#g' \
