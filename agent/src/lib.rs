@@ -10,6 +10,7 @@ pub mod error;
 pub mod artifact;
 mod backoff;
 pub mod bootloader;
+pub mod bundle;
 mod channel;
 mod child;
 pub mod cli;

@@ -1,5 +1,6 @@
 //! Where a release comes from: a local directory (USB stick, offline
-//! install) or a server with mirrors.
+//! install), a bundle file (the same directory in one cpio archive, see
+//! [`crate::bundle`]) or a server with mirrors.
 //!
 //! The publisher writes a directory (`manifest.json`, `keys/N.json`,
 //! `artifacts/…`); a [`Source`] reads that layout from wherever it is, so the
@@ -15,17 +16,23 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Kind, Result};
+use crate::bundle::{self, Entry, Index};
+use crate::error::{Context, Error, Kind, Result};
 use crate::fetch::{Fetched, Fetcher, join, split_url};
 use crate::manifest::MAX_MANIFEST_BYTES;
 use crate::trust::MAX_KEY_DOCUMENT_BYTES;
 use crate::{bail, err};
+
+/// The file name ending that makes an install argument a bundle.
+pub const BUNDLE_SUFFIX: &str = ".updraft";
 
 /// Where the release directory is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Origin {
     /// A directory on this machine, and the manifest file in it.
     Local { dir: PathBuf, manifest: PathBuf },
+    /// A bundle file on this machine (`*.updraft`).
+    Bundle { path: PathBuf },
     /// Base URLs (primary first, then mirrors) and the manifest's file name.
     Remote {
         bases: Vec<String>,
@@ -34,8 +41,9 @@ pub enum Origin {
 }
 
 impl Origin {
-    /// From a command-line argument or a stored job: an `http(s)://` URL or
-    /// a path to a manifest file.
+    /// From a command-line argument or a stored job: an `http(s)://` URL,
+    /// a path to a bundle (ending in [`BUNDLE_SUFFIX`]) or a path to a
+    /// manifest file.
     pub fn parse(arg: &str, mirrors: &[String]) -> Origin {
         if arg.starts_with("https://") || arg.starts_with("http://") {
             let (base, name) = split_url(arg);
@@ -58,6 +66,10 @@ impl Origin {
                     name
                 },
             }
+        } else if arg.ends_with(BUNDLE_SUFFIX) {
+            Origin::Bundle {
+                path: PathBuf::from(arg),
+            }
         } else {
             let path = PathBuf::from(arg);
             let dir = match path.parent() {
@@ -76,6 +88,7 @@ impl Origin {
     pub fn to_arg(&self) -> String {
         match self {
             Origin::Local { manifest, .. } => manifest.display().to_string(),
+            Origin::Bundle { path } => path.display().to_string(),
             Origin::Remote { bases, manifest } => join(&bases[0], manifest),
         }
     }
@@ -178,6 +191,11 @@ impl Source {
                 read_capped(manifest, MAX_MANIFEST_BYTES as u64, "manifest")
                     .map(|bytes| Fetched::Body { bytes, etag: None })
             }
+            Origin::Bundle { path } => {
+                let (mut f, index) = open_bundle(path)?;
+                read_entry(&mut f, path, index.manifest())
+                    .map(|bytes| Fetched::Body { bytes, etag: None })
+            }
             Origin::Remote { manifest, .. } => {
                 let name = manifest.clone();
                 let fetcher = self.fetcher()?;
@@ -197,6 +215,17 @@ impl Source {
                 MAX_KEY_DOCUMENT_BYTES as u64,
                 "key document",
             ),
+            Origin::Bundle { path } => {
+                let (mut f, index) = open_bundle(path)?;
+                let entry = index.get(&rel).ok_or_else(|| {
+                    err!(
+                        Malformed,
+                        "bundle {} holds no {rel} that the manifest needs",
+                        path.display()
+                    )
+                })?;
+                read_entry(&mut f, path, entry)
+            }
             Origin::Remote { .. } => {
                 let fetcher = self.fetcher()?;
                 match self.each_base(|base| {
@@ -229,14 +258,22 @@ impl Source {
                     .map_err(|e| err!(Io, "{}: {e}", path.display()))?
                     .len();
                 if len != total {
-                    let how = if len > total { "longer" } else { "shorter" };
-                    bail!(
-                        Integrity,
-                        "{} is {len} bytes but the signed size is {total} ({how} than signed)",
-                        path.display()
-                    );
+                    return Err(unsigned_size(&path.display().to_string(), len, total));
                 }
                 f.seek(SeekFrom::Start(offset))
+                    .map_err(|e| err!(Io, "seeking {}: {e}", path.display()))?;
+                Ok(Box::new(f.take(total - offset)))
+            }
+            Origin::Bundle { path } => {
+                let (mut f, index) = open_bundle(path)?;
+                let entry = index
+                    .artifact(rel)
+                    .with_context(|| format!("bundle {}", path.display()))?;
+                if entry.size != total {
+                    let what = format!("{rel} in bundle {}", path.display());
+                    return Err(unsigned_size(&what, entry.size, total));
+                }
+                f.seek(SeekFrom::Start(entry.offset + offset))
                     .map_err(|e| err!(Io, "seeking {}: {e}", path.display()))?;
                 Ok(Box::new(f.take(total - offset)))
             }
@@ -248,6 +285,42 @@ impl Source {
             }
         }
     }
+}
+
+/// `what` holds `len` bytes where the manifest signs `total`.
+fn unsigned_size(what: &str, len: u64, total: u64) -> Error {
+    let how = if len > total { "longer" } else { "shorter" };
+    err!(
+        Integrity,
+        "{what} is {len} bytes but the signed size is {total} ({how} than signed)"
+    )
+}
+
+/// Open a bundle file and walk its headers.
+fn open_bundle(path: &Path) -> Result<(File, Index)> {
+    let mut f = File::open(path).map_err(|e| err!(Io, "opening bundle {}: {e}", path.display()))?;
+    let len = f
+        .metadata()
+        .map_err(|e| err!(Io, "bundle {}: {e}", path.display()))?
+        .len();
+    let index = bundle::index(&mut f, len).with_context(|| format!("bundle {}", path.display()))?;
+    Ok((f, index))
+}
+
+/// The data of a small entry (the index has checked it against its cap).
+fn read_entry(f: &mut File, path: &Path, entry: &Entry) -> Result<Vec<u8>> {
+    let len = usize::try_from(entry.size).map_err(|_| {
+        err!(
+            Malformed,
+            "{} in bundle {} is too large",
+            entry.name,
+            path.display()
+        )
+    })?;
+    let mut bytes = vec![0u8; len];
+    bundle::ReadAt::read_exact_at(f, entry.offset, &mut bytes)
+        .with_context(|| format!("{} in bundle {}", entry.name, path.display()))?;
+    Ok(bytes)
 }
 
 /// Read a whole local file of at most `cap` bytes.

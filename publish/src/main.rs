@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use updraft::help::{self, Command, Opt, Program};
+use updraft_publish::bundle;
 use updraft_publish::keys::{self, Key, KeyDocSpec};
 use updraft_publish::release::{self, DEFAULT_FRAME_SIZE, ReleaseSpec};
 use updraft_publish::verify;
@@ -150,6 +151,24 @@ const PROGRAM: Program = Program {
                 "updraft-publish release --key keys/release.key --version 1.1 --compatible rpi4 \\
       --image rootfs-1.1.ext4 --from rootfs-1.0.ext4 --out site",
             ],
+        },
+        Command {
+            name: "bundle",
+            summary: "write a published release as one file: a cpio bundle a device installs from",
+            usage: "updraft-publish bundle --dir DIR --out FILE.updraft",
+            about: "The bundle holds an SWUpdate-style sw-description, DIR/manifest.json, every key \
+document in DIR/keys and the artifacts the manifest names (docs/manifest.md, bundles). \
+Nothing is signed again: the manifest's signatures and hashes cover it.",
+            options: &[
+                opt(
+                    "--dir",
+                    "DIR",
+                    "the release directory `release` wrote (required)",
+                ),
+                opt("--out", "FILE.updraft", "the bundle to write (required)"),
+            ],
+            words: &[],
+            examples: &["updraft-publish bundle --dir site --out release-1.1.updraft"],
         },
         Command {
             name: "verify",
@@ -335,7 +354,7 @@ fn run(args: &[String]) -> Result<(), Failure> {
 
 fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
     let f = usage(Flags::parse(rest, c))?;
-    let takes_args = !matches!(c.name, "keygen" | "keys" | "release");
+    let takes_args = !matches!(c.name, "keygen" | "keys" | "release" | "bundle");
     if let Some(first) = f.positional.first().filter(|_| !takes_args) {
         return Err(bad(&format!("{} takes no argument {first:?}", c.name)));
     }
@@ -471,6 +490,18 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
             for (from, why) in &s.skipped {
                 println!("delta from {} not published: {why}", from.display());
             }
+        }
+        "bundle" => {
+            let dir = PathBuf::from(usage(f.required("dir"))?);
+            let out = PathBuf::from(usage(f.required("out"))?);
+            let s = bundle::bundle(&dir, &out)?;
+            println!(
+                "wrote {}: release {}, {} entries, {} bytes",
+                out.display(),
+                s.version,
+                s.entries,
+                s.bytes
+            );
         }
         "verify" => {
             let pubs = f

@@ -6,13 +6,16 @@
 //!   `--vm`: an update and a rollback on a QEMU machine, its console shown.
 //! * `test [--no-install] [--strict]` — the whole test suite, after
 //!   installing its prerequisites (as root on Debian/Ubuntu).
+//! * `check-rules [--no-fetch]` — promtool checks and unit-tests the
+//!   Prometheus rules in `contrib/prometheus/` (also a stage of `test`).
 //! * `bench install|daemon|delta|size` — figures side by side with reference tools.
 //! * `fuzz [TARGET] [--seconds N]` — run the cargo-fuzz targets for a bounded time.
 //! * `cross-test` — build for aarch64 and armv7 and run the tests under qemu-user.
 //! * `dist` — release tarballs with the binary, the systemd files and the docs.
 //! * `yocto-crates [--check]` — regenerate the Yocto recipe's crate list from Cargo.lock.
-//! * `vm-test [x86_64]` — the update cycle on a full-system QEMU machine:
-//!   GRUB, a Debian kernel, busybox and updraft, with real reboots.
+//! * `vm-test [x86_64|aarch64|all]` — the update cycle on a full-system QEMU
+//!   machine: GRUB (x86_64) or U-Boot (aarch64), a Debian kernel, busybox and
+//!   updraft, with real reboots.
 
 mod bench;
 mod cross;
@@ -20,6 +23,7 @@ mod demo;
 mod dist;
 mod emulate;
 mod fuzz;
+mod rules;
 mod test;
 mod toolchain;
 mod util;
@@ -40,6 +44,7 @@ fn main() -> ExitCode {
     let result = match cmd {
         "demo" => demo::run(rest),
         "test" => test::run(rest),
+        "check-rules" => rules::run(rest),
         "bench" => bench::run(rest),
         "fuzz" => fuzz::run(rest),
         "cross-test" => cross::run(rest),
@@ -72,14 +77,19 @@ const USAGE: &str = "usage: cargo xtask <command>
                             nginx or embedded
   demo --vm                 an update and a rollback on a QEMU x86_64 machine, its console shown
   test [--no-install] [--strict] [CARGO TEST ARGS...]
-                            the whole test suite; as root on Debian/Ubuntu it first installs
-                            tests/prerequisites.txt (--no-install or UPDRAFT_NO_INSTALL=1: don't);
+                            the whole test suite, then check-rules; as root on Debian/Ubuntu it first
+                            installs tests/prerequisites.txt (--no-install or UPDRAFT_NO_INSTALL=1: don't);
                             --strict (on with CI=true): any unexpected skip fails the run
+  check-rules [--no-fetch]  promtool check rules and test rules on contrib/prometheus/ (a stage of test);
+                            as root on Debian promtool is extracted from the prometheus package into
+                            target/promtool/, never installed; without it: skipped, or failed with CI=true
   bench install|daemon|delta|size
   fuzz [TARGET] [--seconds N]
   cross-test                build for aarch64 and armv7, run the tests under qemu-user
   dist [--target T]...      release tarballs (x86_64, aarch64, armv7) in target/dist
   yocto-crates [--check]    regenerate the Yocto recipe's crate list from Cargo.lock
-  vm-test [x86_64]          the update cycle on a QEMU machine (SeaBIOS, GRUB, Debian kernel,
-                            busybox): full update, failing health check, unbootable release,
-                            delta; as root on Debian it installs what it needs";
+  vm-test [x86_64|aarch64|all] [--cuts N] [--seed S]
+                            the update cycle on a QEMU machine (x86_64: SeaBIOS, GRUB;
+                            aarch64: U-Boot; Debian kernel, busybox): full update, failing
+                            health check, unbootable release, delta, N power cuts; as root
+                            on Debian it installs what it needs";

@@ -14,6 +14,10 @@
 //! skips a test declares expected on its platform (`skip_expected!`): a
 //! green CI run means every test ran.
 //!
+//! After the cargo tests, the Prometheus rules in `contrib/prometheus/` are
+//! checked and unit-tested by promtool ([`crate::rules`]); without
+//! promtool that stage is listed as a skip like any other.
+//!
 //! This module installs only what the prerequisites file lists, and only
 //! as root on Debian or Ubuntu when not told otherwise.
 
@@ -22,6 +26,7 @@ use std::process::Command;
 use updraft_tests::prereq::{self, Kind, Prerequisite};
 use updraft_tests::skip::{self, Skip};
 
+use crate::rules;
 use crate::util::{self, Result, cargo, is_root};
 
 const USAGE: &str = "usage: cargo xtask test [--no-install] [--strict] [CARGO TEST ARGS...]
@@ -94,9 +99,11 @@ pub fn run(args: &[String]) -> Result {
         .args(&opts.cargo_args)
         .env("UPDRAFT_SKIP_LOG", &skip_log);
     let result = util::run(&mut test);
+    let rules = check_rules(&opts, &skip_log);
     let skips = skip::read_log(&skip_log).map_err(|e| e.to_string())?;
     report_skips(&skips);
     result.map_err(|e| format!("some tests failed (see above): {e}"))?;
+    rules?;
     let unexpected = skips.iter().filter(|s| !s.expected).count();
     if opts.strict && unexpected > 0 {
         return Err(format!(
@@ -107,6 +114,26 @@ pub fn run(args: &[String]) -> Result {
         ));
     }
     Ok(())
+}
+
+/// The Prometheus rules stage: promtool's check and tests. Without
+/// promtool it is recorded in the skip log as `xtask::check_rules`.
+fn check_rules(opts: &Options, skip_log: &std::path::Path) -> Result {
+    println!("\nxtask test: the Prometheus rules in {}", rules::DIR);
+    match rules::check(opts.install) {
+        Ok(rules::Outcome::Passed) => Ok(()),
+        Ok(rules::Outcome::Skipped(why)) => {
+            println!("SKIPPED xtask::check_rules: {why}");
+            let skip = Skip {
+                test: "xtask::check_rules".into(),
+                reason: why,
+                expected: false,
+            };
+            skip::append(skip_log, &skip)
+                .map_err(|e| format!("recording a skip in {}: {e}", skip_log.display()))
+        }
+        Err(e) => Err(format!("the Prometheus rules: {e}")),
+    }
 }
 
 /// Install the missing prerequisites when allowed, else say how.

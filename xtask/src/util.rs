@@ -49,6 +49,34 @@ pub fn output(cmd: &mut Command) -> Result<String> {
     }
 }
 
+/// Download Debian `packages` into `debs` with `apt_get` (an `apt-get`
+/// command, carrying a private `APT_CONFIG` where one is needed) and
+/// unpack each into `root` with `dpkg-deb -x`: nothing is installed, and
+/// the `.deb` files are removed once unpacked. apt downloads as root: its
+/// unprivileged sandbox user could not write into `debs`.
+pub fn unpack_debs(mut apt_get: Command, packages: &[String], debs: &Path, root: &Path) -> Result {
+    std::fs::create_dir_all(debs).map_err(|e| format!("creating {}: {e}", debs.display()))?;
+    run(apt_get
+        .args(["-q", "-o", "APT::Sandbox::User=root", "download"])
+        .args(packages)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .current_dir(debs))
+    .map_err(|e| format!("downloading {}: {e}", packages.join(" ")))?;
+    let entries =
+        std::fs::read_dir(debs).map_err(|e| format!("listing {}: {e}", debs.display()))?;
+    for entry in entries {
+        let path = entry
+            .map_err(|e| format!("listing {}: {e}", debs.display()))?
+            .path();
+        if path.extension().is_some_and(|x| x == "deb") {
+            run(Command::new("dpkg-deb").arg("-x").arg(&path).arg(root))
+                .map_err(|e| format!("unpacking {}: {e}", path.display()))?;
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    Ok(())
+}
+
 /// `cargo` as invoked by the user (respects `CARGO`).
 ///
 /// `cargo run` (which `cargo xtask` is) gives this process the variables
