@@ -65,11 +65,14 @@ pub(crate) fn reconcile(state: State, booted: SlotName, boot_id: &str) -> Decisi
     };
     match state {
         State::Checking => Decision::Settle,
-        // Held by the policy: nothing was switched, so a boot of the old
+        // Held by the policy, or verified but the switch not recorded (the
+        // power went before or during the bootloader-environment write):
+        // no trial boot is known to have been armed, so a boot of the old
         // slot says nothing about the image; it is still the good one (and
-        // boot scripts count every boot down). Should the bootloader have
-        // booted the target after all, its trial starts.
-        State::Installed(job) if job.held.is_some() && rebooted(&job) => {
+        // boot scripts count every boot down), and the switch is made again
+        // at the next step. Should the bootloader have booted the target
+        // after all (the write landed), its trial starts.
+        State::Installed(job) if (job.held.is_some() || job.awaiting_switch) && rebooted(&job) => {
             if booted == job.target {
                 Decision::Test {
                     job: this_boot(job),
@@ -178,6 +181,36 @@ mod tests {
             reconcile(State::Installed(trial()), SlotName::A, NEW_BOOT),
             Decision::RollBack { reject: true, .. }
         ));
+    }
+
+    /// The slot verified, then the power went before the switch was
+    /// recorded: the environment may or may not hold the trial.
+    fn awaiting_switch() -> Job {
+        let mut j = trial();
+        j.awaiting_switch = true;
+        j
+    }
+
+    #[test]
+    fn a_power_cut_before_the_switch_is_recorded_rejects_nothing() {
+        // Back on the old slot: the old slot is marked good again and the
+        // persisted state's action (the switch) runs again.
+        assert_eq!(
+            reconcile(State::Installed(awaiting_switch()), SlotName::A, NEW_BOOT),
+            Decision::MarkBootedGood
+        );
+        // The write reached the environment and the new slot booted.
+        assert_eq!(
+            reconcile(State::Installed(awaiting_switch()), SlotName::B, NEW_BOOT),
+            Decision::Test {
+                job: in_boot(awaiting_switch(), NEW_BOOT),
+                why: "booted the new slot"
+            }
+        );
+        assert_eq!(
+            reconcile(State::Installed(awaiting_switch()), SlotName::A, OLD_BOOT),
+            Decision::Resume
+        );
     }
 
     #[test]

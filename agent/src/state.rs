@@ -110,6 +110,17 @@ pub struct Job {
     /// inhibitors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inhibited: Option<Timestamp>,
+    /// The verified slot's trial boot is not yet known to be in the
+    /// bootloader's environment: set in the transaction that enters
+    /// `installed`, cleared in the one that records the switch (entering
+    /// `rebooting`, or a one-shot install's `installed` again). A power cut
+    /// in between may leave the environment switched or not, so a new boot
+    /// of the old slot says nothing about the image: the switch is made
+    /// again (at worst one trial more), and only a boot of the old slot
+    /// after a recorded switch rejects the image. An older release does not
+    /// know it and reads such a job as switched, as it always did.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub awaiting_switch: bool,
 }
 
 impl Job {
@@ -144,6 +155,7 @@ impl Job {
             download_deadline: None,
             held: None,
             inhibited: None,
+            awaiting_switch: false,
         }
     }
 }

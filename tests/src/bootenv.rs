@@ -590,3 +590,31 @@ pub fn boot_grub(grubenv: &Path) -> Option<SlotName> {
     }
     None
 }
+
+/// A `script` bootloader (see `agent/src/bootloader/script.rs`) written in
+/// shell, keeping the selection in the file `state` with the `file`
+/// backend's rules (order, tries left per slot). `before` runs first and
+/// `after` once a write verb has saved its state, both with the verb and
+/// its arguments in `$1`..: a test puts its faults there (a hang, the
+/// daemon killed half-way through a write).
+pub fn shell_script_bootloader(state: &Path, before: &str, after: &str) -> String {
+    format!(
+        r#"#!/bin/sh
+set -e
+O="A"; A=3; B=0
+[ -f {state:?} ] && . {state:?}
+{before}
+without() {{ r=""; for s in $O; do [ "$s" = "$1" ] || r="$r $s"; done; echo $r; }}
+other() {{ [ "$1" = A ] && echo B || echo A; }}
+save() {{ printf 'O="%s"\nA=%s\nB=%s\n' "$O" "$A" "$B" > {state:?}.new; mv {state:?}.new {state:?}; }}
+case "$1" in
+read) printf 'BOOT_ORDER=%s\nBOOT_A_LEFT=%s\nBOOT_B_LEFT=%s\n' "$O" "$A" "$B"; exit 0 ;;
+disable) O=$(without "$2"); eval "$2=0"; save ;;
+trial|good) O="$2 $(without "$2")"; eval "$2=$3"; save ;;
+bad) O=$(other "$2"); eval "$2=0"; save ;;
+*) echo "unknown verb $1" >&2; exit 2 ;;
+esac
+{after}
+"#
+    )
+}

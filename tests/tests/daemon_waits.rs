@@ -170,35 +170,19 @@ fn a_daemon_running_a_slow_health_check_sleeps_and_answers() {
     r.dev.stop_daemon();
 }
 
-/// A `script` bootloader keeping the selection in `state`, whose `verb`
-/// (from the file `hang`, when it exists) first touches `started-VERB` and
-/// then takes `secs` seconds, as a script waiting on slow flash or a
-/// wedged tool would.
+/// A `script` bootloader whose `verb` (from the file `hang`, when it
+/// exists) first touches `started-VERB` and then takes `secs` seconds, as a
+/// script waiting on slow flash or a wedged tool would.
 fn slow_boot_script(dev: &Device, secs: u32) -> String {
-    let state = dev.path("boot-select.state");
     let hang = dev.path("hang");
     let started = dev.path("started");
-    format!(
-        r#"#!/bin/sh
-set -e
-O="A"; A=3; B=0
-[ -f {state:?} ] && . {state:?}
-if [ "$(cat {hang:?} 2>/dev/null)" = "$1" ]; then
+    let before = format!(
+        r#"if [ "$(cat {hang:?} 2>/dev/null)" = "$1" ]; then
     touch {started:?}-"$1"
     sleep {secs}
-fi
-without() {{ r=""; for s in $O; do [ "$s" = "$1" ] || r="$r $s"; done; echo $r; }}
-other() {{ [ "$1" = A ] && echo B || echo A; }}
-save() {{ printf 'O="%s"\nA=%s\nB=%s\n' "$O" "$A" "$B" > {state:?}.new; mv {state:?}.new {state:?}; }}
-case "$1" in
-read) printf 'BOOT_ORDER=%s\nBOOT_A_LEFT=%s\nBOOT_B_LEFT=%s\n' "$O" "$A" "$B" ;;
-disable) O=$(without "$2"); eval "$2=0"; save ;;
-trial|good) O="$2 $(without "$2")"; eval "$2=$3"; save ;;
-bad) O=$(other "$2"); eval "$2=0"; save ;;
-*) echo "unknown verb $1" >&2; exit 2 ;;
-esac
-"#
-    )
+fi"#
+    );
+    updraft_tests::bootenv::shell_script_bootloader(&dev.path("boot-select.state"), &before, "")
 }
 
 /// Switch the rig's device to [`slow_boot_script`], hanging in `verb`.

@@ -332,6 +332,90 @@ fn a_restart_before_the_reboot_requests_it_again() {
     r.reboot_and_settle("1.0");
 }
 
+/// The power goes while the bootloader's environment is being switched to
+/// the verified slot: the `script` bootloader's `trial` kills the daemon
+/// (SIGKILL, nothing after it runs) before its write, or after it. On the
+/// next boot the old slot may boot (the write did not land) or the new one
+/// (it did). Neither says the image cannot boot: the first switches again
+/// and reboots, the second tests it; both commit, nothing is rejected.
+#[test]
+fn a_power_cut_during_the_switch_neither_rejects_nor_loses_the_release() {
+    updraft_tests::require!("nginx");
+    for (case, write_landed) in [("cut-before-switch", false), ("cut-after-switch", true)] {
+        let mut r = rig(case, BootSpec::File);
+        let state = r.dev.path("boot-select.state");
+        let cut = r.dev.path("cut-at-trial");
+        let kill = format!(
+            r#"if [ "$1" = trial ] && [ -f {cut:?} ]; then rm -f {cut:?}; kill -KILL $PPID; exit 1; fi"#
+        );
+        let (before, after) = if write_landed {
+            (String::new(), kill)
+        } else {
+            (kill, String::new())
+        };
+        let script = r.dev.path("boot-select");
+        updraft_tests::tmp::write_executable(
+            &script,
+            &updraft_tests::bootenv::shell_script_bootloader(&state, &before, &after),
+        );
+        r.dev.reconfigure(|s| {
+            s.boot = BootSpec::Custom(format!("kind = \"script\"\nscript = {script:?}\n"))
+        });
+        std::fs::write(&cut, "").expect("arming the cut");
+        r.publish("1.0", 11);
+        r.dev.start_daemon();
+        let t = std::time::Instant::now();
+        while cut.exists() || r.dev.daemon_running() {
+            assert!(
+                t.elapsed() < WAIT,
+                "{case}: the daemon did not reach the switch\n{}",
+                r.dev.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        r.dev.kill_daemon();
+        let selection = std::fs::read_to_string(&state).unwrap_or_default();
+        assert_eq!(
+            selection.contains("O=\"B A\""),
+            write_landed,
+            "{case}: the selection at the cut:\n{selection}"
+        );
+        // Power on: the bootloader boots what the selection says.
+        let first = if write_landed {
+            SlotName::B
+        } else {
+            SlotName::A
+        };
+        r.dev.reboot_into(first);
+        r.dev.start_daemon();
+        if !write_landed {
+            // Back on the old slot: the switch is made again, and the
+            // reboot into the new slot requested.
+            r.wait_installed("1.0");
+            let history = r.dev.ok(&["history"]);
+            assert!(!history.contains("rolled-back"), "{case}: {history}");
+            r.dev.reboot_into(SlotName::B);
+            r.dev.start_daemon();
+        }
+        let st = r
+            .dev
+            .wait_for(&format!("{case}: 1.0 committed"), WAIT, |s| {
+                s["state"] == json!("idle") && s["running_version"] == json!("1.0")
+            });
+        assert_eq!(st["booted_slot"], json!("B"), "{case}: {st:#}");
+        let rep = r.wait_install_report("committed");
+        assert_eq!(rep["job"]["release"], json!("1.0"), "{case}: {rep:#}");
+        assert!(
+            !r.reports()
+                .iter()
+                .any(|r| r["result"] == json!("rolled_back")),
+            "{case}: a rollback was reported: {:#?}",
+            r.reports()
+        );
+        r.dev.stop_daemon();
+    }
+}
+
 /// Scenario 5: ordinary reboots after a commit leave the committed slot
 /// first, with its counter restored every time.
 #[test]

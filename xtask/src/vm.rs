@@ -41,7 +41,7 @@ use crate::util::{self, Result};
 use machine::{Loader, Machine};
 
 const USAGE: &str =
-    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--seed S] [--systemd-only]
+    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--seed S] [--systemd-only|--prerequisites]
   boots a QEMU machine with Debian's cloud kernel, busybox and updraft: x86_64 (SeaBIOS,
   GRUB; the default) or aarch64 (-M virt, U-Boot, the aarch64 release build), or both,
   and runs: 1 full-image update, 3 failing health check, 4 release that cannot boot
@@ -50,7 +50,9 @@ const USAGE: &str =
   --cuts N: then 5, N power cuts (QEMU killed) at points chosen from --seed S (default 1);
   then 7, slot A holding the previous landed release of updraft: its update to this
   one rolled back (old code on the new state), then committed;
-  --systemd-only: scenario 6 alone";
+  --systemd-only: scenario 6 alone;
+  --prerequisites: install (as root on Debian) what the machines need, and stop: two runs
+  for different machines can then go on side by side without both calling apt-get";
 
 /// Debian packages every machine needs, each with a file that shows it is
 /// there (each machine adds its own, see [`Machine::packages`]).
@@ -68,12 +70,14 @@ pub fn run(args: &[String]) -> Result {
     let mut cuts: u32 = 0;
     let mut seed: u64 = 1;
     let mut systemd_only = false;
+    let mut prerequisites_only = false;
     let mut machines: Vec<&'static Machine> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "all" => machines.extend(machine::MACHINES),
             "--systemd-only" => systemd_only = true,
+            "--prerequisites" => prerequisites_only = true,
             name if Machine::by_name(name).is_some() => {
                 machines.extend(Machine::by_name(name));
             }
@@ -104,6 +108,14 @@ pub fn run(args: &[String]) -> Result {
         machines.push(&machine::X86_64);
     }
     machines.dedup_by_key(|m| m.name);
+    if prerequisites_only {
+        for m in machines {
+            if prerequisites(m)? {
+                println!("vm-test {}: everything it needs is installed", m.name);
+            }
+        }
+        return Ok(());
+    }
     for m in machines {
         let total = Instant::now();
         let Some(p) = prepare(m, "vm-test")? else {

@@ -205,6 +205,7 @@ impl Machine {
         job.installed = Some(Timestamp::now());
         job.boot_id = Some(self.boot_id.clone());
         job.purpose = Some(RebootPurpose::Trial);
+        job.awaiting_switch = true;
         let how = match job.method {
             Method::Full => "verified on the slot (full image)",
             Method::Delta { .. } => "verified on the slot (delta)",
@@ -296,8 +297,11 @@ impl Machine {
             if tries == 1 { "try" } else { "tries" }
         );
         if self.mode == Mode::Oneshot {
-            if job.held.take().is_some() {
-                // Switched: no longer held (see `Job::held`).
+            if job.held.is_some() || job.awaiting_switch {
+                // Switched: no longer held, and a boot of the old slot from
+                // now on is a failed trial (see `Job::awaiting_switch`).
+                job.held = None;
+                job.awaiting_switch = false;
                 self.store.update_state(&State::Installed(job))?;
             }
             return Ok(Next::Done);
@@ -305,6 +309,7 @@ impl Machine {
         job.boot_id = Some(self.boot_id.clone());
         job.purpose = Some(RebootPurpose::Trial);
         job.held = None;
+        job.awaiting_switch = false;
         self.enter(
             State::Rebooting(job),
             "reboot",
