@@ -112,10 +112,7 @@ fn build(commit: &str) -> Result<PathBuf, String> {
     if exe.is_file() {
         return Ok(exe);
     }
-    let src = dir.join("src");
-    if !src.join("Cargo.lock").is_file() {
-        extract(&root, commit, &src)?;
-    }
+    let src = extracted(&root, commit, &dir)?;
     let log_path = dir.join("build.log");
     let log = File::create(&log_path)
         .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
@@ -179,6 +176,38 @@ fn build(commit: &str) -> Result<PathBuf, String> {
         .and_then(|_| std::fs::rename(&staged, &exe))
         .map_err(|e| format!("cannot copy {} to {}: {e}", built.display(), exe.display()))?;
     Ok(exe)
+}
+
+/// The previous release's source tree, extracted on first use into
+/// `target/previous-release/<commit>/src`: for a build with another
+/// toolchain than the host's (the aarch64 guest of `cargo xtask vm-test`
+/// builds it for its target). A cargo run in it should not see the
+/// current workspace's `[env]` settings ([`current_env_keys`]).
+pub fn source() -> Result<PathBuf, String> {
+    let root = crate::repo_root();
+    let base = target_dir().join("previous-release");
+    let dir = base.join(PINNED);
+    check_commit(&root, PINNED)?;
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let _lock = FileLock::take(&base.join("lock"))?;
+    extracted(&root, PINNED, &dir)
+}
+
+/// The names the current workspace's `.cargo/config.toml` sets in its
+/// `[env]` table: a cargo started from this workspace's tools has them in
+/// its environment, where they would override the previous tree's own.
+pub fn current_env_keys() -> Vec<String> {
+    config_env_keys(&crate::repo_root().join(".cargo").join("config.toml"))
+}
+
+/// `dir/src`, extracted from `commit` unless an earlier run did (the
+/// caller holds the lock).
+fn extracted(root: &Path, commit: &str, dir: &Path) -> Result<PathBuf, String> {
+    let src = dir.join("src");
+    if !src.join("Cargo.lock").is_file() {
+        extract(root, commit, &src)?;
+    }
+    Ok(src)
 }
 
 /// Insist that git can read `commit` in the repository at `root`.

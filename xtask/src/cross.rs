@@ -547,9 +547,16 @@ pub(crate) fn release_agent(t: &Target) -> Result<PathBuf> {
     ensure_host_tools(&[t])?;
     let tc = Toolchain::ensure(Pick::Newest)?;
     let target_dir = util::root().join("target").join("cross");
-    let mut c = cross_cargo(t, &tc, &target_dir);
+    util::run(&mut release_build(t, &tc, &target_dir))?;
+    Ok(target_dir.join(t.triple).join("release").join("updraft"))
+}
+
+/// `cargo build --release -p updraft --bin updraft --target <t>` in
+/// `target_dir`, without unwind tables: the device binary as it ships.
+fn release_build(t: &Target, tc: &Toolchain, target_dir: &Path) -> Command {
+    let mut c = cross_cargo(t, tc, target_dir);
     without_unwind_tables(&mut c, t.triple);
-    util::run(c.args([
+    c.args([
         "build",
         "--release",
         "-p",
@@ -558,8 +565,68 @@ pub(crate) fn release_agent(t: &Target) -> Result<PathBuf> {
         "updraft",
         "--target",
         t.triple,
-    ]))?;
-    Ok(target_dir.join(t.triple).join("release").join("updraft"))
+    ]);
+    c
+}
+
+/// The previous landed release's `updraft` (the commit
+/// `updraft_tests::previous::PINNED` names), built in release mode for `t`
+/// from its own tree with the cached cross toolchain, under
+/// `target/previous-release/cross`, at the lowest CPU priority (it is built
+/// while other machines boot); kept as
+/// `target/previous-release/<commit>/<triple>/updraft` for later runs.
+pub(crate) fn previous_release_agent(t: &Target) -> Result<PathBuf> {
+    let src = updraft_tests::previous::source()?;
+    let dir = src
+        .parent()
+        .ok_or_else(|| format!("{} has no parent", src.display()))?
+        .join(t.triple);
+    let exe = dir.join("updraft");
+    if exe.is_file() {
+        return Ok(exe);
+    }
+    ensure_host_tools(&[t])?;
+    let tc = Toolchain::ensure(Pick::Newest)?;
+    let target_dir = util::root()
+        .join("target")
+        .join("previous-release")
+        .join("cross");
+    let mut c = release_build(t, &tc, &target_dir);
+    c.arg("--locked");
+    for key in updraft_tests::previous::current_env_keys() {
+        c.env_remove(key);
+    }
+    let started = Instant::now();
+    println!(
+        "building the previous release of updraft ({}) for {} in {}",
+        updraft_tests::previous::short(updraft_tests::previous::PINNED),
+        t.triple,
+        target_dir.display()
+    );
+    let mut nice = Command::new("nice");
+    nice.args(["-n", "19"])
+        .arg(c.get_program())
+        .args(c.get_args());
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => nice.env(k, v),
+            None => nice.env_remove(k),
+        };
+    }
+    nice.current_dir(&src);
+    util::run(&mut nice)?;
+    println!(
+        "built the previous release for {} in {:.1} s",
+        t.triple,
+        started.elapsed().as_secs_f64()
+    );
+    let built = target_dir.join(t.triple).join("release").join("updraft");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let staged = dir.join("updraft.partial");
+    std::fs::copy(&built, &staged)
+        .and_then(|_| std::fs::rename(&staged, &exe))
+        .map_err(|e| format!("copying {} to {}: {e}", built.display(), exe.display()))?;
+    Ok(exe)
 }
 
 /// Run `cmd`, echoing its stdout, and add up libtest's result lines.

@@ -41,7 +41,7 @@ use crate::util::{self, Result};
 use machine::{Loader, Machine};
 
 const USAGE: &str =
-    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--seed S] [--systemd-only|--prerequisites]
+    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--seed S] [--systemd-only|--previous-only|--prerequisites]
   boots a QEMU machine with Debian's cloud kernel, busybox and updraft: x86_64 (SeaBIOS,
   GRUB; the default) or aarch64 (-M virt, U-Boot, the aarch64 release build), or both,
   and runs: 1 full-image update, 3 failing health check, 4 release that cannot boot
@@ -50,7 +50,7 @@ const USAGE: &str =
   --cuts N: then 5, N power cuts (QEMU killed) at points chosen from --seed S (default 1);
   then 7, slot A holding the previous landed release of updraft: its update to this
   one rolled back (old code on the new state), then committed;
-  --systemd-only: scenario 6 alone;
+  --systemd-only: scenario 6 alone; --previous-only: scenario 7 alone;
   --prerequisites: install (as root on Debian) what the machines need, and stop: two runs
   for different machines can then go on side by side without both calling apt-get";
 
@@ -69,14 +69,15 @@ const PACKAGES: &[(&str, &str)] = &[
 pub fn run(args: &[String]) -> Result {
     let mut cuts: u32 = 0;
     let mut seed: u64 = 1;
-    let mut systemd_only = false;
+    let mut only: Option<Only> = None;
     let mut prerequisites_only = false;
     let mut machines: Vec<&'static Machine> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "all" => machines.extend(machine::MACHINES),
-            "--systemd-only" => systemd_only = true,
+            "--systemd-only" => only = Some(Only::Systemd),
+            "--previous-only" => only = Some(Only::Previous),
             "--prerequisites" => prerequisites_only = true,
             name if Machine::by_name(name).is_some() => {
                 machines.extend(Machine::by_name(name));
@@ -121,14 +122,22 @@ pub fn run(args: &[String]) -> Result {
         let Some(p) = prepare(m, "vm-test")? else {
             return Ok(());
         };
-        let (outcomes, cut) =
-            util::guarded("vm-test", || scenarios(m, &p, cuts, seed, systemd_only))?;
+        let (outcomes, cut) = util::guarded("vm-test", || scenarios(m, &p, cuts, seed, only))?;
         summary(m, &outcomes, total.elapsed(), &p.work);
         if cuts > 0 {
             cut_summary(&cut, seed);
         }
     }
     Ok(())
+}
+
+/// One scenario run alone.
+#[derive(Clone, Copy)]
+enum Only {
+    /// Scenario 6, the systemd guest.
+    Systemd,
+    /// Scenario 7, the previous release in slot A.
+    Previous,
 }
 
 /// What a run works with: the host binaries' directory (the publisher,
@@ -191,15 +200,22 @@ fn scenarios(
     p: &Prepared,
     cuts: u32,
     seed: u64,
-    systemd_only: bool,
+    only: Option<Only>,
 ) -> Result<(Vec<scenario::Outcome>, Vec<scenario::Cut>)> {
     let work = &p.work;
     let mut lab = scenario::Lab::new(m, work, &p.bin_dir, &p.guest_updraft)?;
-    // Scenarios 6 (a Debian systemd root, GRUB) and 7 (the previous
-    // release, built for the host) run on the x86_64 machine.
+    // Scenario 6 (a Debian systemd root, GRUB) runs on the x86_64
+    // machine; 7 (the previous release) on both, built for each.
     let x86 = m.name == machine::X86_64.name;
-    let result = if systemd_only {
-        lab.systemd_update()
+    let result = if let Some(only) = only {
+        match only {
+            Only::Systemd if !x86 => Err(format!(
+                "scenario 6 (systemd) runs on the x86_64 machine only, not on {}",
+                m.name
+            )),
+            Only::Systemd => lab.systemd_update(),
+            Only::Previous => lab.previous_release(),
+        }
     } else {
         lab.full_update()
             .and_then(|()| lab.failed_health_check())
@@ -208,7 +224,7 @@ fn scenarios(
             .and_then(|()| lab.delta_update())
             .and_then(|()| if x86 { lab.systemd_update() } else { Ok(()) })
             .and_then(|()| lab.power_cuts(cuts, seed))
-            .and_then(|()| if x86 { lab.previous_release() } else { Ok(()) })
+            .and_then(|()| lab.previous_release())
     };
     match result {
         Ok(()) => Ok((

@@ -785,7 +785,18 @@ impl Lab {
         let name = "7-previous-release";
         let commit = updraft_tests::previous::short(updraft_tests::previous::PINNED);
         println!("\n== {name}: slot A runs updraft {commit}, the previous landed release");
-        let old_bin = updraft_tests::previous::binary()?;
+        // The host build on x86_64 (as the rollback compatibility tests
+        // use it); on another machine, that machine's release build.
+        let old_bin = match self.machine.loader {
+            Loader::Grub => updraft_tests::previous::binary()?,
+            Loader::UBoot => {
+                let t = crate::cross::TARGETS
+                    .iter()
+                    .find(|t| t.short == self.machine.name)
+                    .ok_or_else(|| format!("no cross target for {}", self.machine.name))?;
+                crate::cross::previous_release_agent(t)?
+            }
+        };
         let old_guest = self
             .guest
             .with_updraft(&old_bin, &self.work, "updraft-previous")?;
@@ -843,7 +854,8 @@ impl Lab {
             ));
         }
         println!(
-            "   disk: grubenv {}; history: 8.1 downloaded once and rolled back, 8.2 committed in B",
+            "   disk: {} {}; history: 8.1 downloaded once and rolled back, 8.2 committed in B",
+            self.env_name(),
             show_env(&env)
         );
         Ok(())
