@@ -18,6 +18,7 @@ mod clock;
 pub mod config;
 mod control;
 mod daemon;
+pub mod ddi;
 pub mod delta;
 pub mod direct_io;
 pub mod envelope;
