@@ -296,7 +296,7 @@ fn cut_summary(cuts: &[scenario::Cut], seed: u64) {
     println!("\n== power cuts (seed {seed})");
     for c in cuts {
         println!(
-            "{:8} cut in {:34} {:5} ms after its marker (state {:11}) -> {} after {} boots",
+            "{:8} cut in {:34} {:5} ms after its marker (last status printed: {:11}) -> {} after {} boots",
             c.release, c.phase, c.after_ms, c.state_before, c.result, c.boots_after
         );
     }
