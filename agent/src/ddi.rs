@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::error::{Context, Result};
-use crate::hash::Sha256;
+use crate::hash::{Sha256, truncate};
 use crate::{bail, err};
 
 /// The most a DDI document may hold: a deploymentBase with the largest
@@ -235,7 +235,7 @@ impl Feedback {
             .details
             .iter()
             .take(MAX_DETAILS)
-            .map(|d| cut(d, MAX_DETAIL).to_string())
+            .map(|d| truncate(d, MAX_DETAIL).to_string())
             .collect();
         let body = json!({
             "id": self.action_id,
@@ -554,7 +554,7 @@ fn token(s: &str, what: &str) -> Result<String> {
         bail!(
             Malformed,
             "{what} {:?} is not 1 to {MAX_TOKEN} letters, digits, '-' or '_'",
-            cut(s, 64)
+            truncate(s, 64)
         );
     }
     Ok(s.to_string())
@@ -567,7 +567,7 @@ fn token_text(s: &str, what: &str) -> Result<String> {
         bail!(
             Malformed,
             "{what} {:?} is longer than {MAX_TOKEN} bytes or holds control characters",
-            cut(s, 64)
+            truncate(s, 64)
         );
     }
     Ok(s.to_string())
@@ -585,22 +585,10 @@ fn filename(s: &str) -> Result<String> {
         bail!(
             Malformed,
             "{:?} is not a file name of 1 to {MAX_FILENAME} bytes without '/', '\\' or control characters",
-            cut(s, 64)
+            truncate(s, 64)
         );
     }
     Ok(s.to_string())
-}
-
-/// `s` cut to at most `max` bytes at a character boundary.
-fn cut(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 #[cfg(test)]
