@@ -72,7 +72,7 @@ pub(crate) fn reconcile(state: State, booted: SlotName, boot_id: &str) -> Decisi
         // boot scripts count every boot down), and the switch is made again
         // at the next step. Should the bootloader have booted the target
         // after all (the write landed), its trial starts.
-        State::Installed(job) if (job.held.is_some() || job.awaiting_switch) && rebooted(&job) => {
+        State::Installed(job) if job.switch_pending() && rebooted(&job) => {
             if booted == job.target {
                 Decision::Test {
                     job: this_boot(job),

@@ -158,6 +158,13 @@ impl Job {
             awaiting_switch: false,
         }
     }
+
+    /// The switch to the verified slot is not recorded: the policy holds
+    /// it (`held`, written by this release and older ones), or it was not
+    /// yet known to be in the bootloader's environment (`awaiting_switch`).
+    pub fn switch_pending(&self) -> bool {
+        self.held.is_some() || self.awaiting_switch
+    }
 }
 
 /// The persisted state of the update cycle.

@@ -297,7 +297,7 @@ impl Machine {
             if tries == 1 { "try" } else { "tries" }
         );
         if self.mode == Mode::Oneshot {
-            if job.held.is_some() || job.awaiting_switch {
+            if job.switch_pending() {
                 // Switched: no longer held, and a boot of the old slot from
                 // now on is a failed trial (see `Job::awaiting_switch`).
                 job.held = None;
