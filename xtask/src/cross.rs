@@ -334,7 +334,7 @@ fn lower_priority() {
     let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 15) };
     if rc != 0 {
         println!(
-            "cross-test: background builds run at the normal priority: {}",
+            "background builds run at the normal priority: {}",
             std::io::Error::last_os_error()
         );
     }
@@ -572,8 +572,9 @@ fn release_build(t: &Target, tc: &Toolchain, target_dir: &Path) -> Command {
 /// The previous landed release's `updraft` (the commit
 /// `updraft_tests::previous::PINNED` names), built in release mode for `t`
 /// from its own tree with the cached cross toolchain, under
-/// `target/previous-release/cross`, at the lowest CPU priority (it is built
-/// while other machines boot); kept as
+/// `target/previous-release/cross`, at a lower CPU priority (nice 15, as
+/// the background builds of cross-test: it is built while other machines
+/// boot); kept as
 /// `target/previous-release/<commit>/<triple>/updraft` for later runs.
 pub(crate) fn previous_release_agent(t: &Target) -> Result<PathBuf> {
     let src = updraft_tests::previous::source()?;
@@ -603,18 +604,14 @@ pub(crate) fn previous_release_agent(t: &Target) -> Result<PathBuf> {
         t.triple,
         target_dir.display()
     );
-    let mut nice = Command::new("nice");
-    nice.args(["-n", "19"])
-        .arg(c.get_program())
-        .args(c.get_args());
-    for (k, v) in c.get_envs() {
-        match v {
-            Some(v) => nice.env(k, v),
-            None => nice.env_remove(k),
-        };
-    }
-    nice.current_dir(&src);
-    util::run(&mut nice)?;
+    c.current_dir(&src);
+    // On a thread of its own at a lower priority, which the build inherits.
+    std::thread::spawn(move || {
+        lower_priority();
+        util::run(&mut c)
+    })
+    .join()
+    .map_err(|_| "the build of the previous release panicked".to_string())??;
     println!(
         "built the previous release for {} in {:.1} s",
         t.triple,
