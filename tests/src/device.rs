@@ -44,6 +44,14 @@ pub enum BootSpec {
     Custom(String),
 }
 
+impl BootSpec {
+    /// The `script` backend running the executable at `script` (the test
+    /// simulates reboots itself with `reboot_into`).
+    pub fn script(script: &Path) -> BootSpec {
+        BootSpec::Custom(format!("kind = \"script\"\nscript = {script:?}\n"))
+    }
+}
+
 /// How to build a device.
 #[derive(Clone, Debug)]
 pub struct DeviceSpec {

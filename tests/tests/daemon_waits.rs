@@ -190,9 +190,7 @@ fn use_slow_boot_script(r: &mut Rig, verb: &str, secs: u32) {
     let script = r.dev.path("boot-select");
     updraft_tests::tmp::write_executable(&script, &slow_boot_script(&r.dev, secs));
     std::fs::write(r.dev.path("hang"), verb).expect("writing the hang marker");
-    r.dev.reconfigure(|s| {
-        s.boot = BootSpec::Custom(format!("kind = \"script\"\nscript = {script:?}\n"))
-    });
+    r.dev.reconfigure(|s| s.boot = BootSpec::script(&script));
 }
 
 fn wait_for_file(dev: &Device, path: &std::path::Path) {

@@ -358,9 +358,7 @@ fn a_power_cut_during_the_switch_neither_rejects_nor_loses_the_release() {
             &script,
             &updraft_tests::bootenv::shell_script_bootloader(&state, &before, &after),
         );
-        r.dev.reconfigure(|s| {
-            s.boot = BootSpec::Custom(format!("kind = \"script\"\nscript = {script:?}\n"))
-        });
+        r.dev.reconfigure(|s| s.boot = BootSpec::script(&script));
         std::fs::write(&cut, "").expect("arming the cut");
         r.publish("1.0", 11);
         r.dev.start_daemon();
