@@ -13,6 +13,7 @@ pub mod ca;
 pub mod collector;
 pub mod device;
 pub mod faketime;
+pub mod goosebit;
 pub mod hostile_client;
 pub mod nginx;
 pub mod powerfs;

@@ -758,8 +758,8 @@ fn check_conf_value(what: &str, s: &str) -> io::Result<()> {
 
 /// Spawn a command from one long-lived thread, so that PR_SET_PDEATHSIG
 /// (which fires when the *thread* that forked exits) fires only when the
-/// test process itself ends.
-fn spawn_from_keeper(cmd: Command) -> io::Result<Child> {
+/// test process itself ends. [`crate::goosebit`] starts its server here too.
+pub(crate) fn spawn_from_keeper(cmd: Command) -> io::Result<Child> {
     type Job = (Command, mpsc::Sender<io::Result<Child>>);
     static KEEPER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
     let keeper = KEEPER.get_or_init(|| {

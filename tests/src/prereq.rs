@@ -7,8 +7,14 @@
 //! missing, naming the package; `cargo xtask test` asks [`missing`] what to
 //! install; `.ci/run` reads the same file with awk.
 //!
+//! `venv` lines are Python packages pinned to one version in the tests' own
+//! virtual environment, [`venv_dir`] (`target/venv` of the workspace, kept
+//! across runs): servers the tests run (gooseBit) with dependencies that
+//! must not touch the system Python.
+//!
 //! This module only looks: it must never install, download or run anything
-//! but `python3 -c "import MODULE"` for a `py:` item.
+//! but `python3 -c "import MODULE"` for a `py:` item and the venv's python
+//! asking the version of a `venv` package.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -28,6 +34,10 @@ pub enum Kind {
     Deb,
     /// A Python package (`python3 -m pip install`).
     Pip,
+    /// A Python package pinned as `NAME==VERSION`, installed into the
+    /// tests' virtual environment [`venv_dir`] (`python3 -m venv`, then
+    /// the venv's pip).
+    Venv,
 }
 
 /// One line of the prerequisites file.
@@ -41,16 +51,32 @@ pub struct Prerequisite {
 }
 
 impl Prerequisite {
-    /// `Debian package nginx` / `Python package oelint-adv`.
+    /// `Debian package nginx` / `Python package oelint-adv` /
+    /// `Python package goosebit==0.2.12 in the tests' venv target/venv`.
     pub fn describe(&self) -> String {
         match self.kind {
             Kind::Deb => format!("Debian package {}", self.package),
             Kind::Pip => format!("Python package {}", self.package),
+            Kind::Venv => format!(
+                "Python package {} in the tests' venv {}",
+                self.package,
+                shown(&venv_dir())
+            ),
         }
     }
 
+    /// `(name, version)` of a `venv` line's `NAME==VERSION`.
+    pub fn pin(&self) -> Option<(&str, &str)> {
+        self.package.split_once("==")
+    }
+
     /// The first item this package provides that cannot be found, if any.
+    /// For a `venv` package the package spec itself (`goosebit==0.2.12`)
+    /// when the venv holds no such version.
     pub fn first_missing(&self) -> Option<&str> {
+        if self.kind == Kind::Venv && !venv_pin_installed(self) {
+            return Some(&self.package);
+        }
         self.provides
             .iter()
             .map(String::as_str)
@@ -58,8 +84,64 @@ impl Prerequisite {
     }
 }
 
-/// Parse the prerequisites format: `deb|pip PACKAGE PROVIDES...`, `#`
-/// comments and blank lines. Errors name the line.
+/// The tests' Python virtual environment: `target/venv` of the workspace
+/// (not `CARGO_TARGET_DIR`, which `cargo xtask cross-test` points
+/// elsewhere), so every run and every target finds the one `cargo xtask
+/// test` made.
+pub fn venv_dir() -> PathBuf {
+    crate::repo_root().join("target").join("venv")
+}
+
+/// `path` relative to the workspace when it is inside it.
+fn shown(path: &Path) -> String {
+    path.strip_prefix(crate::repo_root())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+/// The venv's python interpreter.
+pub fn venv_python() -> PathBuf {
+    venv_dir().join("bin").join("python")
+}
+
+/// True when the venv holds exactly the version `p` pins.
+fn venv_pin_installed(p: &Prerequisite) -> bool {
+    let Some((name, version)) = p.pin() else {
+        return false;
+    };
+    venv_version(name).as_deref() == Some(version)
+}
+
+/// The version of the distribution `name` installed in the venv, if any.
+pub fn venv_version(name: &str) -> Option<String> {
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        return None;
+    }
+    let python = venv_python();
+    if !executable(&python) {
+        return None;
+    }
+    let out = Command::new(python)
+        .args([
+            "-c",
+            &format!("import importlib.metadata as m; print(m.version({name:?}))"),
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Parse the prerequisites format: `deb|pip|venv PACKAGE PROVIDES...`,
+/// `#` comments and blank lines. A `venv` package must be pinned
+/// (`NAME==VERSION`). Errors name the line.
 pub fn parse(text: &str) -> Result<Vec<Prerequisite>, String> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -71,9 +153,10 @@ pub fn parse(text: &str) -> Result<Vec<Prerequisite>, String> {
         let kind = match words.next() {
             Some("deb") => Kind::Deb,
             Some("pip") => Kind::Pip,
+            Some("venv") => Kind::Venv,
             Some(other) => {
                 return Err(format!(
-                    "{PATH} line {}: unknown kind {other:?} (expected deb or pip)",
+                    "{PATH} line {}: unknown kind {other:?} (expected deb, pip or venv)",
                     n + 1
                 ));
             }
@@ -83,6 +166,16 @@ pub fn parse(text: &str) -> Result<Vec<Prerequisite>, String> {
             .next()
             .ok_or_else(|| format!("{PATH} line {}: no package name", n + 1))?
             .to_string();
+        if kind == Kind::Venv
+            && !package
+                .split_once("==")
+                .is_some_and(|(n, v)| !n.is_empty() && !v.is_empty())
+        {
+            return Err(format!(
+                "{PATH} line {}: venv package {package} is not pinned (NAME==VERSION)",
+                n + 1
+            ));
+        }
         let provides: Vec<String> = words.map(str::to_string).collect();
         if provides.is_empty() {
             return Err(format!(
@@ -99,7 +192,8 @@ pub fn parse(text: &str) -> Result<Vec<Prerequisite>, String> {
     Ok(out)
 }
 
-/// Every prerequisite, in file order (Debian packages first).
+/// Every prerequisite, in file order (Debian packages, then pip, then
+/// venv).
 pub fn all() -> Vec<Prerequisite> {
     // The file is compiled in and checked by this module's tests; a
     // malformed line cannot reach a test binary.
@@ -140,24 +234,34 @@ pub fn unavailable(items: &[&str]) -> Option<String> {
 }
 
 /// A PROVIDES item for people: `the Python module prometheus_client`,
-/// `faketime/libfaketime.so.1`, `fw_printenv`.
+/// `faketime/libfaketime.so.1`, `fw_printenv`, `target/venv/bin/uvicorn`.
 pub fn describe_item(item: &str) -> String {
     item.strip_prefix("py:")
         .map(|m| format!("the Python module {m}"))
         .or_else(|| item.strip_prefix("lib:").map(str::to_string))
+        .or_else(|| {
+            item.strip_prefix("venv:")
+                .map(|c| shown(&venv_dir().join("bin").join(c)))
+        })
         .unwrap_or_else(|| item.to_string())
 }
 
-/// True when `item` (a PROVIDES entry) is found here.
+/// True when `item` (a PROVIDES entry) is found here. A `venv:` item
+/// counts only when the venv holds the pinned version of the package
+/// that provides it.
 pub fn present(item: &str) -> bool {
     if let Some(module) = item.strip_prefix("py:") {
         return python_has(module);
     }
+    if item.starts_with("venv:") {
+        let pinned = package_of(item).is_some_and(|p| venv_pin_installed(&p));
+        return pinned && find(item).is_some();
+    }
     find(item).is_some()
 }
 
-/// The path of a command, file or library item; `None` for `py:` items
-/// and for anything not found. `nginx` is the binary the tests would run
+/// The path of a command, file, library or venv command item; `None` for
+/// `py:` items and for anything not found. `nginx` is the binary the tests would run
 /// (`UPDRAFT_NGINX`, else `/usr/sbin/nginx`; see [`crate::nginx`]).
 pub fn find(item: &str) -> Option<PathBuf> {
     if item.starts_with("py:") {
@@ -171,6 +275,10 @@ pub fn find(item: &str) -> Option<PathBuf> {
         .into_iter()
         .map(|d| d.join(rel))
         .find(|p| p.is_file());
+    }
+    if let Some(name) = item.strip_prefix("venv:") {
+        let p = venv_dir().join("bin").join(name);
+        return (!name.contains('/') && executable(&p)).then_some(p);
     }
     if item.starts_with('/') {
         let p = PathBuf::from(item);
@@ -231,7 +339,9 @@ pub fn names_of<'a>(packages: &[&'a Prerequisite], kind: Kind) -> Vec<&'a str> {
 }
 
 /// The one command that installs `packages` (as root, with `sudo` in
-/// front when `sudo` is true): apt-get for the Debian ones, then pip.
+/// front when `sudo` is true): apt-get for the Debian ones, then pip, then
+/// the venv (made with `python3 -m venv` when missing, never with `sudo`:
+/// it lives in the workspace).
 pub fn install_command(packages: &[&Prerequisite], sudo: bool) -> String {
     let sudo = if sudo { "sudo " } else { "" };
     let names = |k: Kind| names_of(packages, k);
@@ -248,6 +358,14 @@ pub fn install_command(packages: &[&Prerequisite], sudo: bool) -> String {
         parts.push(format!(
             "{sudo}python3 -m pip install --break-system-packages {}",
             pip.join(" ")
+        ));
+    }
+    let venv = names(Kind::Venv);
+    if !venv.is_empty() {
+        let dir = venv_dir().display().to_string();
+        parts.push(format!(
+            "python3 -m venv {dir} && {dir}/bin/python -m pip install {}",
+            venv.join(" ")
         ));
     }
     parts.join(" && ")
@@ -273,18 +391,31 @@ mod tests {
     fn the_prerequisites_file_parses_and_lists_debian_packages_first() {
         let all = parse(TEXT).unwrap();
         assert!(all.len() > 10, "{all:?}");
-        let first_pip = all.iter().position(|p| p.kind == Kind::Pip).unwrap();
+        let rank = |k: Kind| match k {
+            Kind::Deb => 0,
+            Kind::Pip => 1,
+            Kind::Venv => 2,
+        };
         assert!(
-            all[first_pip..].iter().all(|p| p.kind == Kind::Pip),
-            "deb lines must come before pip lines (pip needs python3-pip)"
+            all.windows(2).all(|w| rank(w[0].kind) <= rank(w[1].kind)),
+            "deb lines must come before pip lines (pip needs python3-pip), \
+             and pip lines before venv lines (the venv needs python3-venv)"
         );
+        assert!(all.iter().any(|p| p.kind == Kind::Venv), "{all:?}");
         for p in &all {
             assert!(
                 p.package
                     .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.+".contains(&b)),
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.+=".contains(&b)),
                 "{p:?}"
             );
+            if p.kind == Kind::Venv {
+                assert!(p.pin().is_some(), "{p:?}");
+                assert!(
+                    p.provides.iter().all(|i| i.starts_with("venv:")),
+                    "a venv package provides commands of the venv: {p:?}"
+                );
+            }
         }
     }
 
@@ -293,6 +424,19 @@ mod tests {
         assert!(parse("apt nginx nginx").unwrap_err().contains("line 1"));
         assert!(parse("# c\ndeb\n").unwrap_err().contains("line 2"));
         assert!(parse("deb nginx\n").unwrap_err().contains("nothing"));
+        assert!(
+            parse("venv goosebit venv:uvicorn")
+                .unwrap_err()
+                .contains("not pinned")
+        );
+        assert!(
+            parse("venv goosebit== venv:uvicorn")
+                .unwrap_err()
+                .contains("not pinned")
+        );
+        let pinned = parse("venv goosebit==0.2.12 venv:uvicorn").unwrap();
+        assert_eq!(pinned[0].kind, Kind::Venv);
+        assert_eq!(pinned[0].pin(), Some(("goosebit", "0.2.12")));
         assert_eq!(parse("\n# only comments\n").unwrap(), Vec::new());
     }
 
@@ -340,13 +484,36 @@ mod tests {
                     package: "oelint-adv".into(),
                     provides: vec!["oelint-adv".into()],
                 },
+                &Prerequisite {
+                    kind: Kind::Venv,
+                    package: "goosebit==0.2.12".into(),
+                    provides: vec!["venv:uvicorn".into()],
+                },
             ],
             true,
         );
+        let venv = venv_dir().display().to_string();
         assert_eq!(
             cmd,
-            "sudo apt-get install -y --no-install-recommends nginx && \
-             sudo python3 -m pip install --break-system-packages oelint-adv"
+            format!(
+                "sudo apt-get install -y --no-install-recommends nginx && \
+                 sudo python3 -m pip install --break-system-packages oelint-adv && \
+                 python3 -m venv {venv} && {venv}/bin/python -m pip install goosebit==0.2.12"
+            )
         );
+    }
+
+    #[test]
+    fn a_venv_item_is_a_command_of_the_tests_venv() {
+        let why = unavailable(&["venv:no-such-updraft-tool"]).unwrap();
+        assert_eq!(
+            why,
+            format!(
+                "{} is not installed (not listed in {PATH})",
+                shown(&venv_dir().join("bin/no-such-updraft-tool"))
+            )
+        );
+        assert!(describe_item("venv:uvicorn").ends_with("target/venv/bin/uvicorn"));
+        assert_eq!(find("venv:../../bin/sh"), None);
     }
 }

@@ -1,8 +1,9 @@
 //! `cargo xtask test`: the whole test suite, with what it needs.
 //!
 //! First the prerequisites in `tests/prerequisites.txt` (Debian and Python
-//! packages): as root on Debian or Ubuntu the missing ones are installed
-//! with apt-get and pip, saying so (opt out with `--no-install` or
+//! packages, and the pinned packages of the tests' venv `target/venv`): as
+//! root on Debian or Ubuntu the missing ones are installed with apt-get,
+//! pip and the venv's own pip, saying so (opt out with `--no-install` or
 //! `UPDRAFT_NO_INSTALL=1`); otherwise the one command that would install
 //! them is printed and the suite runs without them. Then the binaries the
 //! black-box tests run are built and every test in the workspace runs.
@@ -276,6 +277,49 @@ fn install(packages: &[&Prerequisite]) -> Result {
             util::run(&mut forced)?;
         }
     }
+    let venv = names(Kind::Venv);
+    if !venv.is_empty() {
+        install_venv(&venv)?;
+    }
+    Ok(())
+}
+
+/// Install pinned packages into the tests' venv, making the venv first
+/// when its python is missing or no longer runs (the system Python was
+/// upgraded under it).
+fn install_venv(packages: &[&str]) -> Result {
+    let dir = prereq::venv_dir();
+    let python = prereq::venv_python();
+    let started = std::time::Instant::now();
+    let runs = Command::new(&python)
+        .args(["-c", ""])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !runs {
+        println!(
+            "xtask test: making the tests' Python venv {}",
+            dir.display()
+        );
+        let mut make = Command::new("python3");
+        make.args(["-m", "venv", "--clear"]).arg(&dir);
+        util::run(&mut make)?;
+    }
+    let mut pip = Command::new(&python);
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+    ])
+    .args(packages);
+    util::run(&mut pip)?;
+    println!(
+        "xtask test: {} installed in {} in {:.0} s",
+        packages.join(" "),
+        dir.display(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
