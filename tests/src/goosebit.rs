@@ -245,8 +245,10 @@ impl UpdateState {
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
     pub id: String,
-    /// The installed version: from configData's `sw_version`, or the
-    /// version of the software whose action was closed with success.
+    /// The installed version: configData's `sw_version` (every configData
+    /// sets it, to `None` when it has none), or the version of the software
+    /// whose action was closed with success. Software of this version is
+    /// not offered (unless forced).
     pub sw_version: Option<String>,
     pub last_state: UpdateState,
     /// `Rollout` (the default), `Assigned`, `Latest`, `Pinned`.
@@ -256,8 +258,9 @@ pub struct DeviceInfo {
     pub progress: Option<i64>,
     pub force_update: bool,
     pub feed: Option<String>,
-    /// From configData's `hw_boardname` / `hw_revision` (`default` when
-    /// absent).
+    /// From configData's `hw_boardname` / `hw_revision`, each `default`
+    /// when the last configData lacked it. An updraft bundle's
+    /// `compatible` ids are revisions of model `default`.
     pub hardware: Option<Hardware>,
     /// The software gooseBit would offer the device now (assigned, from
     /// its rollout, or the latest), even when it is already installed.

@@ -428,6 +428,71 @@ fn a_device_registers_gets_its_assigned_bundle_whole_and_by_range_and_reports_su
     );
     assert_eq!(device(&gb, "dev-1").sw_version.as_deref(), Some("1.0"));
     assert_eq!(device(&gb, "dev-1").last_state, UpdateState::Finished);
+
+    // Whatever the mode, configData sets sw_version and the hardware from
+    // what it holds now: without sw_version the version is forgotten, and
+    // the software is offered again.
+    let put = ddi.send(
+        "PUT",
+        &format!("{}/configData", gb.controller_url("dev-1")),
+        &json!({ "mode": "merge", "data": { "hw_revision": BOARD } }),
+    );
+    assert_eq!(put.status, 200);
+    assert_eq!(device(&gb, "dev-1").sw_version, None);
+    assert_eq!(
+        link(&ddi.poll().json(), "deploymentBase"),
+        Some(deployment_url.clone())
+    );
+    // Without hw_revision the device is "default" hardware, which the
+    // assigned software does not fit: refused.
+    let put = ddi.config_data(json!({ "sw_version": "1.0" }));
+    assert_eq!(put.status, 422, "{}", String::from_utf8_lossy(&put.body));
+    assert_eq!(
+        ddi.config_data(json!({ "sw_version": "1.0", "hw_revision": BOARD }))
+            .status,
+        200
+    );
+    assert_eq!(link(&ddi.poll().json(), "deploymentBase"), None);
+
+    // Feedback is validated: result is required, progress needs "of"
+    // (null is allowed), the action id must be an integer.
+    let status_of = |action: &str, status: Value| ddi.feedback(action, status).status;
+    let action = id.to_string();
+    assert_eq!(
+        status_of(&action, json!({ "execution": "proceeding" })),
+        422
+    );
+    assert_eq!(
+        status_of(
+            &action,
+            json!({ "execution": "proceeding", "result": { "finished": "none", "progress": { "cnt": 1 } } })
+        ),
+        422
+    );
+    assert_eq!(
+        status_of(
+            &action,
+            json!({ "execution": "proceeding", "result": { "finished": "none", "progress": { "cnt": 1, "of": null } } })
+        ),
+        200
+    );
+    assert_eq!(
+        status_of(
+            "latest",
+            json!({ "execution": "proceeding", "result": { "finished": "none" } })
+        ),
+        422
+    );
+    assert_eq!(device(&gb, "dev-1").last_state, UpdateState::Running);
+    // Other hawkBit execution states are taken (200) and change nothing.
+    assert_eq!(
+        status_of(
+            &action,
+            json!({ "execution": "downloaded", "result": { "finished": "failure" } })
+        ),
+        200
+    );
+    assert_eq!(device(&gb, "dev-1").last_state, UpdateState::Running);
 }
 
 #[test]
