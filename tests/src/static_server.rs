@@ -23,6 +23,9 @@
 //! Dropping the server stops listening, shuts every connection down and
 //! joins every thread.
 //!
+//! The listener, TLS configuration and HTTP/1.1 reading and writing are
+//! [`crate::http`], shared with the DDI server.
+//!
 //! It is test and demo support: it lives in the test-support crate, which
 //! the device binary never links. It must never listen anywhere but
 //! loopback, serve a file outside its root (`..` segments, encoded slashes
@@ -31,36 +34,32 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{HandshakeKind, ServerConfig, ServerConnection, StreamOwned};
-use socket2::SockRef;
 
 use crate::ca::TestCa;
+use crate::http::{
+    Acceptor, Body, HttpConn, Request, Response, Sent, Transport, bind_loopback, ctx, parse_head,
+    path_of, percent_decode, tls_server_config,
+};
+pub use crate::http::{MAX_HEAD, MAX_HEADERS, Range, http_date, parse_range};
 use crate::nginx::{AccessEntry, Block};
 
-/// Largest request head (request line and headers).
-pub const MAX_HEAD: usize = 16 * 1024;
-/// Most headers in one request.
-pub const MAX_HEADERS: usize = 64;
 /// Largest request body (a forwarded report; anything else is drained).
 pub const MAX_BODY: u64 = 1024 * 1024;
 /// Largest upstream answer relayed.
 const MAX_UPSTREAM_RESPONSE: u64 = 1024 * 1024;
 /// How long connecting to the upstream may take.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(5);
-/// Copy buffer for file bodies.
-const CHUNK: usize = 64 * 1024;
 
 /// Configuration of a [`StaticServer`]; see [`StaticServer::builder`].
 pub struct StaticServerBuilder<'a> {
@@ -73,33 +72,25 @@ pub struct StaticServerBuilder<'a> {
 
 /// A running server; stopped when dropped.
 pub struct StaticServer {
-    addr: SocketAddr,
+    // Dropped first: stops listening and joins every connection thread.
+    acceptor: Acceptor,
     root: PathBuf,
     ca_file: PathBuf,
     _dir: tempfile::TempDir,
     shared: Arc<Shared>,
-    listener: Arc<TcpListener>,
-    accept: Option<JoinHandle<()>>,
 }
 
 struct Shared {
     root: PathBuf,
     tls: Arc<ServerConfig>,
     proxy: Option<(String, SocketAddr)>,
-    max_connections: usize,
     idle_timeout: Duration,
-    stop: AtomicBool,
     state: Mutex<State>,
 }
 
 #[derive(Default)]
 struct State {
     log: Vec<AccessEntry>,
-    /// A handle on each open connection, to shut it down on drop.
-    live: BTreeMap<u64, TcpStream>,
-    workers: Vec<JoinHandle<()>>,
-    serial: u64,
-    refused: u64,
 }
 
 impl Shared {
@@ -122,12 +113,12 @@ impl StaticServer {
 
     /// The listening address (`127.0.0.1`, a port the kernel chose).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.acceptor.addr()
     }
 
     /// `https://127.0.0.1:<port><path>`; `path` starts with `/`.
     pub fn url(&self, path: &str) -> String {
-        format!("https://{}{path}", self.addr)
+        format!("https://{}{path}", self.addr())
     }
 
     /// PEM file of the CA that issued the server's certificate.
@@ -165,33 +156,12 @@ impl StaticServer {
     /// Connections closed at once because [`StaticServerBuilder::max_connections`]
     /// were open.
     pub fn refused_connections(&self) -> u64 {
-        self.shared.lock().refused
+        self.acceptor.refused_connections()
     }
 
     /// Connections open now.
     pub fn open_connections(&self) -> usize {
-        self.shared.lock().live.len()
-    }
-}
-
-impl Drop for StaticServer {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // A listening socket shut down for reading makes accept(2) return.
-        let _ = SockRef::from(&*self.listener).shutdown(Shutdown::Read);
-        if let Some(a) = self.accept.take() {
-            let _ = a.join();
-        }
-        let workers = {
-            let mut st = self.shared.lock();
-            for s in st.live.values() {
-                let _ = s.shutdown(Shutdown::Both);
-            }
-            std::mem::take(&mut st.workers)
-        };
-        for w in workers {
-            let _ = w.join();
-        }
+        self.acceptor.open_connections()
     }
 }
 
@@ -257,199 +227,42 @@ impl<'a> StaticServerBuilder<'a> {
         };
         let ca_file = dir.path().join("ca.pem");
         ca.write_cert(&ca_file)?;
-        let tls = Arc::new(tls_config(ca)?);
-        let listener = Arc::new(
-            TcpListener::bind("127.0.0.1:0")
-                .map_err(|e| ctx(e, "binding a loopback port for the static server"))?,
-        );
-        let addr = listener.local_addr()?;
+        let tls = Arc::new(tls_server_config(ca)?);
         let shared = Arc::new(Shared {
             root: root.clone(),
             tls,
             proxy: self.proxy,
-            max_connections: self.max_connections,
             idle_timeout: self.idle_timeout,
-            stop: AtomicBool::new(false),
             state: Mutex::new(State::default()),
         });
-        let accept = {
+        let acceptor = {
             let shared = Arc::clone(&shared);
-            let listener = Arc::clone(&listener);
-            thread::Builder::new()
-                .name("static-accept".into())
-                .spawn(move || accept_loop(&shared, &listener))
-                .map_err(|e| ctx(e, "starting the static server's accept thread"))?
+            Acceptor::start(
+                "static server",
+                bind_loopback("static server")?,
+                self.max_connections,
+                move |stream, peer, id, stop| Connection::serve(&shared, stream, peer, id, stop),
+            )?
         };
         Ok(StaticServer {
-            addr,
+            acceptor,
             root,
             ca_file,
             _dir: dir,
             shared,
-            listener,
-            accept: Some(accept),
         })
     }
 }
 
-fn ctx(e: io::Error, what: &str) -> io::Error {
-    io::Error::new(e.kind(), format!("{what}: {e}"))
-}
-
-fn tls_config(ca: &TestCa) -> io::Result<ServerConfig> {
-    let leaf = ca.issue_loopback()?;
-    let chain = CertificateDer::pem_slice_iter(leaf.chain_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| io::Error::other(format!("reading the server certificate chain: {e}")))?;
-    let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes())
-        .map_err(|e| io::Error::other(format!("reading the server key: {e}")))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| io::Error::other(format!("TLS versions: {e}")))?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|e| io::Error::other(format!("the server certificate: {e}")))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
-}
-
-fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
-    loop {
-        let accepted = listener.accept();
-        if shared.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let (stream, peer) = match accepted {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("static server: accept: {e}");
-                thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let mut st = shared.lock();
-        st.workers.retain(|w| !w.is_finished());
-        if st.live.len() >= shared.max_connections {
-            st.refused += 1;
-            drop(st);
-            let _ = stream.shutdown(Shutdown::Both);
-            continue;
-        }
-        let handle = match stream.try_clone() {
-            Ok(h) => h,
-            Err(e) => {
-                eprintln!("static server: keeping a connection handle: {e}");
-                continue;
-            }
-        };
-        st.serial += 1;
-        let id = st.serial;
-        st.live.insert(id, handle);
-        let s = Arc::clone(shared);
-        let spawned = thread::Builder::new()
-            .name("static-conn".into())
-            .spawn(move || {
-                Connection::serve(&s, stream, peer, id);
-                s.lock().live.remove(&id);
-            });
-        match spawned {
-            Ok(h) => st.workers.push(h),
-            Err(e) => {
-                st.live.remove(&id);
-                eprintln!("static server: cannot start a connection thread: {e}");
-            }
-        }
-    }
-}
-
-/// A parsed request head.
-struct Request {
-    method: String,
-    target: String,
-    version: u8,
-    headers: Vec<(String, String)>,
-    head_len: usize,
-}
-
-impl Request {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn keep_alive(&self) -> bool {
-        match self.header("connection").map(str::to_ascii_lowercase) {
-            Some(c) if c.contains("close") => false,
-            Some(c) if c.contains("keep-alive") => true,
-            _ => self.version >= 1,
-        }
-    }
-}
-
-/// What goes after the response head.
-enum Body {
-    Empty,
-    Bytes(Vec<u8>),
-    File { file: File, start: u64, len: u64 },
-}
-
-/// One answer, before it is written.
-struct Response {
-    status: u16,
-    headers: Vec<(&'static str, String)>,
-    body: Body,
-    /// The body's length for `Content-Length` (a `HEAD` answer has the
-    /// length of the `GET` answer and no body).
-    length: Option<u64>,
-    close: bool,
-}
-
-impl Response {
-    fn new(status: u16) -> Response {
-        Response {
-            status,
-            headers: Vec::new(),
-            body: Body::Empty,
-            length: Some(0),
-            close: false,
-        }
-    }
-
-    fn text(status: u16, text: &str) -> Response {
-        let mut r = Response::new(status);
-        r.headers.push(("Content-Type", "text/plain".into()));
-        r.length = Some(text.len() as u64);
-        r.body = Body::Bytes(text.as_bytes().to_vec());
-        r
-    }
-
-    fn header(mut self, name: &'static str, value: impl Into<String>) -> Response {
-        self.headers.push((name, value.into()));
-        self
-    }
-}
-
-/// Bytes written for one response.
-#[derive(Clone, Copy)]
-struct Sent {
-    head: u64,
-    body: u64,
-}
-
 struct Connection {
-    tls: StreamOwned<ServerConnection, TcpStream>,
+    http: HttpConn<StreamOwned<ServerConnection, TcpStream>>,
     id: u64,
     peer: SocketAddr,
     requests: u64,
-    /// Bytes read past the end of the last request head.
-    buf: Vec<u8>,
 }
 
 impl Connection {
-    fn serve(shared: &Shared, stream: TcpStream, peer: SocketAddr, id: u64) {
+    fn serve(shared: &Shared, stream: TcpStream, peer: SocketAddr, id: u64, stop: &AtomicBool) {
         let _ = stream.set_read_timeout(Some(shared.idle_timeout));
         let _ = stream.set_write_timeout(Some(shared.idle_timeout));
         let _ = stream.set_nodelay(true);
@@ -461,27 +274,24 @@ impl Connection {
             }
         };
         let mut c = Connection {
-            tls: StreamOwned::new(conn, stream),
+            http: HttpConn::new(StreamOwned::new(conn, stream), "updraft-static"),
             id,
             peer,
             requests: 0,
-            buf: Vec::new(),
         };
-        while !shared.stop.load(Ordering::SeqCst) {
+        while !stop.load(Ordering::SeqCst) {
             match c.one_request(shared) {
                 Ok(true) => {}
                 Ok(false) | Err(_) => break,
             }
         }
-        c.tls.conn.send_close_notify();
-        let _ = c.tls.flush();
-        let _ = c.tls.sock.shutdown(Shutdown::Both);
+        c.http.stream.close();
     }
 
     /// Read, answer and log one request; `Ok(true)` to keep the
     /// connection open.
     fn one_request(&mut self, shared: &Shared) -> io::Result<bool> {
-        let head = match self.read_head()? {
+        let head = match self.http.read_head()? {
             Some(h) => h,
             None => return Ok(false),
         };
@@ -492,7 +302,7 @@ impl Connection {
             Err(why) => {
                 let mut r = Response::text(400, &format!("{why}\n"));
                 r.close = true;
-                let sent = self.write(&r, true)?;
+                let sent = self.http.write(&r, true)?;
                 self.log(
                     shared,
                     None,
@@ -513,10 +323,10 @@ impl Connection {
             if path_of(&req.target) == prefix.as_str()
                 || path_of(&req.target).starts_with(&format!("{prefix}/"))
             {
-                let body = match self.read_body(&req) {
+                let body = match self.http.read_body(&req, MAX_BODY) {
                     Ok(b) => b,
                     Err(r) => {
-                        let sent = self.write(&r, true)?;
+                        let sent = self.http.write(&r, true)?;
                         self.log(shared, Some(&req), received, r.status, sent, started, line);
                         return Ok(false);
                     }
@@ -528,7 +338,7 @@ impl Connection {
             }
         }
 
-        let mut response = match self.read_body(&req) {
+        let mut response = match self.http.read_body(&req, MAX_BODY) {
             Ok(body) => {
                 received += body.len() as u64;
                 answer(&shared.root, &req)
@@ -538,7 +348,7 @@ impl Connection {
         if !req.keep_alive() {
             response.close = true;
         }
-        let sent = self.write(&response, req.method != "HEAD")?;
+        let sent = self.http.write(&response, req.method != "HEAD")?;
         self.log(
             shared,
             Some(&req),
@@ -549,131 +359,6 @@ impl Connection {
             line,
         );
         Ok(!response.close)
-    }
-
-    /// The next request head (through the blank line), or `None` when the
-    /// client closed the connection between requests.
-    fn read_head(&mut self) -> io::Result<Option<Vec<u8>>> {
-        loop {
-            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
-                let rest = self.buf.split_off(end + 4);
-                let head = std::mem::replace(&mut self.buf, rest);
-                return Ok(Some(head));
-            }
-            if self.buf.len() > MAX_HEAD {
-                let mut r = Response::text(431, "request head too large\n");
-                r.close = true;
-                let _ = self.write(&r, true);
-                return Ok(None);
-            }
-            let mut chunk = [0u8; 4096];
-            let n = match self.tls.read(&mut chunk) {
-                Ok(n) => n,
-                // A client that closes without close_notify, or times out.
-                Err(_) if self.buf.is_empty() => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            if n == 0 {
-                return Ok(None);
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-
-    /// The request body (`Content-Length` only), bounded; an error answer
-    /// when it is refused.
-    fn read_body(&mut self, req: &Request) -> Result<Vec<u8>, Response> {
-        if req.header("transfer-encoding").is_some() {
-            let mut r = Response::text(411, "a request body needs Content-Length\n");
-            r.close = true;
-            return Err(r);
-        }
-        let len = match req.header("content-length") {
-            None => return Ok(Vec::new()),
-            Some(v) => match v.trim().parse::<u64>() {
-                Ok(n) => n,
-                Err(_) => {
-                    let mut r = Response::text(400, "bad Content-Length\n");
-                    r.close = true;
-                    return Err(r);
-                }
-            },
-        };
-        if len > MAX_BODY {
-            let mut r = Response::text(413, "request body too large\n");
-            r.close = true;
-            return Err(r);
-        }
-        let len = len as usize;
-        let mut body = std::mem::take(&mut self.buf);
-        if body.len() > len {
-            self.buf = body.split_off(len);
-        }
-        while body.len() < len {
-            let mut chunk = vec![0u8; (len - body.len()).min(CHUNK)];
-            match self.tls.read(&mut chunk) {
-                Ok(0) | Err(_) => {
-                    let mut r = Response::text(400, "request body ended early\n");
-                    r.close = true;
-                    return Err(r);
-                }
-                Ok(n) => body.extend_from_slice(&chunk[..n]),
-            }
-        }
-        Ok(body)
-    }
-
-    /// Write a response; returns the bytes written.
-    fn write(&mut self, r: &Response, with_body: bool) -> io::Result<Sent> {
-        let mut head = format!("HTTP/1.1 {} {}\r\n", r.status, reason(r.status));
-        head.push_str(&format!("Date: {}\r\n", http_date(SystemTime::now())));
-        head.push_str("Server: updraft-static\r\n");
-        for (k, v) in &r.headers {
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-        if let Some(len) = r.length {
-            head.push_str(&format!("Content-Length: {len}\r\n"));
-        }
-        if r.close {
-            head.push_str("Connection: close\r\n");
-        }
-        head.push_str("\r\n");
-        self.tls.write_all(head.as_bytes())?;
-        let mut sent = Sent {
-            head: head.len() as u64,
-            body: 0,
-        };
-        if with_body {
-            match &r.body {
-                Body::Empty => {}
-                Body::Bytes(b) => {
-                    self.tls.write_all(b)?;
-                    sent.body += b.len() as u64;
-                }
-                Body::File { file, start, len } => {
-                    let mut f = file;
-                    f.seek(SeekFrom::Start(*start))?;
-                    let mut left = *len;
-                    let mut chunk = vec![0u8; CHUNK];
-                    while left > 0 {
-                        let want = (left as usize).min(CHUNK);
-                        let n = f.read(&mut chunk[..want])?;
-                        if n == 0 {
-                            // The file shrank while being served.
-                            return Err(io::Error::new(
-                                io::ErrorKind::UnexpectedEof,
-                                "file shorter than its Content-Length",
-                            ));
-                        }
-                        self.tls.write_all(&chunk[..n])?;
-                        sent.body += n as u64;
-                        left -= n as u64;
-                    }
-                }
-            }
-        }
-        self.tls.flush()?;
-        Ok(sent)
     }
 
     /// Send the request to `upstream` with `Connection: close` and relay
@@ -712,20 +397,21 @@ impl Connection {
                 if head == 0 {
                     let mut r = Response::text(502, "the upstream answered garbage\n");
                     r.close = true;
-                    return Ok((502, self.write(&r, true)?));
+                    return Ok((502, self.http.write(&r, true)?));
                 }
-                self.tls.write_all(&bytes)?;
-                self.tls.flush()?;
+                self.http.stream.write_all(&bytes)?;
+                self.http.stream.flush()?;
                 let sent = Sent {
                     head: head as u64,
                     body: (bytes.len() - head) as u64,
+                    cut: false,
                 };
                 Ok((status, sent))
             }
             Err(e) => {
                 let mut r = Response::text(502, &format!("upstream {upstream}: {e}\n"));
                 r.close = true;
-                Ok((502, self.write(&r, true)?))
+                Ok((502, self.http.write(&r, true)?))
             }
         }
     }
@@ -742,7 +428,7 @@ impl Connection {
         line: String,
     ) {
         let h = |name: &str| req.and_then(|r| r.header(name)).map(str::to_string);
-        let conn = &self.tls.conn;
+        let conn = &self.http.stream.conn;
         let entry = AccessEntry {
             time: SystemTime::now(),
             block: Block::Main,
@@ -773,45 +459,6 @@ impl Connection {
     }
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-fn parse_head(head: &[u8]) -> Result<Request, String> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let len = match req.parse(head) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Err("incomplete request head".into()),
-        Err(e) => return Err(format!("malformed request: {e}")),
-    };
-    let method = req.method.ok_or("no method")?.to_string();
-    let target = req.path.ok_or("no request target")?.to_string();
-    let version = req.version.ok_or("no HTTP version")?;
-    let headers = req
-        .headers
-        .iter()
-        .map(|h| {
-            (
-                h.name.to_string(),
-                String::from_utf8_lossy(h.value).into_owned(),
-            )
-        })
-        .collect();
-    Ok(Request {
-        method,
-        target,
-        version,
-        headers,
-        head_len: len,
-    })
-}
-
-/// The path part of a request target (no query).
-fn path_of(target: &str) -> &str {
-    target.split(['?', '#']).next().unwrap_or("")
-}
-
 /// The file a request target names under `root`, or the status that
 /// refuses it: `400` for a target that is not a plain path (`..` or `.`
 /// segments, an encoded `/` or NUL, bad escapes), `404` for anything
@@ -839,24 +486,6 @@ pub fn resolve(root: &Path, target: &str) -> Result<PathBuf, u16> {
     Ok(real)
 }
 
-fn percent_decode(s: &str) -> Option<Vec<u8>> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    Some(out)
-}
-
 /// The strong ETag of a file: inode, modification time in nanoseconds and
 /// size.
 pub fn etag(meta: &std::fs::Metadata) -> String {
@@ -871,79 +500,6 @@ pub fn none_match(header: &str, tag: &str) -> bool {
     header
         .split(',')
         .any(|t| t.trim() == "*" || bare(t) == bare(tag))
-}
-
-/// What a `Range` header asks of a body of `len` bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Range {
-    /// No usable range (absent, another unit, several ranges, malformed):
-    /// the whole body, `200`.
-    Full,
-    /// Bytes `start..=end`, `206`.
-    Part { start: u64, end: u64 },
-    /// A syntactically valid range that no byte satisfies: `416`.
-    Unsatisfiable,
-}
-
-/// Parse a `Range` header for a body of `len` bytes.
-pub fn parse_range(header: &str, len: u64) -> Range {
-    let h = header.trim();
-    let Some(spec) = h
-        .get(..6)
-        .filter(|p| p.eq_ignore_ascii_case("bytes="))
-        .map(|_| &h[6..])
-    else {
-        return Range::Full;
-    };
-    if spec.contains(',') {
-        return Range::Full;
-    }
-    let Some((a, b)) = spec.trim().split_once('-') else {
-        return Range::Full;
-    };
-    let num = |s: &str| -> Option<u64> {
-        let s = s.trim();
-        if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
-            return None;
-        }
-        s.parse().ok()
-    };
-    match (a.trim().is_empty(), b.trim().is_empty()) {
-        // bytes=-n: the last n bytes.
-        (true, false) => match num(b) {
-            Some(0) => Range::Unsatisfiable,
-            Some(_) if len == 0 => Range::Unsatisfiable,
-            Some(n) => Range::Part {
-                start: len.saturating_sub(n),
-                end: len - 1,
-            },
-            None => Range::Full,
-        },
-        // bytes=a-: from a to the end.
-        (false, true) => match num(a) {
-            Some(s) if s >= len => Range::Unsatisfiable,
-            Some(s) => Range::Part {
-                start: s,
-                end: len - 1,
-            },
-            None => Range::Full,
-        },
-        // bytes=a-b.
-        (false, false) => match (num(a), num(b)) {
-            (Some(s), Some(e)) if s <= e => {
-                if s >= len {
-                    Range::Unsatisfiable
-                } else {
-                    Range::Part {
-                        start: s,
-                        end: e.min(len - 1),
-                    }
-                }
-            }
-            _ => Range::Full,
-        },
-        (true, true) => Range::Full,
-    }
 }
 
 /// The answer to a `GET` or `HEAD` for a file under `root`.
@@ -1022,86 +578,9 @@ fn answer(root: &Path, req: &Request) -> Response {
     }
 }
 
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        204 => "No Content",
-        206 => "Partial Content",
-        304 => "Not Modified",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        411 => "Length Required",
-        413 => "Content Too Large",
-        416 => "Range Not Satisfiable",
-        431 => "Request Header Fields Too Large",
-        502 => "Bad Gateway",
-        _ => "",
-    }
-}
-
-/// An IMF-fixdate: `Sun, 06 Nov 1994 08:49:37 GMT`.
-pub fn http_date(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    format!(
-        "{}, {day:02} {} {year} {:02}:{:02}:{:02} GMT",
-        WEEKDAYS[days.rem_euclid(7) as usize],
-        MONTHS[(month - 1) as usize],
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ranges_parse_as_rfc_9110_says() {
-        let p = |start, end| Range::Part { start, end };
-        assert_eq!(parse_range("bytes=0-9", 100), p(0, 9));
-        assert_eq!(parse_range("bytes=90-200", 100), p(90, 99));
-        assert_eq!(parse_range("bytes=10-", 100), p(10, 99));
-        assert_eq!(parse_range("bytes=-10", 100), p(90, 99));
-        assert_eq!(parse_range("bytes=-200", 100), p(0, 99));
-        assert_eq!(parse_range("BYTES=5-5", 100), p(5, 5));
-        assert_eq!(parse_range("bytes=100-", 100), Range::Unsatisfiable);
-        assert_eq!(parse_range("bytes=100-200", 100), Range::Unsatisfiable);
-        assert_eq!(parse_range("bytes=-0", 100), Range::Unsatisfiable);
-        assert_eq!(parse_range("bytes=0-", 0), Range::Unsatisfiable);
-        for ignored in [
-            "bytes=9-0",
-            "bytes=0-1,5-6",
-            "bytes=x-1",
-            "bytes=-",
-            "items=0-1",
-            "bytes=1-2-3",
-            "bytes=+1-2",
-            "",
-        ] {
-            assert_eq!(parse_range(ignored, 100), Range::Full, "{ignored}");
-        }
-    }
 
     #[test]
     fn if_none_match_compares_weakly_and_star_matches() {
@@ -1148,18 +627,5 @@ mod tests {
         assert_eq!(resolve(&root, "/link"), Err(404));
         assert_eq!(resolve(&root, "/artifacts"), Err(404));
         assert_eq!(resolve(&root, "/missing"), Err(404));
-    }
-
-    #[test]
-    fn dates_are_imf_fixdates() {
-        assert_eq!(
-            http_date(UNIX_EPOCH + Duration::from_secs(784_111_777)),
-            "Sun, 06 Nov 1994 08:49:37 GMT"
-        );
-        assert_eq!(http_date(UNIX_EPOCH), "Thu, 01 Jan 1970 00:00:00 GMT");
-        assert_eq!(
-            http_date(UNIX_EPOCH + Duration::from_secs(951_782_400)),
-            "Tue, 29 Feb 2000 00:00:00 GMT"
-        );
     }
 }
