@@ -249,7 +249,7 @@ fn sparse_image(path: &Path) -> Sha256 {
 /// install itself writes) is published, bundled (its artifact in parts)
 /// and installed into a file-backed slot, which then hashes as the image:
 /// sizes and offsets are 64-bit from the publisher to the read-back.
-/// About two minutes on a 2-core machine, and 4.6 GiB of disk (slot B)
+/// 45 s to two minutes on a 2-core machine, and 4.6 GiB of disk (slot B)
 /// while it runs.
 #[test]
 fn an_image_above_4_gib_installs_from_a_bundle() {
