@@ -10,7 +10,10 @@
 //!    reads it (it is not signed);
 //! 2. `manifest.json`: the signed manifest;
 //! 3. `keys/N.json`: the key documents, any number;
-//! 4. `artifacts/…`: the framed image and the deltas, any number;
+//! 4. `artifacts/…`: the framed image and the deltas, any number; one
+//!    larger than a newc entry holds (4 GiB − 1) is split into parts:
+//!    the entry named by its url, then `<url>.part-2`, `<url>.part-3`, …
+//!    right after it ([`PART_SUFFIX`]);
 //! 5. `TRAILER!!!`, empty; whatever follows it (block padding) is ignored.
 //!
 //! This module owns walking the headers into an [`Index`] of entry names,
@@ -18,7 +21,9 @@
 //! nothing: fixed names in a fixed order, no duplicates, names of at most
 //! [`MAX_NAME`] bytes made of plain path segments, regular files only,
 //! every size within the archive and, for the small entries, within the
-//! caps the directory form has. It must never read an entry's data (the
+//! caps the directory form has; the parts of a split artifact consecutive,
+//! in order, without gaps and none of them empty. It must never read an
+//! entry's data (the
 //! caller reads only what it needs, at the offsets the index gives) and
 //! never decide whether a release is good: the signed manifest does that,
 //! and every artifact's length is checked against its signed size when it
@@ -43,6 +48,12 @@ pub const MAX_ENTRIES: usize = 256;
 pub const MAX_SW_DESCRIPTION: u64 = 64 * 1024;
 /// The bytes of a newc header before the name.
 pub const HEADER_LEN: usize = 110;
+/// The most bytes one entry holds: the newc filesize field is 32 bits.
+pub const MAX_ENTRY_SIZE: u64 = u32::MAX as u64;
+/// What follows an artifact's url in the names of its second and later
+/// parts: `<url>.part-2`, `<url>.part-3`, … (the first part is the entry
+/// named `<url>` itself).
+pub const PART_SUFFIX: &str = ".part-";
 /// The magic of a newc header without checksums.
 const MAGIC: &[u8; 6] = b"070701";
 /// `S_IFMT` and `S_IFREG` of a header's mode.
@@ -88,27 +99,121 @@ impl Index {
         self.entries.iter().find(|e| e.name == name)
     }
 
-    /// The entry an artifact or delta `url` names. Inside a bundle a url is
-    /// the entry's name (`artifacts/…`, as in the directory form); an
-    /// absolute URL names nothing in the archive.
-    pub fn artifact(&self, url: &str) -> Result<&Entry> {
+    /// The entries that hold the artifact or delta `url`, in order. Inside
+    /// a bundle a url is the name of its (first) entry (`artifacts/…`, as
+    /// in the directory form); an absolute URL names nothing in the
+    /// archive, nor does the name of a second or later part.
+    pub fn artifact(&self, url: &str) -> Result<Artifact> {
         if url.contains("://") {
             bail!(
                 Malformed,
                 "the manifest names {url}, a URL, but a bundle holds its artifacts as entries"
             );
         }
-        self.get(url).ok_or_else(|| {
-            err!(
+        if let Some((base, n)) = continuation(url)? {
+            bail!(
                 Malformed,
-                "the bundle has no entry {url:?} that the manifest names"
-            )
+                "the manifest names {url:?}, which in a bundle is part {n} of {base:?}, not an artifact"
+            );
+        }
+        let first = self
+            .entries
+            .iter()
+            .position(|e| e.name == url)
+            .ok_or_else(|| {
+                err!(
+                    Malformed,
+                    "the bundle has no entry {url:?} that the manifest names"
+                )
+            })?;
+        let mut segments = vec![self.entries[first].clone()];
+        for e in &self.entries[first + 1..] {
+            if e.name != part_name(url, segments.len() + 1) {
+                break;
+            }
+            segments.push(e.clone());
+        }
+        // Each part is below 2^32 bytes and there are at most MAX_ENTRIES.
+        let size = segments.iter().map(|e| e.size).sum();
+        Ok(Artifact {
+            name: url.to_string(),
+            segments,
+            size,
         })
     }
 
     /// The manifest entry (always present in an index).
     pub fn manifest(&self) -> &Entry {
         &self.entries[1]
+    }
+}
+
+/// An artifact or delta as the bundle holds it: one entry, or the parts
+/// of a split one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Artifact {
+    /// The url the manifest names (the first part's entry name).
+    pub name: String,
+    /// The entries holding it, in order; never empty.
+    pub segments: Vec<Entry>,
+    /// The sum of the segments' sizes (checked against the signed size by
+    /// whoever opens it).
+    pub size: u64,
+}
+
+impl Artifact {
+    /// The byte ranges of the bundle (`(offset, length)`, none empty) that
+    /// hold the artifact's bytes from `offset` to its end, in order: how a
+    /// transfer resumed at `offset` reads it. Empty when `offset` is at or
+    /// past the end.
+    pub fn ranges(&self, offset: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut skip = offset;
+        for e in &self.segments {
+            if skip >= e.size {
+                skip -= e.size;
+                continue;
+            }
+            out.push((e.offset + skip, e.size - skip));
+            skip = 0;
+        }
+        out
+    }
+}
+
+/// The entry name of part `n` (from 1) of the artifact `url`: `url` itself
+/// for the first part, `url.part-N` for the others.
+pub fn part_name(url: &str, n: usize) -> String {
+    if n <= 1 {
+        url.to_string()
+    } else {
+        format!("{url}{PART_SUFFIX}{n}")
+    }
+}
+
+/// When `name` ends in [`PART_SUFFIX`] and digits, the artifact it is a
+/// part of and the part's number. The number must be 2 or more, written
+/// without leading zeros: a name like `x.part-1` or `x.part-07` is refused
+/// rather than read as an artifact of its own.
+pub fn continuation(name: &str) -> Result<Option<(&str, usize)>> {
+    let Some(at) = name.rfind(PART_SUFFIX) else {
+        return Ok(None);
+    };
+    let digits = &name[at + PART_SUFFIX.len()..];
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(None);
+    }
+    let n = digits
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n >= 2 && !digits.starts_with('0'));
+    match n {
+        Some(n) => Ok(Some((&name[..at], n))),
+        None => bail!(
+            Malformed,
+            "bundle entry name {name:?} ends in {PART_SUFFIX}{digits}, which is not a part number \
+             (parts after the first are numbered from 2, without leading zeros)"
+        ),
     }
 }
 
@@ -164,6 +269,39 @@ fn cap(part: Part) -> Option<u64> {
         Part::Key => Some(MAX_KEY_DOCUMENT_BYTES as u64),
         Part::Artifact => None,
     }
+}
+
+/// The rules for the parts of a split artifact, checked at entry `name`
+/// of `size` bytes that follows `previous`: a second or later part comes
+/// right after the part before it, and neither is empty.
+fn check_part(name: &str, size: u64, previous: Option<&Entry>) -> Result<()> {
+    let Some((base, n)) = continuation(name)? else {
+        return Ok(());
+    };
+    let before = part_name(base, n - 1);
+    match previous {
+        Some(p) if p.name == before => {
+            if p.size == 0 {
+                bail!(
+                    Malformed,
+                    "bundle entry {before:?} is empty, but {name:?} continues it: no part of a \
+                     split artifact is empty"
+                );
+            }
+        }
+        _ => bail!(
+            Malformed,
+            "bundle entry {name:?} is part {n} of {base:?}, but it does not come right after \
+             {before:?} (parts come one after the other, in order, with none missing)"
+        ),
+    }
+    if size == 0 {
+        bail!(
+            Malformed,
+            "bundle entry {name:?} is empty: no part of a split artifact is empty"
+        );
+    }
+    Ok(())
 }
 
 /// `n` rounded up to a multiple of 4.
@@ -286,6 +424,9 @@ pub fn index(r: &mut dyn ReadAt, len: u64) -> Result<Index> {
         }
         if entries.iter().any(|e| e.name == name) {
             bail!(Malformed, "bundle holds {name:?} twice");
+        }
+        if part == Part::Artifact {
+            check_part(&name, size, entries.last())?;
         }
         if let Some(cap) = cap(part).filter(|&cap| size > cap) {
             bail!(
@@ -522,5 +663,149 @@ mod tests {
         let header_at = (m.offset as usize) - ((HEADER_LEN + m.name.len() + 1 + 3) & !3);
         bytes[header_at + 14..header_at + 22].copy_from_slice(b"000041ED");
         refused(bytes, "only regular files");
+    }
+
+    const SPLIT: &[(&str, &[u8])] = &[
+        ("sw-description", b"software = { version = \"1.0\"; };\n"),
+        ("manifest.json", b"{\"signed\":{}}"),
+        ("artifacts/d.delta", b"d"),
+        ("artifacts/img.zst", b"abcd"),
+        ("artifacts/img.zst.part-2", b"efg"),
+        ("artifacts/img.zst.part-3", b"hi"),
+    ];
+
+    /// The artifact's bytes from `offset`, read through its ranges.
+    fn read_from(bytes: &[u8], a: &Artifact, offset: u64) -> Vec<u8> {
+        a.ranges(offset)
+            .iter()
+            .flat_map(|&(at, len)| bytes[at as usize..(at + len) as usize].to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn a_split_artifact_is_its_parts_in_order() {
+        let bytes = archive(SPLIT);
+        let i = walk(bytes.clone()).unwrap();
+        let a = i.artifact("artifacts/img.zst").unwrap();
+        let names: Vec<&str> = a.segments.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "artifacts/img.zst",
+                "artifacts/img.zst.part-2",
+                "artifacts/img.zst.part-3"
+            ]
+        );
+        assert_eq!(a.size, 9);
+        for offset in 0..=9 {
+            assert_eq!(
+                read_from(&bytes, &a, offset),
+                &b"abcdefghi"[offset as usize..],
+                "resumed at {offset}"
+            );
+        }
+        assert!(a.ranges(9).is_empty());
+        assert!(a.ranges(10).is_empty());
+        assert!(a.ranges(4).iter().all(|&(_, len)| len > 0));
+        let d = i.artifact("artifacts/d.delta").unwrap();
+        assert_eq!((d.segments.len(), d.size), (1, 1));
+        let e = i.artifact("artifacts/img.zst.part-2").unwrap_err();
+        assert!(e.to_string().contains("part 2 of"), "{e}");
+    }
+
+    #[test]
+    fn parts_out_of_order_with_gaps_duplicates_or_empty_are_refused() {
+        let [sw, m, d, p1, p2, p3] = SPLIT else {
+            unreachable!()
+        };
+        let head = |rest: &[(&'static str, &'static [u8])]| {
+            let mut v = vec![*sw, *m];
+            v.extend_from_slice(rest);
+            archive(&v)
+        };
+        refused(head(&[*p1, *p3, *p2]), "does not come right after");
+        refused(head(&[*p1, *p3]), "does not come right after");
+        refused(head(&[*p2, *p1]), "does not come right after");
+        refused(head(&[*p1, *d, *p2, *p3]), "does not come right after");
+        refused(head(&[*p1, *p2, *p2]), "twice");
+        refused(
+            head(&[*p1, ("artifacts/img.zst.part-2", b""), *p3]),
+            "is empty",
+        );
+        refused(head(&[("artifacts/img.zst", b""), *p2]), "is empty");
+        for bad in [
+            "artifacts/img.zst.part-1",
+            "artifacts/img.zst.part-0",
+            "artifacts/img.zst.part-02",
+        ] {
+            refused(head(&[*p1, (bad, b"x")]), "not a part number");
+        }
+        // A part whose size runs past the end of the file.
+        let mut bytes = archive(SPLIT);
+        let i = walk(bytes.clone()).unwrap();
+        let e = i.get("artifacts/img.zst.part-3").unwrap().clone();
+        let header_at = (e.offset as usize) - ((HEADER_LEN + e.name.len() + 1 + 3) & !3);
+        let field = header_at + 6 + 8 * 6;
+        bytes[field..field + 8].copy_from_slice(b"00100000");
+        refused(bytes, "past the bundle's end");
+    }
+
+    /// A bundle of `len` bytes that exists only as its headers: everything
+    /// else reads as zeros. Lets the walk meet offsets past 4 GiB without
+    /// a file that large.
+    struct Sparse {
+        len: u64,
+        chunks: Vec<(u64, Vec<u8>)>,
+    }
+
+    impl ReadAt for Sparse {
+        fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            let end = offset + buf.len() as u64;
+            if end > self.len {
+                bail!(Io, "short read at {offset}");
+            }
+            buf.fill(0);
+            for (at, bytes) in &self.chunks {
+                let c_end = at + bytes.len() as u64;
+                let (from, to) = (offset.max(*at), end.min(c_end));
+                if from < to {
+                    buf[(from - offset) as usize..(to - offset) as usize]
+                        .copy_from_slice(&bytes[(from - at) as usize..(to - at) as usize]);
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn parts_past_4_gib_are_found_at_64_bit_offsets() {
+        let sizes: &[(&str, u64)] = &[
+            ("sw-description", 3),
+            ("manifest.json", 2),
+            ("artifacts/big.zst", MAX_ENTRY_SIZE),
+            ("artifacts/big.zst.part-2", MAX_ENTRY_SIZE),
+            ("artifacts/big.zst.part-3", 5),
+        ];
+        let mut chunks = Vec::new();
+        let mut at = 0u64;
+        for (i, (name, size)) in sizes.iter().enumerate() {
+            let h = header(name, *size as u32, i as u32 + 1);
+            let len = h.len() as u64;
+            chunks.push((at, h));
+            at = (at + len + size + 3) & !3;
+        }
+        chunks.push((at, header(TRAILER, 0, 0)));
+        let len = at + 512;
+        let i = index(&mut Sparse { len, chunks }, len).unwrap();
+        let a = i.artifact("artifacts/big.zst").unwrap();
+        assert_eq!(a.size, 2 * MAX_ENTRY_SIZE + 5);
+        let last = &a.segments[2];
+        assert!(last.offset > 2 * MAX_ENTRY_SIZE, "{last:?}");
+        let from = MAX_ENTRY_SIZE + 7;
+        let r = a.ranges(from);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0], (a.segments[1].offset + 7, MAX_ENTRY_SIZE - 7));
+        assert_eq!(r[1], (last.offset, 5));
+        assert_eq!(a.ranges(2 * MAX_ENTRY_SIZE + 4), vec![(last.offset + 4, 1)]);
     }
 }

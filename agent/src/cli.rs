@@ -93,9 +93,11 @@ pub const PROGRAM: Program = Program {
         },
         help::Command {
             name: "install",
-            summary: "install from a manifest URL or a local manifest.json",
+            summary: "install from a manifest or a release bundle, local or over HTTPS",
             usage: "updraft [--config FILE] install MANIFEST_URL_OR_PATH",
-            about: "Hands the job to the daemon and follows it; without a daemon, installs\n\
+            about: "MANIFEST_URL_OR_PATH: a manifest URL or manifest.json; a bundle (a path or\n\
+                    an https URL ending in .updraft, or bundle+URL for any bundle URL).\n\
+                    Hands the job to the daemon and follows it; without a daemon, installs\n\
                     in this process and stops before the reboot. Ignores the staged\n\
                     rollout and installs a release that was rolled back before.",
             options: &[],
@@ -103,6 +105,8 @@ pub const PROGRAM: Program = Program {
             examples: &[
                 "updraft install /media/usb/site/manifest.json",
                 "updraft install https://updates.example.com/stable/manifest.json",
+                "updraft install /media/usb/release-1.1.updraft",
+                "updraft install https://updates.example.com/releases/release-1.1.updraft",
             ],
         },
         help::Command {
@@ -509,10 +513,14 @@ fn follow_install(path: &std::path::Path, reply: control::Reply) -> Result<()> {
 }
 
 fn install(cfg: Config, manifest: &str) -> Result<()> {
-    // A local manifest is named by its absolute path: the daemon (or a
-    // resumed job) does not share this process's working directory.
+    // A local manifest or bundle is named by its absolute path: the daemon
+    // (or a resumed job) does not share this process's working directory.
     let absolute;
-    let manifest = if manifest.contains("://") {
+    let given = Origin::parse(manifest, &[]);
+    if let Some(problem) = given.problem() {
+        bail!(Usage, "{problem}");
+    }
+    let manifest = if given.is_remote() {
         manifest
     } else {
         absolute = std::fs::canonicalize(manifest)

@@ -1,6 +1,8 @@
 //! Where a release comes from: a local directory (USB stick, offline
 //! install), a bundle file (the same directory in one cpio archive, see
-//! [`crate::bundle`]) or a server with mirrors.
+//! [`crate::bundle`]) on this machine or on a web server, a server with
+//! mirrors, or a list of links (each file of the release at a URL of its
+//! own, as a fleet server hands them out).
 //!
 //! The publisher writes a directory (`manifest.json`, `keys/N.json`,
 //! `artifacts/…`); a [`Source`] reads that layout from wherever it is, so the
@@ -8,23 +10,46 @@
 //! HTTPS. For servers it tries the primary and then each mirror in order when
 //! one fails, and prefers the last one that worked next time. A local
 //! artifact whose file size differs from the signed size is refused before a
-//! byte is read.
+//! byte is read. A bundle is walked anew for each request ([`Source::open`],
+//! [`Source::manifest`], [`Source::key_document`]); a remote one through
+//! bounded Range requests with a read-ahead buffer, so the walk, the manifest
+//! and the key documents cost one request, plus one for each header that
+//! lies beyond it (after a large artifact or part). An artifact split into
+//! parts reads as one stream from any offset, from a file or by Range alike.
 //!
 //! This module moves bytes; it never verifies signatures or hashes.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::bundle::{self, Entry, Index};
+use serde::{Deserialize, Serialize};
+
+use crate::bundle::{self, Artifact, Entry, Index, ReadAt};
 use crate::error::{Context, Error, Kind, Result};
-use crate::fetch::{Fetched, Fetcher, join, split_url};
+use crate::fetch::{Fetched, Fetcher, RangeInfo, Ranged, join, split_url};
+use crate::hash::truncate;
 use crate::manifest::MAX_MANIFEST_BYTES;
 use crate::trust::MAX_KEY_DOCUMENT_BYTES;
 use crate::{bail, err};
 
 /// The file name ending that makes an install argument a bundle.
 pub const BUNDLE_SUFFIX: &str = ".updraft";
+/// Marks an http(s) URL as a bundle whatever its path ends in (a fleet
+/// server's download link): `bundle+https://…`.
+pub const BUNDLE_URL_PREFIX: &str = "bundle+";
+/// Marks a list of links: `links:` and the JSON of `LinksArg`.
+pub const LINKS_PREFIX: &str = "links:";
+
+/// The first Range request of a remote bundle: its headers, the manifest
+/// and the key documents fit in it unless the manifest is large.
+const HEAD_WINDOW: u64 = 256 * 1024;
+/// A later request for a header (beyond a large entry): the header, its
+/// name and what follows when it is small (the trailer).
+const HOP_WINDOW: u64 = 16 * 1024;
 
 /// Where the release directory is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,14 +63,81 @@ pub enum Origin {
         bases: Vec<String>,
         manifest: String,
     },
+    /// A bundle on a web server, read by Range requests. Mirrors do not
+    /// apply.
+    RemoteBundle { url: String },
+    /// A release directory whose files are at arbitrary URLs: the
+    /// manifest's, and for each relative name the manifest needs
+    /// (`keys/N.json`, `artifacts/…`) the URL it is at. Mirrors do not
+    /// apply.
+    Links {
+        manifest: String,
+        files: BTreeMap<String, String>,
+    },
+    /// A `links:` argument (or stored source) that cannot be read: every
+    /// request through it fails with `problem`.
+    Invalid { arg: String, problem: String },
+}
+
+/// The JSON of a `links:` origin.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LinksArg {
+    manifest: String,
+    files: BTreeMap<String, String>,
+}
+
+/// An http(s) URL.
+fn is_http(arg: &str) -> bool {
+    arg.starts_with("https://") || arg.starts_with("http://")
+}
+
+/// The path of an http(s) URL, without query and fragment.
+fn url_path(url: &str) -> &str {
+    let after_scheme = url.find("://").map(|i| i + 3).unwrap_or(0);
+    let rest = &url[after_scheme..];
+    let rest = rest.split(['?', '#']).next().unwrap_or(rest);
+    rest.find('/').map(|i| &rest[i..]).unwrap_or("")
 }
 
 impl Origin {
-    /// From a command-line argument or a stored job: an `http(s)://` URL,
-    /// a path to a bundle (ending in [`BUNDLE_SUFFIX`]) or a path to a
-    /// manifest file.
+    /// From a command-line argument or a stored job:
+    /// * `links:{"manifest":URL,"files":{NAME:URL,…}}`: [`Origin::Links`];
+    /// * `bundle+URL`, or an `http(s)://` URL whose path ends in
+    ///   [`BUNDLE_SUFFIX`] (a query may follow): [`Origin::RemoteBundle`];
+    /// * any other `http(s)://` URL: a manifest on a server, with `mirrors`;
+    /// * a path ending in [`BUNDLE_SUFFIX`]: a bundle file;
+    /// * any other path: a manifest file.
+    ///
+    /// `Origin::parse(&o.to_arg(), mirrors) == o` for every origin (the
+    /// mirrors of a remote one being `mirrors`).
     pub fn parse(arg: &str, mirrors: &[String]) -> Origin {
-        if arg.starts_with("https://") || arg.starts_with("http://") {
+        if let Some(json) = arg.strip_prefix(LINKS_PREFIX) {
+            return match serde_json::from_str::<LinksArg>(json) {
+                Ok(l) => Origin::Links {
+                    manifest: l.manifest,
+                    files: l.files,
+                },
+                Err(e) => Origin::Invalid {
+                    arg: arg.to_string(),
+                    problem: format!(
+                        "{} is not a list of links ({LINKS_PREFIX}{{\"manifest\":URL,\"files\":{{NAME:URL,…}}}}): {e}",
+                        truncate(arg, 200)
+                    ),
+                },
+            };
+        }
+        if let Some(url) = arg.strip_prefix(BUNDLE_URL_PREFIX) {
+            return Origin::RemoteBundle {
+                url: url.to_string(),
+            };
+        }
+        if is_http(arg) {
+            if url_path(arg).ends_with(BUNDLE_SUFFIX) {
+                return Origin::RemoteBundle {
+                    url: arg.to_string(),
+                };
+            }
             let (base, name) = split_url(arg);
             let mut bases = vec![base];
             for m in mirrors {
@@ -90,11 +182,41 @@ impl Origin {
             Origin::Local { manifest, .. } => manifest.display().to_string(),
             Origin::Bundle { path } => path.display().to_string(),
             Origin::Remote { bases, manifest } => join(&bases[0], manifest),
+            Origin::RemoteBundle { url } => {
+                if is_http(url) && url_path(url).ends_with(BUNDLE_SUFFIX) {
+                    url.clone()
+                } else {
+                    format!("{BUNDLE_URL_PREFIX}{url}")
+                }
+            }
+            Origin::Links { manifest, files } => {
+                let links = LinksArg {
+                    manifest: manifest.clone(),
+                    files: files.clone(),
+                };
+                // Strings and a map of strings always encode.
+                let json = serde_json::to_string(&links).unwrap_or_default();
+                format!("{LINKS_PREFIX}{json}")
+            }
+            Origin::Invalid { arg, .. } => arg.clone(),
         }
     }
 
+    /// True when reading the release needs the network (and a
+    /// [`Fetcher`]).
     pub fn is_remote(&self) -> bool {
-        matches!(self, Origin::Remote { .. })
+        matches!(
+            self,
+            Origin::Remote { .. } | Origin::RemoteBundle { .. } | Origin::Links { .. }
+        )
+    }
+
+    /// Why this origin cannot be read, for an argument refused up front.
+    pub fn problem(&self) -> Option<&str> {
+        match self {
+            Origin::Invalid { problem, .. } => Some(problem),
+            _ => None,
+        }
     }
 }
 
@@ -123,7 +245,14 @@ impl Source {
     }
 
     pub fn describe(&self) -> String {
-        self.origin.to_arg()
+        match &self.origin {
+            Origin::Links { manifest, files } => format!(
+                "the manifest at {} and {} linked file(s)",
+                truncate(manifest, 200),
+                files.len()
+            ),
+            o => truncate(&o.to_arg(), 300).to_string(),
+        }
     }
 
     fn fetcher(&self) -> Result<Fetcher> {
@@ -184,7 +313,8 @@ impl Source {
         Err(e)
     }
 
-    /// The manifest bytes; `etag` makes the request conditional.
+    /// The manifest bytes; `etag` makes the request conditional (for a
+    /// remote bundle, on the bundle's ETag).
     pub fn manifest(&mut self, etag: Option<&str>) -> Result<Fetched> {
         match &self.origin {
             Origin::Local { manifest, .. } => {
@@ -193,7 +323,7 @@ impl Source {
             }
             Origin::Bundle { path } => {
                 let (mut f, index) = open_bundle(path)?;
-                read_entry(&mut f, path, index.manifest())
+                read_entry(&mut f, &path.display().to_string(), index.manifest())
                     .map(|bytes| Fetched::Body { bytes, etag: None })
             }
             Origin::Remote { manifest, .. } => {
@@ -203,6 +333,22 @@ impl Source {
                     fetcher.get_small(&join(base, &name), MAX_MANIFEST_BYTES as u64, etag)
                 })
             }
+            Origin::RemoteBundle { url } => {
+                let Some(mut b) = HttpBundle::open(self.fetcher()?, url, etag)? else {
+                    return Ok(Fetched::NotModified);
+                };
+                let index = b.index()?;
+                let bytes = read_entry(&mut b, &url_name(url), index.manifest())?;
+                Ok(Fetched::Body {
+                    bytes,
+                    etag: b.info.etag.clone(),
+                })
+            }
+            Origin::Links { manifest, .. } => {
+                self.fetcher()?
+                    .get_small(manifest, MAX_MANIFEST_BYTES as u64, etag)
+            }
+            Origin::Invalid { problem, .. } => bail!(Malformed, "{problem}"),
         }
     }
 
@@ -217,14 +363,8 @@ impl Source {
             ),
             Origin::Bundle { path } => {
                 let (mut f, index) = open_bundle(path)?;
-                let entry = index.get(&rel).ok_or_else(|| {
-                    err!(
-                        Malformed,
-                        "bundle {} holds no {rel} that the manifest needs",
-                        path.display()
-                    )
-                })?;
-                read_entry(&mut f, path, entry)
+                let what = path.display().to_string();
+                read_entry(&mut f, &what, key_entry(&index, &rel, &what)?)
             }
             Origin::Remote { .. } => {
                 let fetcher = self.fetcher()?;
@@ -235,6 +375,25 @@ impl Source {
                     Fetched::NotModified => bail!(Network, "{rel}: unexpected 304"),
                 }
             }
+            Origin::RemoteBundle { url } => {
+                let Some(mut b) = HttpBundle::open(self.fetcher()?, url, None)? else {
+                    bail!(Network, "{rel}: unexpected 304");
+                };
+                let index = b.index()?;
+                let what = url_name(url);
+                read_entry(&mut b, &what, key_entry(&index, &rel, &what)?)
+            }
+            Origin::Links { files, .. } => {
+                let url = link(files, &rel)?;
+                match self
+                    .fetcher()?
+                    .get_small(&url, MAX_KEY_DOCUMENT_BYTES as u64, None)?
+                {
+                    Fetched::Body { bytes, .. } => Ok(bytes),
+                    Fetched::NotModified => bail!(Network, "{rel}: unexpected 304"),
+                }
+            }
+            Origin::Invalid { problem, .. } => bail!(Malformed, "{problem}"),
         }
     }
 
@@ -251,7 +410,7 @@ impl Source {
                 } else {
                     dir.join(rel)
                 };
-                let mut f =
+                let f =
                     File::open(&path).map_err(|e| err!(Io, "opening {}: {e}", path.display()))?;
                 let len = f
                     .metadata()
@@ -260,22 +419,22 @@ impl Source {
                 if len != total {
                     return Err(unsigned_size(&path.display().to_string(), len, total));
                 }
-                f.seek(SeekFrom::Start(offset))
-                    .map_err(|e| err!(Io, "seeking {}: {e}", path.display()))?;
-                Ok(Box::new(f.take(total - offset)))
+                past_the_end(offset, total)?;
+                Ok(Box::new(FileRange::new(
+                    Arc::new(f),
+                    offset,
+                    total - offset,
+                )))
             }
             Origin::Bundle { path } => {
-                let (mut f, index) = open_bundle(path)?;
-                let entry = index
-                    .artifact(rel)
-                    .with_context(|| format!("bundle {}", path.display()))?;
-                if entry.size != total {
-                    let what = format!("{rel} in bundle {}", path.display());
-                    return Err(unsigned_size(&what, entry.size, total));
-                }
-                f.seek(SeekFrom::Start(entry.offset + offset))
-                    .map_err(|e| err!(Io, "seeking {}: {e}", path.display()))?;
-                Ok(Box::new(f.take(total - offset)))
+                let (f, index) = open_bundle(path)?;
+                let what = format!("bundle {}", path.display());
+                let artifact = bundle_artifact(&index, rel, total, &what)?;
+                past_the_end(offset, total)?;
+                let file = Arc::new(f);
+                chain(artifact.ranges(offset), what, move |start, len| {
+                    Ok(Box::new(FileRange::new(file.clone(), start, len)))
+                })
             }
             Origin::Remote { .. } => {
                 let fetcher = self.fetcher()?;
@@ -283,6 +442,32 @@ impl Source {
                 let dl = self.each_base(|base| fetcher.open(&join(base, &rel), offset, total))?;
                 Ok(Box::new(dl))
             }
+            Origin::RemoteBundle { url } => {
+                let fetcher = self.fetcher()?;
+                let Some(mut b) = HttpBundle::open(fetcher.clone(), url, None)? else {
+                    bail!(Network, "{}: unexpected 304", url_name(url));
+                };
+                let index = b.index()?;
+                let what = url_name(url);
+                let artifact = bundle_artifact(&index, rel, total, &what)?;
+                past_the_end(offset, total)?;
+                let url = url.clone();
+                let first = b.info;
+                chain(artifact.ranges(offset), what, move |start, len| {
+                    let (dl, info) = fetcher.open_range(&url, start, len)?;
+                    same_bundle(&url, &first, &info)?;
+                    Ok(Box::new(dl))
+                })
+            }
+            Origin::Links { files, .. } => {
+                let url = if !files.contains_key(rel) && rel.contains("://") {
+                    rel.to_string()
+                } else {
+                    link(files, rel)?
+                };
+                Ok(Box::new(self.fetcher()?.open(&url, offset, total)?))
+            }
+            Origin::Invalid { problem, .. } => bail!(Malformed, "{problem}"),
         }
     }
 }
@@ -296,6 +481,65 @@ fn unsigned_size(what: &str, len: u64, total: u64) -> Error {
     )
 }
 
+/// A resume offset must lie within the signed size.
+fn past_the_end(offset: u64, total: u64) -> Result<()> {
+    if offset > total {
+        bail!(
+            Integrity,
+            "resume offset {offset} is past the signed size {total}"
+        );
+    }
+    Ok(())
+}
+
+/// The artifact `rel` of a bundle's `index`, whose parts must add up to
+/// the signed size `total`.
+fn bundle_artifact(index: &Index, rel: &str, total: u64, what: &str) -> Result<Artifact> {
+    let artifact = index.artifact(rel).with_context(|| what.to_string())?;
+    if artifact.size != total {
+        let parts = artifact.segments.len();
+        let name = if parts > 1 {
+            format!("{rel} in {what} ({parts} parts)")
+        } else {
+            format!("{rel} in {what}")
+        };
+        return Err(unsigned_size(&name, artifact.size, total));
+    }
+    Ok(artifact)
+}
+
+/// The key document entry `rel` of a bundle.
+fn key_entry<'a>(index: &'a Index, rel: &str, what: &str) -> Result<&'a Entry> {
+    index.get(rel).ok_or_else(|| {
+        err!(
+            Malformed,
+            "bundle {what} holds no {rel} that the manifest needs"
+        )
+    })
+}
+
+/// The URL a list of links gives for `name`.
+fn link(files: &BTreeMap<String, String>, name: &str) -> Result<String> {
+    files.get(name).cloned().ok_or_else(|| {
+        let known: Vec<&str> = files.keys().map(String::as_str).take(20).collect();
+        err!(
+            Malformed,
+            "the release's links name no URL for {name:?}, which the manifest needs (links \
+             given: {})",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        )
+    })
+}
+
+/// A remote bundle as error messages name it.
+fn url_name(url: &str) -> String {
+    truncate(url, 200).to_string()
+}
+
 /// Open a bundle file and walk its headers.
 fn open_bundle(path: &Path) -> Result<(File, Index)> {
     let mut f = File::open(path).map_err(|e| err!(Io, "opening bundle {}: {e}", path.display()))?;
@@ -307,19 +551,14 @@ fn open_bundle(path: &Path) -> Result<(File, Index)> {
     Ok((f, index))
 }
 
-/// The data of a small entry (the index has checked it against its cap).
-fn read_entry(f: &mut File, path: &Path, entry: &Entry) -> Result<Vec<u8>> {
-    let len = usize::try_from(entry.size).map_err(|_| {
-        err!(
-            Malformed,
-            "{} in bundle {} is too large",
-            entry.name,
-            path.display()
-        )
-    })?;
+/// The data of a small entry (the index has checked it against its cap)
+/// of the bundle `what`.
+fn read_entry(r: &mut dyn ReadAt, what: &str, entry: &Entry) -> Result<Vec<u8>> {
+    let len = usize::try_from(entry.size)
+        .map_err(|_| err!(Malformed, "{} in bundle {what} is too large", entry.name))?;
     let mut bytes = vec![0u8; len];
-    bundle::ReadAt::read_exact_at(f, entry.offset, &mut bytes)
-        .with_context(|| format!("{} in bundle {}", entry.name, path.display()))?;
+    r.read_exact_at(entry.offset, &mut bytes)
+        .with_context(|| format!("{} in bundle {what}", entry.name))?;
     Ok(bytes)
 }
 
@@ -340,9 +579,217 @@ fn read_capped(path: &Path, cap: u64, what: &str) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// `len` bytes of a local file from `offset`, read with `pread` (the file
+/// may be shared by the readers of several parts).
+struct FileRange {
+    file: Arc<File>,
+    pos: u64,
+    end: u64,
+}
+
+impl FileRange {
+    fn new(file: Arc<File>, offset: u64, len: u64) -> FileRange {
+        FileRange {
+            file,
+            pos: offset,
+            end: offset.saturating_add(len),
+        }
+    }
+}
+
+impl Read for FileRange {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = (self.end - self.pos).min(buf.len() as u64) as usize;
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..want], self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+/// Opens `len` bytes of a bundle at an absolute offset.
+type Opener = Box<dyn FnMut(u64, u64) -> Result<Box<dyn Read + Send>> + Send>;
+
+/// The byte ranges of an artifact (its parts, from the resume offset) as
+/// one stream: the first range is opened now, so that a refusal keeps its
+/// kind, and each next one when the one before is used up. Each range
+/// yields exactly its length or the stream fails.
+struct Chain {
+    ranges: VecDeque<(u64, u64)>,
+    current: Option<(Box<dyn Read + Send>, u64)>,
+    open: Opener,
+    what: String,
+}
+
+fn chain(
+    ranges: Vec<(u64, u64)>,
+    what: String,
+    open: impl FnMut(u64, u64) -> Result<Box<dyn Read + Send>> + Send + 'static,
+) -> Result<Box<dyn Read + Send>> {
+    let mut c = Chain {
+        ranges: ranges.into(),
+        current: None,
+        open: Box::new(open),
+        what,
+    };
+    if let Some((start, len)) = c.ranges.pop_front() {
+        c.current = Some(((c.open)(start, len)?, len));
+    }
+    Ok(Box::new(c))
+}
+
+impl Read for Chain {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            if let Some((reader, left)) = &mut self.current {
+                if *left > 0 {
+                    let want = (buf.len() as u64).min(*left) as usize;
+                    let n = reader.read(&mut buf[..want])?;
+                    if n == 0 {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("{}: an artifact part ended {left} bytes early", self.what),
+                        ));
+                    }
+                    *left -= n as u64;
+                    return Ok(n);
+                }
+                self.current = None;
+            }
+            let Some((start, len)) = self.ranges.pop_front() else {
+                return Ok(0);
+            };
+            let reader = (self.open)(start, len).map_err(|e| io::Error::other(e.to_string()))?;
+            self.current = Some((reader, len));
+        }
+    }
+}
+
+/// Bytes of a bundle kept from one Range answer.
+struct Window {
+    start: u64,
+    bytes: Vec<u8>,
+}
+
+impl Window {
+    /// `len` bytes at `offset`, when all of them are here.
+    fn get(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let from = usize::try_from(offset.checked_sub(self.start)?).ok()?;
+        self.bytes.get(from..from.checked_add(len)?)
+    }
+}
+
+/// A bundle on a web server, read at offsets by bounded Range requests
+/// through the [`Fetcher`]. The first answer covers [`HEAD_WINDOW`] bytes
+/// (headers, manifest, key documents) and is kept; a read outside it asks
+/// for at least [`HOP_WINDOW`] bytes, kept until the next such read. Every
+/// answer must describe the same file (size, and ETag when given) as the
+/// first: a bundle replaced on the server while it is read is an error.
+struct HttpBundle {
+    fetcher: Fetcher,
+    url: String,
+    info: RangeInfo,
+    head: Window,
+    last: Option<Window>,
+}
+
+impl HttpBundle {
+    /// The first request; `None` when `etag` is given and still current.
+    fn open(fetcher: Fetcher, url: &str, etag: Option<&str>) -> Result<Option<HttpBundle>> {
+        let what = || format!("bundle {}", url_name(url));
+        match fetcher
+            .get_range(url, 0, HEAD_WINDOW, etag)
+            .with_context(what)?
+        {
+            Ranged::NotModified => Ok(None),
+            Ranged::Part { bytes, info } => Ok(Some(HttpBundle {
+                fetcher,
+                url: url.to_string(),
+                info,
+                head: Window { start: 0, bytes },
+                last: None,
+            })),
+        }
+    }
+
+    /// Walk the headers.
+    fn index(&mut self) -> Result<Index> {
+        let len = self.info.total;
+        let url = url_name(&self.url);
+        bundle::index(self, len).with_context(|| format!("bundle {url}"))
+    }
+}
+
+/// An answer for `url` must describe the file the first one did.
+fn same_bundle(url: &str, first: &RangeInfo, now: &RangeInfo) -> Result<()> {
+    let etags_differ = matches!((&first.etag, &now.etag), (Some(a), Some(b)) if a != b);
+    if first.total != now.total || etags_differ {
+        bail!(
+            Network,
+            "bundle {} changed on the server while it was being read ({} bytes, ETag {}; now \
+             {} bytes, ETag {})",
+            url_name(url),
+            first.total,
+            first.etag.as_deref().unwrap_or("none"),
+            now.total,
+            now.etag.as_deref().unwrap_or("none")
+        );
+    }
+    Ok(())
+}
+
+impl ReadAt for HttpBundle {
+    fn read_exact_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len() as u64;
+        let total = self.info.total;
+        if offset.checked_add(len).is_none_or(|end| end > total) {
+            bail!(
+                Malformed,
+                "reading {len} bytes at offset {offset}: past the bundle's end at byte {total}"
+            );
+        }
+        if buf.is_empty() {
+            return Ok(());
+        }
+        for w in std::iter::once(&self.head).chain(self.last.as_ref()) {
+            if let Some(b) = w.get(offset, buf.len()) {
+                buf.copy_from_slice(b);
+                return Ok(());
+            }
+        }
+        let want = len.max(HOP_WINDOW).min(total - offset);
+        let (bytes, info) = match self.fetcher.get_range(&self.url, offset, want, None)? {
+            Ranged::Part { bytes, info } => (bytes, info),
+            Ranged::NotModified => bail!(Network, "{}: unexpected 304", url_name(&self.url)),
+        };
+        same_bundle(&self.url, &self.info, &info)?;
+        let w = Window {
+            start: offset,
+            bytes,
+        };
+        let got = w.get(offset, buf.len()).ok_or_else(|| {
+            err!(
+                Network,
+                "{}: the answer for bytes from {offset} holds fewer than {len}",
+                url_name(&self.url)
+            )
+        })?;
+        buf.copy_from_slice(got);
+        self.last = Some(w);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bundle::{MAX_ENTRY_SIZE, TRAILER, data_padding, header};
+    use crate::test_support::scratch_dir;
 
     #[test]
     fn origins_round_trip() {
@@ -361,5 +808,209 @@ mod tests {
         let l = Origin::parse("/media/usb/release/manifest.json", &[]);
         assert_eq!(l.to_arg(), "/media/usb/release/manifest.json");
         assert!(!l.is_remote());
+    }
+
+    #[test]
+    fn every_origin_reads_back_from_its_argument() {
+        let mirrors = vec!["https://m/stable/".to_string()];
+        let files: BTreeMap<String, String> = [
+            ("keys/1.json", "https://fleet/dl/7?name=keys%2F1.json"),
+            ("artifacts/ab.zst", "https://cdn.example/x/\"q\",y z"),
+        ]
+        .into_iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        let origins = [
+            Origin::parse("/media/usb/release/manifest.json", &[]),
+            Origin::parse("/media/usb/release-1.1.updraft", &[]),
+            Origin::parse("https://h/stable/manifest.json", &mirrors),
+            Origin::RemoteBundle {
+                url: "https://h/r/release-1.1.updraft".into(),
+            },
+            Origin::RemoteBundle {
+                url: "https://h/r/release-1.1.updraft?token=a&b=c".into(),
+            },
+            Origin::RemoteBundle {
+                url: "https://fleet/download/1234".into(),
+            },
+            Origin::RemoteBundle {
+                url: "https://fleet/download/x.updraft/more".into(),
+            },
+            Origin::Links {
+                manifest: "https://fleet/dl/1?name=manifest.json".into(),
+                files,
+            },
+            Origin::Links {
+                manifest: "https://fleet/m".into(),
+                files: BTreeMap::new(),
+            },
+            Origin::parse("links:{not json", &[]),
+        ];
+        for o in origins {
+            let arg = o.to_arg();
+            assert_eq!(Origin::parse(&arg, &mirrors), o, "{arg}");
+        }
+    }
+
+    #[test]
+    fn bundle_urls_are_told_apart_by_their_path() {
+        let remote = |arg: &str| match Origin::parse(arg, &[]) {
+            Origin::RemoteBundle { url } => Some(url),
+            _ => None,
+        };
+        assert_eq!(
+            remote("https://h/a/release.updraft").as_deref(),
+            Some("https://h/a/release.updraft")
+        );
+        assert!(remote("https://h/a/release.updraft?sig=1#f").is_some());
+        assert!(remote("http://h/a/release.updraft").is_some());
+        assert_eq!(
+            remote("bundle+https://fleet/dl/9").as_deref(),
+            Some("https://fleet/dl/9")
+        );
+        assert_eq!(
+            Origin::parse("bundle+https://fleet/dl/9", &[]).to_arg(),
+            "bundle+https://fleet/dl/9"
+        );
+        assert!(remote("https://h/a/manifest.json").is_none());
+        assert!(remote("https://h/a/manifest.json?x=.updraft").is_none());
+        assert!(remote("https://h.updraft").is_none());
+        assert!(Origin::parse("https://h/r.updraft", &[]).is_remote());
+        assert!(!Origin::parse("/media/usb/r.updraft", &[]).is_remote());
+    }
+
+    #[test]
+    fn a_broken_list_of_links_fails_every_request_with_its_problem() {
+        let o = Origin::parse("links:{\"manifest\":\"https://x\"}", &[]);
+        let problem = o.problem().expect("refused").to_string();
+        assert!(problem.contains("files"), "{problem}");
+        assert!(!o.is_remote());
+        let mut s = Source::new(o, None, 0);
+        let e = s.manifest(None).unwrap_err();
+        assert_eq!(e.kind(), Kind::Malformed);
+        assert!(s.open("artifacts/x", 0, 1).is_err());
+        assert!(s.key_document(1).is_err());
+    }
+
+    #[test]
+    fn a_missing_link_is_named() {
+        let mut s = Source::new(
+            Origin::Links {
+                manifest: "https://fleet/m".into(),
+                files: BTreeMap::new(),
+            },
+            None,
+            0,
+        );
+        let e = s.open("artifacts/ab.zst", 0, 10).err().unwrap();
+        assert!(e.to_string().contains("\"artifacts/ab.zst\""), "{e}");
+        let e = s.key_document(3).unwrap_err();
+        assert!(e.to_string().contains("keys/3.json"), "{e}");
+    }
+
+    /// Write a bundle of `entries` (name, bytes) to `path`.
+    fn write_bundle(path: &Path, entries: &[(&str, &[u8])]) {
+        let mut out = Vec::new();
+        for (i, (name, data)) in entries.iter().enumerate() {
+            out.extend(header(name, data.len() as u32, i as u32 + 1));
+            out.extend_from_slice(data);
+            out.extend(std::iter::repeat_n(0, data_padding(data.len() as u64)));
+        }
+        out.extend(header(TRAILER, 0, 0));
+        std::fs::write(path, out).unwrap();
+    }
+
+    fn read_all(mut r: Box<dyn Read + Send>) -> io::Result<Vec<u8>> {
+        let mut v = Vec::new();
+        r.read_to_end(&mut v)?;
+        Ok(v)
+    }
+
+    #[test]
+    fn a_split_artifact_reads_across_its_parts_from_any_offset() {
+        let dir = scratch_dir("source", "split");
+        let path = dir.join("r.updraft");
+        write_bundle(
+            &path,
+            &[
+                ("sw-description", b"x"),
+                ("manifest.json", b"{}"),
+                ("keys/1.json", b"{\"k\":1}"),
+                ("artifacts/a.zst", b"01234"),
+                ("artifacts/a.zst.part-2", b"567"),
+                ("artifacts/a.zst.part-3", b"89"),
+            ],
+        );
+        let mut s = Source::new(Origin::Bundle { path: path.clone() }, None, 0);
+        for offset in 0..=10 {
+            let got = read_all(s.open("artifacts/a.zst", offset, 10).unwrap()).unwrap();
+            assert_eq!(got, &b"0123456789"[offset as usize..], "from {offset}");
+        }
+        assert_eq!(s.key_document(1).unwrap(), b"{\"k\":1}");
+        let e = s.open("artifacts/a.zst", 11, 10).err().unwrap();
+        assert_eq!(e.kind(), Kind::Integrity, "{e}");
+        for signed in [9, 11] {
+            let e = s.open("artifacts/a.zst", 0, signed).err().unwrap();
+            assert_eq!(e.kind(), Kind::Integrity, "{e}");
+            assert!(e.to_string().contains("3 parts"), "{e}");
+        }
+        // The file loses its tail after the walk: the stream fails, it
+        // does not end short.
+        let r = s.open("artifacts/a.zst", 0, 10).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let len = f.metadata().unwrap().len();
+        f.set_len(len - 130).unwrap();
+        let e = read_all(r).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+    }
+
+    /// A sparse bundle file past 8 GiB, holding an artifact in three
+    /// parts (two of the largest size an entry holds): what is read at
+    /// any offset, near the 4 GiB lines and at the end, is what was
+    /// written there. Takes a few KiB of disk.
+    #[test]
+    fn parts_past_4_gib_read_at_64_bit_offsets() {
+        let dir = scratch_dir("source", "sparse");
+        let path = dir.join("big.updraft");
+        let mut f = File::create(&path).unwrap();
+        let mut at = 0u64;
+        let put = |f: &mut File, at: &mut u64, bytes: &[u8]| {
+            f.write_all_at(bytes, *at).unwrap();
+            *at += bytes.len() as u64;
+        };
+        put(&mut f, &mut at, &header("sw-description", 0, 1));
+        put(&mut f, &mut at, &header("manifest.json", 2, 2));
+        put(&mut f, &mut at, b"{}\0\0");
+        let sizes = [MAX_ENTRY_SIZE, MAX_ENTRY_SIZE, 6];
+        let mut starts = Vec::new();
+        for (i, size) in sizes.iter().enumerate() {
+            let name = bundle::part_name("artifacts/big.zst", i + 1);
+            put(&mut f, &mut at, &header(&name, *size as u32, 3 + i as u32));
+            starts.push(at);
+            // Each part begins and ends with a mark.
+            f.write_all_at(format!("<{}", i + 1).as_bytes(), at)
+                .unwrap();
+            f.write_all_at(format!("{}>", i + 1).as_bytes(), at + size - 2)
+                .unwrap();
+            at = (at + size + 3) & !3;
+        }
+        put(&mut f, &mut at, &header(TRAILER, 0, 0));
+        f.set_len(at + 100).unwrap();
+        drop(f);
+        let total: u64 = sizes.iter().sum();
+        let mut s = Source::new(Origin::Bundle { path }, None, 0);
+        let read = |s: &mut Source, offset: u64, n: usize| {
+            let mut r = s.open("artifacts/big.zst", offset, total).unwrap();
+            let mut buf = vec![0u8; n];
+            r.read_exact(&mut buf).unwrap();
+            buf
+        };
+        assert_eq!(read(&mut s, 0, 2), b"<1");
+        // Across the end of part 1 (past 4 GiB in the file) into part 2.
+        assert_eq!(read(&mut s, MAX_ENTRY_SIZE - 2, 4), b"1><2");
+        assert_eq!(read(&mut s, 2 * MAX_ENTRY_SIZE - 2, 8), b"2><3\x00\x003>");
+        assert!(starts[2] > 2 * MAX_ENTRY_SIZE);
+        let tail = read_all(s.open("artifacts/big.zst", total - 3, total).unwrap()).unwrap();
+        assert_eq!(tail, b"\x003>");
     }
 }

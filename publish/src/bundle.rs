@@ -3,9 +3,17 @@
 //! The bundle is a cpio "newc" archive whose entries follow the fixed order
 //! the device's walker insists on (`updraft::bundle`): an SWUpdate-style
 //! `sw-description` (so fleet servers that index such files accept it),
-//! the signed `manifest.json`, every key document in `keys/`, then the
-//! framed image and every delta the manifest names, then the trailer,
-//! padded to a 512-byte block as cpio writes it.
+//! the signed `manifest.json`, every key document in `keys/`, then every
+//! delta the manifest names and the framed image (small entries first, so
+//! a device reading the bundle by Range requests finds most headers in its
+//! first answer), then the trailer, padded to a 512-byte block as cpio
+//! writes it.
+//!
+//! An artifact larger than the part size (at most what a newc entry holds,
+//! 4 GiB − 1) is split into parts named `<url>`, `<url>.part-2`, … : the
+//! image at zstd frame boundaries (every part holds whole frames), a delta
+//! anywhere. The manifest is not changed: its signed sizes, hashes and
+//! frame table cover the artifact as the parts put together.
 //!
 //! This module copies bytes; it signs nothing and changes nothing in the
 //! directory. It refuses a manifest that names an artifact by an absolute
@@ -13,20 +21,37 @@
 //! in size from the signed size.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use updraft::bundle::{MANIFEST, SW_DESCRIPTION, TRAILER, data_padding, header};
+use updraft::bundle::{
+    MANIFEST, MAX_ENTRIES, MAX_ENTRY_SIZE, MAX_NAME, SW_DESCRIPTION, TRAILER, continuation,
+    data_padding, header, part_name,
+};
 use updraft::envelope::Envelope;
-use updraft::manifest::Manifest;
+use updraft::manifest::{Frame, Manifest};
 
 use crate::keys::Result;
+
+/// The default part size: the most a newc entry holds (4 GiB − 1).
+pub const DEFAULT_PART_SIZE: u64 = MAX_ENTRY_SIZE;
 
 /// What a bundle holds, for the command's summary.
 pub struct Summary {
     pub version: String,
     pub entries: usize,
     pub bytes: u64,
+    /// The artifacts stored in more than one part, and their part counts.
+    pub split: Vec<(String, usize)>,
+}
+
+/// One entry to write: its name, and the bytes `offset .. offset + len`
+/// of the file `path`.
+struct Piece {
+    name: String,
+    path: PathBuf,
+    offset: u64,
+    len: u64,
 }
 
 /// The `sw-description` of a release: SWUpdate's syntax, read by servers
@@ -52,8 +77,15 @@ pub fn sw_description(m: &Manifest) -> String {
 }
 
 /// Write the release in `dir` (its `manifest.json`, `keys/`, artifacts)
-/// to the bundle `out`.
-pub fn bundle(dir: &Path, out: &Path) -> Result<Summary> {
+/// to the bundle `out`, splitting an artifact larger than `part_size`
+/// bytes (1 to [`MAX_ENTRY_SIZE`]) into parts.
+pub fn bundle(dir: &Path, out: &Path, part_size: u64) -> Result<Summary> {
+    if !(1..=MAX_ENTRY_SIZE).contains(&part_size) {
+        return Err(format!(
+            "the part size {part_size} is not between 1 and {MAX_ENTRY_SIZE} bytes (what a cpio \
+             newc entry holds)"
+        ));
+    }
     let manifest_path = dir.join(MANIFEST);
     let raw = std::fs::read(&manifest_path)
         .map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
@@ -61,13 +93,28 @@ pub fn bundle(dir: &Path, out: &Path) -> Result<Summary> {
     let payload = env.payload_bytes("manifest").map_err(|e| e.to_string())?;
     let m = Manifest::parse(&payload).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
 
-    let mut files: Vec<(String, PathBuf, Option<u64>)> = Vec::new();
+    let mut pieces: Vec<Piece> = Vec::new();
     for (n, path) in key_documents(dir)? {
-        files.push((format!("keys/{n}.json"), path, None));
+        let len = file_len(&path)?;
+        pieces.push(Piece {
+            name: format!("keys/{n}.json"),
+            path,
+            offset: 0,
+            len,
+        });
     }
-    let mut artifacts = vec![(m.artifact.url.as_str(), m.artifact.size)];
-    artifacts.extend(m.deltas.iter().map(|d| (d.url.as_str(), d.size)));
-    for (url, size) in artifacts {
+    let mut artifacts: Vec<(&str, u64, Option<&[Frame]>)> = m
+        .deltas
+        .iter()
+        .map(|d| (d.url.as_str(), d.size, None))
+        .collect();
+    artifacts.push((
+        m.artifact.url.as_str(),
+        m.artifact.size,
+        Some(m.artifact.frames.as_slice()),
+    ));
+    let mut split = Vec::new();
+    for (url, size, frames) in artifacts {
         if url.contains("://") || !url.starts_with("artifacts/") {
             return Err(format!(
                 "the manifest names {url}; a bundle carries its artifacts, so every url must be \
@@ -75,11 +122,49 @@ pub fn bundle(dir: &Path, out: &Path) -> Result<Summary> {
                 dir.display()
             ));
         }
-        files.push((url.to_string(), dir.join(url), Some(size)));
+        if !matches!(continuation(url), Ok(None)) {
+            return Err(format!(
+                "the manifest names {url}, which ends like the name of an artifact's part \
+                 (.part-N) in a bundle: it cannot be bundled"
+            ));
+        }
+        let path = dir.join(url);
+        let len = file_len(&path)?;
+        if len != size {
+            return Err(format!(
+                "{} is {len} bytes but the manifest signs {size}",
+                path.display()
+            ));
+        }
+        let cuts = cuts(size, part_size, frames).map_err(|e| format!("{url}: {e}"))?;
+        if cuts.len() > 1 {
+            split.push((url.to_string(), cuts.len()));
+        }
+        for (i, (offset, len)) in cuts.into_iter().enumerate() {
+            let name = part_name(url, i + 1);
+            if name.len() > MAX_NAME {
+                return Err(format!(
+                    "the bundle entry name {name} is longer than {MAX_NAME} bytes"
+                ));
+            }
+            pieces.push(Piece {
+                name,
+                path: path.clone(),
+                offset,
+                len,
+            });
+        }
+    }
+    if pieces.len() + 2 > MAX_ENTRIES {
+        return Err(format!(
+            "the bundle would hold {} entries, more than a device accepts ({MAX_ENTRIES}): \
+             raise --part-size",
+            pieces.len() + 2
+        ));
     }
 
     let tmp = out.with_extension(format!("partial.{}", std::process::id()));
-    let result = write(&tmp, &sw_description(&m), &raw, &files);
+    let result = write(&tmp, &sw_description(&m), &raw, &pieces);
     let bytes = match result {
         Ok(b) => b,
         Err(e) => {
@@ -90,9 +175,66 @@ pub fn bundle(dir: &Path, out: &Path) -> Result<Summary> {
     std::fs::rename(&tmp, out).map_err(|e| format!("renaming {}: {e}", tmp.display()))?;
     Ok(Summary {
         version: m.release.version.clone(),
-        entries: files.len() + 2,
+        entries: pieces.len() + 2,
         bytes,
+        split,
     })
+}
+
+fn file_len(path: &Path) -> Result<u64> {
+    Ok(std::fs::metadata(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .len())
+}
+
+/// The parts (`offset`, `len`) an artifact of `size` bytes is stored in,
+/// none larger than `part_size`: one when it fits, else cut at frame
+/// boundaries when `frames` (the signed frame table, tiling the artifact)
+/// is given, or every `part_size` bytes.
+fn cuts(size: u64, part_size: u64, frames: Option<&[Frame]>) -> Result<Vec<(u64, u64)>> {
+    if size <= part_size {
+        return Ok(vec![(0, size)]);
+    }
+    let Some(frames) = frames else {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < size {
+            let len = part_size.min(size - at);
+            out.push((at, len));
+            at += len;
+        }
+        return Ok(out);
+    };
+    let mut out = Vec::new();
+    let (mut start, mut len) = (0u64, 0u64);
+    for (i, f) in frames.iter().enumerate() {
+        if f.offset != start + len {
+            return Err(format!(
+                "frame {i} starts at {}, not where the frame before it ends",
+                f.offset
+            ));
+        }
+        if f.size > part_size {
+            return Err(format!(
+                "frame {i} is {} bytes, more than the part size {part_size}: parts hold whole \
+                 frames",
+                f.size
+            ));
+        }
+        if len + f.size > part_size {
+            out.push((start, len));
+            (start, len) = (f.offset, 0);
+        }
+        len += f.size;
+    }
+    if start + len != size {
+        return Err(format!(
+            "the frames end at {}, the artifact at {size}",
+            start + len
+        ));
+    }
+    out.push((start, len));
+    Ok(out)
 }
 
 /// `keys/N.json` in `dir`, by N.
@@ -120,12 +262,7 @@ fn key_documents(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
-fn write(
-    tmp: &Path,
-    sw_description: &str,
-    manifest: &[u8],
-    files: &[(String, PathBuf, Option<u64>)],
-) -> Result<u64> {
+fn write(tmp: &Path, sw_description: &str, manifest: &[u8], pieces: &[Piece]) -> Result<u64> {
     let f = File::create(tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
     let mut w = Counted {
         inner: BufWriter::new(f),
@@ -141,28 +278,19 @@ fn write(
             .map_err(fail)?;
         ino += 1;
     }
-    for (name, path, signed) in files {
-        let mut src = File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
-        let len = src
-            .metadata()
-            .map_err(|e| format!("{}: {e}", path.display()))?
-            .len();
-        if let Some(size) = signed {
-            if len != *size {
-                return Err(format!(
-                    "{} is {len} bytes but the manifest signs {size}",
-                    path.display()
-                ));
-            }
-        }
-        if len > u64::from(u32::MAX) {
+    for p in pieces {
+        let mut src =
+            File::open(&p.path).map_err(|e| format!("opening {}: {e}", p.path.display()))?;
+        if p.len > MAX_ENTRY_SIZE {
             return Err(format!(
-                "{} is {len} bytes: a cpio newc entry holds at most {} bytes",
-                path.display(),
-                u32::MAX
+                "{} is {} bytes: a cpio newc entry holds at most {MAX_ENTRY_SIZE} bytes",
+                p.path.display(),
+                p.len
             ));
         }
-        w.entry(name, len, ino, &mut src).map_err(fail)?;
+        src.seek(SeekFrom::Start(p.offset))
+            .map_err(|e| format!("seeking {}: {e}", p.path.display()))?;
+        w.entry(&p.name, p.len, ino, &mut src).map_err(fail)?;
         ino += 1;
     }
     w.write_all(&header(TRAILER, 0, 0)).map_err(fail)?;
@@ -210,5 +338,51 @@ impl<W: Write> Write for Counted<W> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use updraft::hash::Sha256;
+
+    fn frames(sizes: &[u64]) -> Vec<Frame> {
+        let mut at = 0;
+        sizes
+            .iter()
+            .map(|&size| {
+                let f = Frame {
+                    offset: at,
+                    size,
+                    out_size: 1,
+                    out_sha256: Sha256::of(b""),
+                };
+                at += size;
+                f
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_image_is_cut_at_frame_boundaries() {
+        let f = frames(&[4, 4, 3, 5, 1]);
+        assert_eq!(cuts(17, 100, Some(&f)).unwrap(), vec![(0, 17)]);
+        assert_eq!(
+            cuts(17, 8, Some(&f)).unwrap(),
+            vec![(0, 8), (8, 8), (16, 1)]
+        );
+        assert_eq!(
+            cuts(17, 5, Some(&f)).unwrap(),
+            vec![(0, 4), (4, 4), (8, 3), (11, 5), (16, 1)]
+        );
+        let e = cuts(17, 4, Some(&f)).unwrap_err();
+        assert!(e.contains("frame 3 is 5 bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_delta_is_cut_anywhere() {
+        assert_eq!(cuts(10, 4, None).unwrap(), vec![(0, 4), (4, 4), (8, 2)]);
+        assert_eq!(cuts(8, 4, None).unwrap(), vec![(0, 4), (4, 4)]);
+        assert_eq!(cuts(0, 4, None).unwrap(), vec![(0, 0)]);
     }
 }

@@ -155,10 +155,11 @@ const PROGRAM: Program = Program {
         Command {
             name: "bundle",
             summary: "write a published release as one file: a cpio bundle a device installs from",
-            usage: "updraft-publish bundle --dir DIR --out FILE.updraft",
+            usage: "updraft-publish bundle --dir DIR --out FILE.updraft [--part-size BYTES]",
             about: "The bundle holds an SWUpdate-style sw-description, DIR/manifest.json, every key \
 document in DIR/keys and the artifacts the manifest names (docs/manifest.md, bundles). \
-Nothing is signed again: the manifest's signatures and hashes cover it.",
+An artifact larger than the part size is stored in several entries (the image cut at frame \
+boundaries). Nothing is signed again: the manifest's signatures and hashes cover it.",
             options: &[
                 opt(
                     "--dir",
@@ -166,6 +167,11 @@ Nothing is signed again: the manifest's signatures and hashes cover it.",
                     "the release directory `release` wrote (required)",
                 ),
                 opt("--out", "FILE.updraft", "the bundle to write (required)"),
+                opt(
+                    "--part-size",
+                    "BYTES",
+                    "largest entry an artifact is stored in, 1 to 4294967295 (the default)",
+                ),
             ],
             words: &[],
             examples: &["updraft-publish bundle --dir site --out release-1.1.updraft"],
@@ -494,7 +500,20 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
         "bundle" => {
             let dir = PathBuf::from(usage(f.required("dir"))?);
             let out = PathBuf::from(usage(f.required("out"))?);
-            let s = bundle::bundle(&dir, &out)?;
+            let part_size = match usage(f.number::<u64>("part-size"))? {
+                None => bundle::DEFAULT_PART_SIZE,
+                Some(n) if (1..=bundle::DEFAULT_PART_SIZE).contains(&n) => n,
+                Some(_) => {
+                    return Err(Failure::Usage(
+                        None,
+                        format!(
+                            "--part-size must be between 1 and {} (bytes)",
+                            bundle::DEFAULT_PART_SIZE
+                        ),
+                    ));
+                }
+            };
+            let s = bundle::bundle(&dir, &out, part_size)?;
             println!(
                 "wrote {}: release {}, {} entries, {} bytes",
                 out.display(),
@@ -502,6 +521,9 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                 s.entries,
                 s.bytes
             );
+            for (url, parts) in &s.split {
+                println!("{url}: {parts} parts");
+            }
         }
         "verify" => {
             let pubs = f

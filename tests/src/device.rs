@@ -84,6 +84,10 @@ pub struct DeviceSpec {
     /// Put the slots, the state directory and the bootloader environment
     /// under this directory (e.g. a power-cut filesystem).
     pub disk: Option<PathBuf>,
+    /// Make the slot files sparse: `slot_size` bytes of which only the
+    /// first MiB is written (with each slot's usual content), for slots
+    /// larger than the test should write or hold in memory.
+    pub sparse_slots: bool,
 }
 
 impl DeviceSpec {
@@ -104,6 +108,7 @@ impl DeviceSpec {
             same_slot_twice: false,
             slot_paths: None,
             disk: None,
+            sparse_slots: false,
         }
     }
 }
@@ -209,14 +214,25 @@ impl Device {
         if let Some(parent) = dev.slot_a.parent() {
             std::fs::create_dir_all(parent).expect("slot directory");
         }
-        let mut a = image_bytes(dev.spec.slot_size as usize, FACTORY_SEED);
-        a.truncate(dev.spec.slot_size as usize);
-        std::fs::write(&dev.slot_a, &a).expect("writing slot A");
+        let make_slot = |path: &Path, seed: u64| {
+            let size = dev.spec.slot_size;
+            if dev.spec.sparse_slots {
+                let head = image_bytes(size.min(1 << 20) as usize, seed);
+                std::fs::write(path, &head).expect("writing a slot");
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .expect("opening a slot");
+                f.set_len(size).expect("sizing a sparse slot");
+            } else {
+                std::fs::write(path, image_bytes(size as usize, seed)).expect("writing a slot");
+            }
+        };
+        make_slot(&dev.slot_a, FACTORY_SEED);
         if dev.spec.same_slot_twice {
             std::os::unix::fs::symlink(&dev.slot_a, &dev.slot_b).expect("linking slot B to A");
         } else {
-            let b = image_bytes(dev.spec.slot_size as usize, 0xB);
-            std::fs::write(&dev.slot_b, &b).expect("writing slot B");
+            make_slot(&dev.slot_b, 0xB);
         }
         std::fs::write(
             &dev.cmdline,
@@ -399,6 +415,31 @@ impl Device {
             SlotName::B => &self.slot_b,
         })
         .expect("reading a slot")
+    }
+
+    /// The sha256 of the first `len` bytes of slot `s`, read in pieces
+    /// (for slots too large to read whole).
+    pub fn slot_sha256(&self, s: SlotName, len: u64) -> Sha256 {
+        use std::io::Read;
+        let path = match s {
+            SlotName::A => &self.slot_a,
+            SlotName::B => &self.slot_b,
+        };
+        let f = std::fs::File::open(path).expect("opening a slot");
+        let mut r = f.take(len);
+        let mut h = updraft::hash::Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut n = 0u64;
+        loop {
+            let got = r.read(&mut buf).expect("reading a slot");
+            if got == 0 {
+                break;
+            }
+            h.update(&buf[..got]);
+            n += got as u64;
+        }
+        assert_eq!(n, len, "slot {s} holds fewer than {len} bytes");
+        h.finish()
     }
 
     /// The slot named on the command line.

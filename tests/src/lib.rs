@@ -9,6 +9,7 @@
 pub mod activity;
 pub mod bin;
 pub mod bootenv;
+pub mod bundle;
 pub mod ca;
 pub mod collector;
 pub mod ddi_server;

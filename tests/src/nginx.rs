@@ -131,6 +131,9 @@ pub struct NginxBuilder<'a> {
     /// Names the main server's certificate is issued for; empty:
     /// [`crate::ca::LOOPBACK_NAMES`].
     tls_names: Vec<String>,
+    /// Path prefixes under which the main server ignores `Range` headers
+    /// (`max_ranges 0`: every answer is the whole file, `200`).
+    without_ranges: Vec<String>,
 }
 
 /// A running nginx; stopped (SIGTERM to its PID) when dropped.
@@ -208,6 +211,7 @@ impl Nginx {
             redirects: Vec::new(),
             client_auth: None,
             tls_names: Vec::new(),
+            without_ranges: Vec::new(),
         }
     }
 
@@ -399,6 +403,14 @@ impl<'a> NginxBuilder<'a> {
         self
     }
 
+    /// Serve the files under `prefix` (a path starting and ending with
+    /// `/`, e.g. `/whole/`) from the document root as a server that does
+    /// not do ranges: every `GET` gets the whole file with `200`.
+    pub fn without_ranges(mut self, prefix: &str) -> Self {
+        self.without_ranges.push(prefix.to_string());
+        self
+    }
+
     /// Proxy requests under `path` (e.g. `/report`) on the main server to
     /// a plain-HTTP server at `upstream` (a [`Collector`](crate::collector::Collector)).
     pub fn report_to(mut self, path: &str, upstream: SocketAddr) -> Self {
@@ -459,6 +471,14 @@ impl<'a> NginxBuilder<'a> {
             check_conf_value("report path", path)?;
             if !path.starts_with('/') {
                 return Err(invalid(format!("report path {path:?} must start with '/'")));
+            }
+        }
+        for p in &self.without_ranges {
+            check_conf_value("path prefix", p)?;
+            if !p.starts_with('/') || !p.ends_with('/') || p.contains(char::is_whitespace) {
+                return Err(invalid(format!(
+                    "path prefix {p:?} must start and end with '/', without spaces"
+                )));
             }
         }
         for h in &self.log_headers {
@@ -659,6 +679,9 @@ impl<'a> NginxBuilder<'a> {
             }
         }
         let _ = writeln!(c, "    location / {{ }}");
+        for p in &self.without_ranges {
+            let _ = writeln!(c, "    location {p} {{ max_ranges 0; }}");
+        }
         for (path, target) in &self.redirects {
             let _ = writeln!(c, "    location = {path} {{ return 302 \"{target}\"; }}");
         }

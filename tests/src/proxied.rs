@@ -76,11 +76,17 @@ impl ProxiedServer {
     /// The spec [`ProxiedServer::device`] uses, for a test to change before
     /// it makes the device.
     pub fn device_spec(&self, poll: &str, extra: &str) -> DeviceSpec {
+        self.device_spec_at(&self.manifest_url(), poll, extra)
+    }
+
+    /// As [`ProxiedServer::device_spec`], polling `manifest_url` (e.g. a
+    /// bundle's URL through the proxy) instead of the manifest.
+    pub fn device_spec_at(&self, manifest_url: &str, poll: &str, extra: &str) -> DeviceSpec {
         let mut spec = DeviceSpec::simple(&self.key);
         spec.server = format!(
             "{}stall_timeout = \"5s\"\nconnect_timeout = \"5s\"\n{extra}",
             self.server
-                .server_toml_at(&self.manifest_url(), poll, "1s")
+                .server_toml_at(manifest_url, poll, "1s")
                 .replace("retry_max = \"5s\"\n", "retry_max = \"3s\"\n")
         );
         spec

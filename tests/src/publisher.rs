@@ -152,6 +152,20 @@ impl Repo {
         publish_ok(&args)
     }
 
+    /// `updraft-publish bundle` of this directory into `out`; `extra` adds
+    /// flags (`--part-size`). Returns the publisher's output.
+    pub fn bundle(&self, out: &Path, extra: &[&str]) -> String {
+        let mut args = vec![
+            "bundle",
+            "--dir",
+            self.dir.to_str().expect("utf-8 path"),
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ];
+        args.extend_from_slice(extra);
+        publish_ok(&args)
+    }
+
     /// `updraft-publish keys` into this directory.
     pub fn key_document(
         &self,
