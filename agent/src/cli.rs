@@ -556,7 +556,7 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
         }
     };
     match outcome {
-        CheckOutcome::NoChange(why) => {
+        CheckOutcome::NoChange(why) | CheckOutcome::Running(why) | CheckOutcome::Declined(why) => {
             println!("no change: {why}");
             Ok(())
         }
@@ -848,6 +848,31 @@ pub(crate) fn render_status(st: &Status, now: Timestamp) -> String {
             "job:",
             format!("release {} -> slot {} ({how})", j.version, j.target),
         );
+        if let Some(a) = &j.ddi {
+            let mut v = format!("DDI action {}", a.id);
+            for (what, h) in [("download", a.download), ("update", a.update)] {
+                if h != crate::ddi::Handling::Attempt {
+                    v.push_str(&format!(
+                        ", {what} {}",
+                        match h {
+                            crate::ddi::Handling::Skip => "skip",
+                            crate::ddi::Handling::Forced => "forced",
+                            crate::ddi::Handling::Attempt => "attempt",
+                        }
+                    ));
+                }
+            }
+            match a.maintenance_window {
+                Some(crate::ddi::MaintenanceWindow::Available) => {
+                    v.push_str(", maintenance window open")
+                }
+                Some(crate::ddi::MaintenanceWindow::Unavailable) => {
+                    v.push_str(", maintenance window closed")
+                }
+                None => {}
+            }
+            line("assigned by:", v);
+        }
         if let Some(r) = &j.reason {
             line("reason:", r.clone());
         }

@@ -36,6 +36,9 @@ pub struct Config {
 
 #[derive(Debug, Clone)]
 pub struct Server {
+    /// What the daemon polls: a directory of static files
+    /// (`manifest_url`), or a hawkBit DDI server (`ddi_url`).
+    pub kind: ServerKind,
     /// Where the signed manifest is polled. Empty: the daemon never polls
     /// (local installs only).
     pub manifest_url: String,
@@ -74,11 +77,66 @@ pub struct Server {
     /// PEM client certificate chain and key, for servers that want mTLS.
     pub client_cert: Option<PathBuf>,
     pub client_key: Option<PathBuf>,
-    /// File holding a bearer token sent as `Authorization: Bearer …`.
+    /// File holding a bearer token sent as `Authorization: Bearer …`
+    /// (`kind = "hawkbit"`: the DDI token, see [`Server::ddi_auth`]).
     pub token_file: Option<PathBuf>,
     /// Development only: allow plain `http://` URLs.
     pub insecure_allow_http: bool,
+    /// `kind = "hawkbit"`: the DDI server's base URL (scheme, host, port
+    /// and any path prefix before `/{tenant}/controller/v1/…`).
+    pub ddi_url: String,
+    /// `kind = "hawkbit"`: the tenant in the DDI paths.
+    pub tenant: String,
+    /// `kind = "hawkbit"`: this device's controller id; empty: the device
+    /// id.
+    pub controller_id: String,
+    /// `kind = "hawkbit"`: how the device authenticates to the DDI server.
+    pub ddi_auth: DdiAuth,
+    /// `kind = "hawkbit"`: the bounds the server's `polling.sleep` is
+    /// clamped to (a server cannot make a fleet poll more often, nor stay
+    /// away longer).
+    pub ddi_sleep_min: Dur,
+    pub ddi_sleep_max: Dur,
 }
+
+/// What the daemon polls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    /// A directory of static files: `manifest.json`, key documents,
+    /// artifacts (any web server, object store or CDN).
+    Static,
+    /// A hawkBit DDI server (Eclipse hawkBit, gooseBit): it assigns
+    /// releases; the signed manifest still decides what is installed.
+    Hawkbit,
+}
+
+/// How a device authenticates to a DDI server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DdiAuth {
+    /// `Authorization: TargetToken <token>`: the device's own token.
+    TargetToken,
+    /// `Authorization: GatewayToken <token>`: the tenant's gateway token.
+    GatewayToken,
+    /// No header: the server identifies the device by its TLS client
+    /// certificate (`client_cert`, `client_key`), or not at all.
+    None,
+}
+
+impl DdiAuth {
+    /// The scheme of the `Authorization` header, if one is sent.
+    pub fn scheme(self) -> Option<&'static str> {
+        match self {
+            DdiAuth::TargetToken => Some("TargetToken"),
+            DdiAuth::GatewayToken => Some("GatewayToken"),
+            DdiAuth::None => None,
+        }
+    }
+}
+
+/// The token file of a DDI device when `server.token_file` is not set:
+/// on the data partition, because a per-device token cannot live in the
+/// image both slots are written from.
+pub const DDI_TOKEN_FILE: &str = "ddi-token";
 
 /// The channel a device follows when its configuration names none.
 pub const DEFAULT_CHANNEL: &str = "stable";
@@ -119,6 +177,7 @@ impl Server {
 impl Default for Server {
     fn default() -> Self {
         Server {
+            kind: ServerKind::Static,
             manifest_url: String::new(),
             channel: DEFAULT_CHANNEL.into(),
             ca_file: None,
@@ -139,11 +198,23 @@ impl Default for Server {
             client_key: None,
             token_file: None,
             insecure_allow_http: false,
+            ddi_url: String::new(),
+            tenant: "DEFAULT".into(),
+            controller_id: String::new(),
+            ddi_auth: DdiAuth::TargetToken,
+            ddi_sleep_min: Dur(crate::ddi::MIN_SLEEP),
+            ddi_sleep_max: Dur(crate::ddi::MAX_SLEEP),
         }
     }
 }
 
 impl Server {
+    /// A DDI server's `polling.sleep` within `ddi_sleep_min` and
+    /// `ddi_sleep_max`.
+    pub fn clamp_sleep(&self, d: Duration) -> Duration {
+        d.clamp(self.ddi_sleep_min.0, self.ddi_sleep_max.0)
+    }
+
     /// Jitter window: configured, else a quarter of the poll interval.
     pub fn jitter(&self) -> Duration {
         match self.poll_jitter {
@@ -491,6 +562,15 @@ impl Config {
         let mut s = section("server");
         let d = Server::default();
         let server = Server {
+            kind: s
+                .choice(
+                    "kind",
+                    &[
+                        ("static", ServerKind::Static),
+                        ("hawkbit", ServerKind::Hawkbit),
+                    ],
+                )?
+                .unwrap_or(d.kind),
             manifest_url: s.string("manifest_url")?.unwrap_or(d.manifest_url),
             channel: s.string("channel")?.unwrap_or(d.channel),
             ca_file: s.path("ca_file")?,
@@ -519,6 +599,21 @@ impl Config {
             insecure_allow_http: s
                 .boolean("insecure_allow_http")?
                 .unwrap_or(d.insecure_allow_http),
+            ddi_url: s.string("ddi_url")?.unwrap_or(d.ddi_url),
+            tenant: s.string("tenant")?.unwrap_or(d.tenant),
+            controller_id: s.string("controller_id")?.unwrap_or(d.controller_id),
+            ddi_auth: s
+                .choice(
+                    "ddi_auth",
+                    &[
+                        ("target_token", DdiAuth::TargetToken),
+                        ("gateway_token", DdiAuth::GatewayToken),
+                        ("none", DdiAuth::None),
+                    ],
+                )?
+                .unwrap_or(d.ddi_auth),
+            ddi_sleep_min: s.duration("ddi_sleep_min")?.unwrap_or(d.ddi_sleep_min),
+            ddi_sleep_max: s.duration("ddi_sleep_max")?.unwrap_or(d.ddi_sleep_max),
         };
         s.finish()?;
 
@@ -651,6 +746,13 @@ impl Config {
         }
         s.finish()?;
 
+        let mut server = server;
+        if server.kind == ServerKind::Hawkbit
+            && server.token_file.is_none()
+            && server.ddi_auth != DdiAuth::None
+        {
+            server.token_file = Some(system.state_dir.join(DDI_TOKEN_FILE));
+        }
         Ok(Config {
             server,
             device,
@@ -695,6 +797,97 @@ impl Config {
                         format!(
                             "{url:?}: {CHANNEL_PLACEHOLDER} may stand only in the path of server.manifest_url and server.mirrors"
                         ),
+                    );
+                }
+            }
+        }
+        match s.kind {
+            ServerKind::Static => {
+                if !s.ddi_url.is_empty() || !s.controller_id.is_empty() {
+                    return bad(
+                        if s.ddi_url.is_empty() {
+                            "server.controller_id"
+                        } else {
+                            "server.ddi_url"
+                        },
+                        "is for a DDI server: set server.kind = \"hawkbit\" as well".into(),
+                    );
+                }
+            }
+            ServerKind::Hawkbit => {
+                for (key, set) in [
+                    ("server.manifest_url", !s.manifest_url.is_empty()),
+                    ("server.report_url", !s.report_url.is_empty()),
+                    ("server.mirrors", !s.mirrors.is_empty()),
+                ] {
+                    if set {
+                        return bad(
+                            key,
+                            "is for kind = \"static\": a DDI server names the release's files in each deployment and takes reports as action feedback".into(),
+                        );
+                    }
+                }
+                let url = &s.ddi_url;
+                if url.is_empty() {
+                    return bad(
+                        "server.ddi_url",
+                        "is required with kind = \"hawkbit\" (e.g. \"https://hawkbit.example.com\")".into(),
+                    );
+                }
+                if url.starts_with("http://") {
+                    if !s.insecure_allow_http {
+                        return bad(
+                            "server.ddi_url",
+                            format!(
+                                "{url:?} is plain http; use https (server.insecure_allow_http = true is for development only)"
+                            ),
+                        );
+                    }
+                } else if !url.starts_with("https://") {
+                    return bad("server.ddi_url", format!("{url:?} is not an https URL"));
+                }
+                let rest = url.split_once("://").map_or("", |(_, r)| r);
+                let authority = rest.split('/').next().unwrap_or("");
+                if authority.is_empty()
+                    || authority.contains('@')
+                    || url.contains(['?', '#'])
+                    || url.chars().any(|c| c.is_whitespace() || c.is_control())
+                {
+                    return bad(
+                        "server.ddi_url",
+                        format!(
+                            "{url:?} must be scheme, host, optional port and path, without credentials, query or fragment"
+                        ),
+                    );
+                }
+                for (key, v) in [
+                    ("server.tenant", &s.tenant),
+                    ("server.controller_id", &s.controller_id),
+                ] {
+                    if key == "server.controller_id" && v.is_empty() {
+                        continue;
+                    }
+                    if !crate::ddi::is_path_token(v) {
+                        return bad(
+                            key,
+                            format!(
+                                "{v:?} must be 1 to 128 letters, digits, '.', '_', '-' or ':' (it is a segment of the DDI paths)"
+                            ),
+                        );
+                    }
+                }
+                if s.ddi_sleep_min.0 < Duration::from_secs(1)
+                    || s.ddi_sleep_max.0 < s.ddi_sleep_min.0
+                {
+                    return bad(
+                        "server.ddi_sleep_min",
+                        "must be at least 1s and not above server.ddi_sleep_max".into(),
+                    );
+                }
+                if s.ddi_auth == DdiAuth::None && s.token_file.is_some() {
+                    return bad(
+                        "server.token_file",
+                        "is set but server.ddi_auth = \"none\" sends no token".into(),
                     );
                 }
             }
@@ -1122,6 +1315,90 @@ b = "/dev/b"
         assert_eq!(c.bootloader.kind, BootloaderKind::File);
         assert_eq!(c.system.state_dir, PathBuf::from("/data/updraft"));
         assert_eq!(c.server.jitter(), Duration::from_secs(450));
+    }
+
+    #[test]
+    fn a_ddi_server_takes_its_keys_and_a_token_on_the_data_partition() {
+        let c = Config::parse(&format!(
+            "[server]\nkind = \"hawkbit\"\nddi_url = \"https://ddi.example:8443/\"\ntenant = \"acme\"\n\
+             [system]\nstate_dir = \"/data/updraft\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        let s = &c.server;
+        assert_eq!(s.kind, ServerKind::Hawkbit);
+        assert_eq!((s.tenant.as_str(), s.controller_id.as_str()), ("acme", ""));
+        assert_eq!(s.ddi_auth, DdiAuth::TargetToken);
+        assert_eq!(
+            s.token_file.as_deref(),
+            Some(Path::new("/data/updraft/ddi-token"))
+        );
+        assert_eq!(s.clamp_sleep(Duration::from_secs(1)), crate::ddi::MIN_SLEEP);
+        assert_eq!(
+            s.clamp_sleep(Duration::from_secs(7 * 24 * 3600)),
+            crate::ddi::MAX_SLEEP
+        );
+        let c = Config::parse(&format!(
+            "[server]\nkind = \"hawkbit\"\nddi_url = \"https://ddi.example\"\nddi_auth = \"none\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(c.server.token_file, None);
+        assert_eq!(c.server.ddi_auth.scheme(), None);
+    }
+
+    #[test]
+    fn a_ddi_server_refuses_static_keys_and_bad_paths() {
+        let refused = |server: &str| {
+            Config::parse(&format!("[server]\n{server}\n{MINIMAL}"))
+                .unwrap_err()
+                .to_string()
+        };
+        let ddi = "kind = \"hawkbit\"\nddi_url = \"https://ddi.example\"";
+        for (extra, want) in [
+            (
+                "manifest_url = \"https://x/m.json\"",
+                "server.manifest_url: is for kind = \"static\"",
+            ),
+            (
+                "report_url = \"https://x/r\"",
+                "server.report_url: is for kind = \"static\"",
+            ),
+            ("tenant = \"../x\"", "server.tenant: \"../x\" must be"),
+            (
+                "controller_id = \"a b\"",
+                "server.controller_id: \"a b\" must be",
+            ),
+            (
+                "ddi_auth = \"none\"\ntoken_file = \"/t\"",
+                "server.token_file: is set but",
+            ),
+            (
+                "ddi_sleep_min = \"2h\"\nddi_sleep_max = \"1h\"",
+                "server.ddi_sleep_min",
+            ),
+            ("ddi_auth = \"password\"", "ddi_auth"),
+        ] {
+            let e = refused(&format!("{ddi}\n{extra}"));
+            assert!(e.contains(want), "{extra}: {want:?} not in {e:?}");
+        }
+        for (server, want) in [
+            ("kind = \"hawkbit\"", "server.ddi_url: is required"),
+            ("kind = \"hawkbit\"\nddi_url = \"http://h\"", "plain http"),
+            (
+                "kind = \"hawkbit\"\nddi_url = \"https://u:p@h\"",
+                "without credentials",
+            ),
+            (
+                "kind = \"hawkbit\"\nddi_url = \"https://h/?t=1\"",
+                "without credentials, query",
+            ),
+            (
+                "ddi_url = \"https://h\"",
+                "server.ddi_url: is for a DDI server",
+            ),
+        ] {
+            let e = refused(server);
+            assert!(e.contains(want), "{server}: {want:?} not in {e:?}");
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::error::{Context, Result};
@@ -53,8 +53,10 @@ pub const MAX_ATTRIBUTE: usize = 128;
 pub const MAX_DETAILS: usize = 8;
 pub const MAX_DETAIL: usize = 512;
 
-/// The bounds `config.polling.sleep` is clamped to: a server cannot make a
-/// device poll more often than every 30 s, nor stay away more than a day.
+/// The default bounds `config.polling.sleep` is clamped to
+/// (`server.ddi_sleep_min`, `server.ddi_sleep_max`): a server cannot make
+/// a device poll more often than every 30 s, nor stay away more than a
+/// day.
 pub const MIN_SLEEP: Duration = Duration::from_secs(30);
 pub const MAX_SLEEP: Duration = Duration::from_secs(24 * 3600);
 
@@ -78,7 +80,7 @@ pub struct ControllerBase {
 }
 
 /// `deployment.download` and `deployment.update`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Handling {
     /// Not now: the action stays open.
@@ -91,7 +93,7 @@ pub enum Handling {
 
 /// `deployment.maintenanceWindow`: present only when the action has a
 /// maintenance schedule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MaintenanceWindow {
     Available,
@@ -148,6 +150,33 @@ impl Deployment {
                 "deployment {}: more than one artifact named {filename:?}",
                 self.action_id
             ),
+        }
+    }
+}
+
+/// What a job remembers of the DDI action that assigned it: the action id
+/// its feedback goes to, and how the server wants it handled, as of the
+/// last deploymentBase read (`href` carries hawkBit's `?c=` hash, which
+/// changes when the action does, e.g. when its maintenance window opens).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Action {
+    pub id: String,
+    pub href: String,
+    pub download: Handling,
+    pub update: Handling,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance_window: Option<MaintenanceWindow>,
+}
+
+impl Action {
+    /// The action as `deployment` describes it, read from `href`.
+    pub fn of(deployment: &Deployment, href: &str) -> Action {
+        Action {
+            id: deployment.action_id.clone(),
+            href: href.to_string(),
+            download: deployment.download,
+            update: deployment.update,
+            maintenance_window: deployment.maintenance_window,
         }
     }
 }
@@ -251,28 +280,42 @@ impl Feedback {
 }
 
 /// The body of a `PUT` to the `configData` link: `attributes` merged into
-/// what the server holds. Keys must be non-empty; keys and values longer
-/// than [`MAX_ATTRIBUTE`] characters are refused (hawkBit refuses them).
+/// what the server holds. Keys must be 1 to [`MAX_ATTRIBUTE`] characters
+/// of hawkBit's attribute alphabet ([`is_attribute_char`]), or they are
+/// refused; a value is made to fit: cut to [`MAX_ATTRIBUTE`] characters,
+/// each character outside the alphabet replaced by `_` (hawkBit refuses
+/// the whole request otherwise, and a release version is shown, not
+/// parsed, there).
 pub fn config_data(attributes: &[(&str, &str)]) -> Result<Vec<u8>> {
     let mut data = Map::new();
     for (k, v) in attributes {
-        if k.is_empty() || k.chars().count() > MAX_ATTRIBUTE {
+        if k.is_empty() || k.chars().count() > MAX_ATTRIBUTE || !k.chars().all(is_attribute_char) {
             bail!(
                 Usage,
-                "configData key {k:?} must have 1 to {MAX_ATTRIBUTE} characters"
+                "configData key {k:?} must be 1 to {MAX_ATTRIBUTE} characters of letters, digits, spaces and !@#$%^&*()+=[]{{}}|;:'\",.<>/\\?_-"
             );
         }
-        if v.chars().count() > MAX_ATTRIBUTE {
-            bail!(
-                Usage,
-                "configData value of {k:?} has more than {MAX_ATTRIBUTE} characters"
-            );
-        }
-        data.insert((*k).to_string(), json!(v));
+        let value: String = v
+            .chars()
+            .take(MAX_ATTRIBUTE)
+            .map(|c| if is_attribute_char(c) { c } else { '_' })
+            .collect();
+        data.insert((*k).to_string(), json!(value));
+    }
+    if data.is_empty() {
+        bail!(Usage, "configData needs at least one attribute");
     }
     Ok(json!({ "mode": "merge", "data": Value::Object(data) })
         .to_string()
         .into_bytes())
+}
+
+/// Whether hawkBit takes `c` in a target attribute's key or value
+/// (`JpaControllerManagement`: `[a-zA-Z0-9_\-!@#$%^&*()+=\[\]{}|;:'",.<>/\\?\s]`).
+pub fn is_attribute_char(c: char) -> bool {
+    c.is_ascii_alphanumeric()
+        || c.is_ascii_whitespace()
+        || "_-!@#$%^&*()+=[]{}|;:'\",.<>/\\?".contains(c)
 }
 
 /// `HH:MM:SS` as hawkBit writes `polling.sleep`.
@@ -541,6 +584,18 @@ fn action_id_of(href: &str, what: &str) -> Result<String> {
         );
     }
     token(id, &format!("the action id in {what} link {href:?}"))
+}
+
+/// Whether `s` may stand as one segment of a DDI path (a tenant, a
+/// controller id): 1 to [`MAX_TOKEN`] ASCII letters, digits, `.`, `_`,
+/// `-` or `:`, and not `.` or `..`.
+pub fn is_path_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_TOKEN
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
 }
 
 /// An id: 1 to [`MAX_TOKEN`] ASCII letters, digits, `-` or `_`.
@@ -951,7 +1006,14 @@ mod tests {
         );
         assert!(config_data(&[("", "x")]).is_err());
         assert!(config_data(&[(&"k".repeat(129), "x")]).is_err());
-        assert!(config_data(&[("k", &"v".repeat(129))]).is_err());
+        assert!(config_data(&[("k~", "x")]).is_err());
+        assert!(config_data(&[]).is_err());
+        let v: Value = serde_json::from_slice(
+            &config_data(&[("k", &"v".repeat(129)), ("sw_version", "1.0~rc1 ünï`")]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v["data"]["k"].as_str().unwrap().len(), MAX_ATTRIBUTE);
+        assert_eq!(v["data"]["sw_version"], "1.0_rc1 _n__");
     }
 
     #[test]

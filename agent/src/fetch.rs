@@ -9,10 +9,12 @@
 //!   http is refused always, with or without the switch;
 //! * trust: the system CA bundle plus the optional `ca_file`; an optional
 //!   client certificate (mTLS) and bearer token for servers that identify
-//!   devices. The token (`Authorization: Bearer`) goes only to the
-//!   configured origins (scheme, host and port of `manifest_url`, of each
-//!   mirror and of `report_url`), never to another host a manifest, a
-//!   redirect or an operator's URL names;
+//!   devices. The token (`Authorization: Bearer`; a DDI server's
+//!   `TargetToken` or `GatewayToken`, from a file only its owner may read)
+//!   goes only to the configured origins (scheme, host and port of
+//!   `manifest_url`, of each mirror and of `report_url`; of `ddi_url` with
+//!   `kind = "hawkbit"`), never to another host a manifest, a deployment,
+//!   a redirect or an operator's URL names;
 //! * bounded waits: connect (including name resolution) and per-read
 //!   timeouts, so a dead peer is noticed in `stall_timeout`;
 //! * caps: a body is never read past the size the caller expects (the signed
@@ -39,7 +41,7 @@ use std::time::{Duration, Instant};
 use ureq::Agent;
 use ureq::tls::{Certificate, ClientCert, PemItem, RootCerts, TlsConfig, TlsProvider, parse_pem};
 
-use crate::config::Config;
+use crate::config::{Config, DdiAuth, ServerKind};
 use crate::error::{Error, Kind, Result};
 use crate::hash::truncate;
 use crate::throttle::Throttle;
@@ -82,6 +84,12 @@ pub struct Fetcher {
     agent: Agent,
     allow_http: bool,
     token_file: Option<std::path::PathBuf>,
+    /// The `Authorization` scheme the token is sent with: `Bearer`, or
+    /// DDI's `TargetToken` / `GatewayToken`.
+    token_scheme: &'static str,
+    /// The token file must be its owner's alone (mode 0600 or stricter):
+    /// a DDI device token.
+    private_token: bool,
     /// Where the token may go: the configured servers' origins.
     credentialed: Arc<Vec<UrlOrigin>>,
     min_rate: u64,
@@ -208,15 +216,34 @@ impl Fetcher {
             .proxy(ureq::Proxy::try_from_env())
             .build()
             .into();
-        let credentialed = std::iter::once(&cfg.manifest_url)
-            .chain(&cfg.mirrors)
-            .chain(std::iter::once(&cfg.report_url))
-            .filter_map(|u| UrlOrigin::of(u))
-            .collect();
+        let (credentialed, token_scheme, private_token) = match cfg.kind {
+            ServerKind::Static => (
+                std::iter::once(&cfg.manifest_url)
+                    .chain(&cfg.mirrors)
+                    .chain(std::iter::once(&cfg.report_url))
+                    .filter_map(|u| UrlOrigin::of(u))
+                    .collect(),
+                "Bearer",
+                false,
+            ),
+            // The DDI server's origin only: artifact links to a CDN or any
+            // other host get no credentials.
+            ServerKind::Hawkbit => (
+                UrlOrigin::of(&cfg.ddi_url).into_iter().collect(),
+                cfg.ddi_auth.scheme().unwrap_or("Bearer"),
+                true,
+            ),
+        };
+        let token_file = match (cfg.kind, cfg.ddi_auth) {
+            (ServerKind::Hawkbit, DdiAuth::None) => None,
+            _ => cfg.token_file.clone(),
+        };
         Ok(Fetcher {
             agent,
             allow_http: cfg.insecure_allow_http,
-            token_file: cfg.token_file.clone(),
+            token_file,
+            token_scheme,
+            private_token,
             credentialed: Arc::new(credentialed),
             min_rate: cfg.min_rate,
             min_rate_window: cfg.min_rate_window.0,
@@ -263,6 +290,19 @@ impl Fetcher {
         let Some(path) = &self.token_file else {
             return Ok(None);
         };
+        if self.private_token {
+            use std::os::unix::fs::MetadataExt;
+            let md = std::fs::metadata(path)
+                .map_err(|e| err!(Config, "reading server.token_file {}: {e}", path.display()))?;
+            if md.mode() & 0o077 != 0 {
+                bail!(
+                    Config,
+                    "server.token_file {} has mode {:04o}: a device token must be readable by its owner only (chmod 600)",
+                    path.display(),
+                    md.mode() & 0o7777
+                );
+            }
+        }
         let t = std::fs::read_to_string(path)
             .map_err(|e| err!(Config, "reading server.token_file {}: {e}", path.display()))?;
         let t = t.trim();
@@ -309,7 +349,7 @@ impl Fetcher {
             self.check_scheme(&current)?;
             let mut r = self.agent.get(&current);
             if let Some(t) = self.token_for(&current)? {
-                r = r.header("Authorization", format!("Bearer {t}"));
+                r = r.header("Authorization", format!("{} {t}", self.token_scheme));
             }
             for (k, v) in headers {
                 r = r.header(*k, v);
@@ -506,20 +546,46 @@ impl Fetcher {
 
     /// POST a JSON body with an idempotency key; returns the status.
     pub fn post_json(&self, url: &str, idempotency_key: &str, body: &[u8]) -> Result<u16> {
+        let status = self.send_json("POST", url, Some(idempotency_key), body)?;
+        if !(200..300).contains(&status) {
+            bail!(Network, "POST {}: HTTP status {status}", truncate(url, 200));
+        }
+        Ok(status)
+    }
+
+    /// Send a JSON body with `method` (`POST` or `PUT`), with the token
+    /// when `url` is on a configured origin, never redirected. Returns the
+    /// status of a 2xx or 4xx answer, which the caller judges (a DDI server
+    /// answers 410 for feedback to an action that is no longer active);
+    /// 429, 5xx, 3xx and network failures are errors, with the server's
+    /// `Retry-After` when it gave one.
+    pub fn send_json(
+        &self,
+        method: &str,
+        url: &str,
+        idempotency_key: Option<&str>,
+        body: &[u8],
+    ) -> Result<u16> {
         self.check_scheme(url)?;
-        let mut r = self
-            .agent
-            .post(url)
-            .header("Content-Type", "application/json")
-            .header("Idempotency-Key", idempotency_key);
+        let mut r = match method {
+            "POST" => self.agent.post(url),
+            "PUT" => self.agent.put(url),
+            other => bail!(Usage, "send_json: unsupported method {other}"),
+        }
+        .header("Content-Type", "application/json");
+        if let Some(key) = idempotency_key {
+            r = r.header("Idempotency-Key", key);
+        }
         if let Some(t) = self.token_for(url)? {
-            r = r.header("Authorization", format!("Bearer {t}"));
+            r = r.header("Authorization", format!("{} {t}", self.token_scheme));
         }
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         // Not redirected: a 3xx is reported like any other failure.
-        let resp = r.send(body).map_err(|e| net_error("POST", url, e))?;
+        let resp = r.send(body).map_err(|e| net_error(method, url, e))?;
         let status = resp.status().as_u16();
-        check_status("POST", url, status, resp.headers())?;
+        if !(400..500).contains(&status) || status == 429 {
+            check_status(method, url, status, resp.headers())?;
+        }
         // Drain a small body so the connection can be reused.
         let mut body = resp.into_body();
         let _ = io::copy(&mut body.as_reader().take(64 * 1024), &mut io::sink());

@@ -25,6 +25,7 @@ pub mod envelope;
 mod fetch;
 mod fsutil;
 pub mod hash;
+mod hawkbit;
 mod health;
 pub mod help;
 mod identity;

@@ -121,6 +121,13 @@ pub struct Job {
     /// know it and reads such a job as switched, as it always did.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub awaiting_switch: bool,
+    /// The fleet server's action that assigned this release
+    /// (`server.kind = "hawkbit"`): where its feedback goes, and how the
+    /// server wants it handled (download or update skipped, forced, a
+    /// maintenance window). An older release does not know it and runs
+    /// the job by its own policy alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ddi: Option<crate::ddi::Action>,
 }
 
 impl Job {
@@ -156,6 +163,7 @@ impl Job {
             held: None,
             inhibited: None,
             awaiting_switch: false,
+            ddi: None,
         }
     }
 

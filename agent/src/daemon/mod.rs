@@ -50,6 +50,7 @@ use crate::notify;
 use crate::progress;
 use crate::signals;
 use crate::source::Origin;
+use crate::state::State;
 use crate::status::{BootView, Status};
 use crate::timestamp::Timestamp;
 use front::{Front, Interrupt, Queued, Tick, Verdict, Watchdog, sleep_until_event};
@@ -175,6 +176,9 @@ struct Daemon {
     /// The last step held a verified slot for the policy: polls go on, and
     /// one that finds another image supersedes it.
     held: bool,
+    /// The last step waits for the reboot: a DDI server is polled
+    /// meanwhile, so its cancelAction is answered.
+    rebooting: bool,
     next_heartbeat: Instant,
     /// Reports are not sent before this instant: it moves only when
     /// delivery fails (backoff). Whatever is queued — a transition's
@@ -205,8 +209,9 @@ impl Daemon {
     ) -> Daemon {
         let now = Instant::now();
         let s = &cfg.server;
-        let next_poll =
-            (!s.manifest_url.is_empty()).then(|| now + backoff::first_poll_delay(s.jitter()));
+        let next_poll = m
+            .polls_a_server()
+            .then(|| now + backoff::first_poll_delay(s.jitter()));
         let retry_base = Duration::from_secs(10).min(s.poll_interval.0);
         Daemon {
             boot_retry: None,
@@ -220,6 +225,7 @@ impl Daemon {
             },
             downloading: false,
             held: false,
+            rebooting: false,
             next_heartbeat: now
                 + backoff::poll_delay(s.heartbeat_interval.0, s.heartbeat_interval.0 / 10),
             next_delivery: now,
@@ -345,7 +351,10 @@ impl Daemon {
     /// policy holds a verified slot. (During a step, the download polls
     /// through its tick.)
     fn loop_polls(&self) -> bool {
-        !self.machine_active || self.downloading || self.held
+        !self.machine_active
+            || self.downloading
+            || self.held
+            || (self.rebooting && self.m.polls_while_rebooting())
     }
 
     /// Sleep in poll(2) until the nearest deadline or a client connects.
@@ -566,6 +575,7 @@ impl Daemon {
         }
         let next = next?;
         self.held = matches!(next, Next::Hold(_));
+        self.rebooting = matches!(next, Next::WaitReboot);
         notify::status(&format!("state {}", self.m.state()?.name()));
         match next {
             Next::Continue => self.next_step = Instant::now(),
@@ -699,10 +709,10 @@ impl Daemon {
                     ..Reply::default()
                 }
             }
-            Ok(CheckOutcome::NoChange(why)) => Reply {
+            Ok(outcome) => Reply {
                 ok: true,
                 started: Some(false),
-                message: Some(why.clone()),
+                message: outcome.why().map(str::to_string),
                 ..Reply::default()
             },
             Err(e) => {
@@ -714,7 +724,15 @@ impl Daemon {
                 Reply::error(e)
             }
         };
+        self.follow_server_sleep();
         self.polls.after(result.as_ref().err());
+        // A held job may be let through by what the poll learnt (a DDI
+        // action's window opened), and a job may have been ended by it (a
+        // DDI cancelAction): the machine steps again now.
+        if self.held || self.rebooting || matches!(self.m.state(), Ok(State::Failed { .. })) {
+            self.machine_active = true;
+            self.next_step = Instant::now();
+        }
         // A release waiting for its write window is looked at again when
         // the window opens, not an interval later.
         if let (Some(at), Some(next)) = (self.m.write_waits_until(), self.polls.next) {
@@ -730,7 +748,21 @@ impl Daemon {
 
     /// Whether reports wait in the outbox and a server to send them to.
     fn outbox_pending(&self) -> bool {
-        !self.cfg.server.report_url.is_empty() && self.m.store().outbox_len().unwrap_or(0) > 0
+        self.m.delivers_reports() && self.m.store().outbox_len().unwrap_or(0) > 0
+    }
+
+    /// A DDI server's polling interval (already within its bounds) is the
+    /// interval from now on, with the configured jitter (a quarter of it
+    /// when none is configured, never more than the interval).
+    fn follow_server_sleep(&mut self) {
+        if let Some(sleep) = self.m.server_sleep() {
+            self.polls.interval = sleep;
+            self.polls.jitter = self
+                .cfg
+                .server
+                .poll_jitter
+                .map_or(sleep / 4, |j| j.0.min(sleep));
+        }
     }
 
     fn deliver(&mut self) {

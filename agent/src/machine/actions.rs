@@ -9,7 +9,11 @@ impl Machine {
     /// the job instead.
     pub(super) fn download(&mut self, job: Job, t: &mut dyn Ticker) -> Result<Next> {
         let mut newer = None;
-        let r = self.transfer(job, t, &mut newer);
+        let mut cancel = None;
+        let r = self.transfer(job, t, &mut newer, &mut cancel);
+        if let Some(c) = cancel {
+            return self.server_cancelled(&c, t);
+        }
         match newer {
             Some(v) => {
                 let (origin, _) = match self.state()?.job() {
@@ -28,6 +32,7 @@ impl Machine {
         mut job: Job,
         t: &mut dyn Ticker,
         newer: &mut Option<Verified>,
+        cancel: &mut Option<crate::ddi::Cancel>,
     ) -> Result<Next> {
         let m = self.job_manifest()?;
         let target = self.slots.path(job.target).to_path_buf();
@@ -73,11 +78,25 @@ impl Machine {
             found: newer,
             pending: None,
         });
+        let fleet = match (&self.fleet, &job.ddi) {
+            (Some(c), Some(action)) if self.mode == Mode::Daemon => Some(fleet::FleetWatch {
+                controller: c.clone(),
+                store: &self.store,
+                action: action.id.clone(),
+                reported: None,
+                pending: None,
+                sending: None,
+                send_after: None,
+                found: cancel,
+            }),
+            _ => None,
+        };
         let mut tick = watch::Tracker {
             inner: t,
             progress: &mut self.progress,
             deadline,
             watch,
+            fleet,
         };
         let pref = match job.method.clone() {
             Method::Full => {
@@ -166,6 +185,7 @@ impl Machine {
             progress: &mut self.progress,
             deadline: None,
             watch: None,
+            fleet: None,
         };
         match job.method.clone() {
             Method::Full => {
@@ -436,14 +456,24 @@ impl Machine {
     }
 
     pub(super) fn server_reachable(&mut self, t: &mut dyn Ticker) -> Verdict {
+        if let Some(c) = self.fleet.clone() {
+            return match crate::worker::offload("health", move || c.base().map(|_| ()), t) {
+                Ok(Ok(())) => Verdict::Pass,
+                Ok(Err(e)) | Err(e) => Verdict::Fail(format!("DDI server unreachable: {e}")),
+            };
+        }
         let Some(f) = self.fetcher.clone() else {
             return Verdict::Fail("health.check_server is set but no server is configured".into());
         };
-        let url = self.cfg.server.manifest_url.clone();
+        // Through the source, as a poll reads it (a bundle's manifest is
+        // an entry read by Range requests, not the whole file).
+        let origin = Origin::parse(&self.cfg.server.manifest_url, &self.cfg.server.mirrors);
+        let preferred = self.preferred;
         let r = crate::worker::offload(
             "health",
             move || {
-                f.get_small(&url, manifest::MAX_MANIFEST_BYTES as u64, None)
+                Source::new(origin, Some(f), preferred)
+                    .manifest(None)
                     .map(|_| ())
             },
             t,

@@ -17,6 +17,20 @@ impl Machine {
         operator: bool,
         t: &mut dyn Ticker,
     ) -> Result<CheckOutcome> {
+        if origin.is_none() && self.fleet_mode() {
+            self.last_check = Some(Timestamp::now());
+            let result = self.check_fleet(t);
+            if let Some(why) = result.as_ref().ok().and_then(CheckOutcome::why) {
+                log::info!("check: {why}");
+            }
+            note_check(
+                &self.store,
+                result.as_ref().map(|_| ()),
+                None,
+                &mut self.last_error,
+            )?;
+            return result;
+        }
         let default_origin = origin.is_none();
         let origin = match origin {
             Some(o) => o,
@@ -37,7 +51,7 @@ impl Machine {
         // check leads to is recorded.
         log::debug!("checking {}", origin.to_arg());
         let result = self.check_inner(&origin, default_origin, operator, &state, t);
-        if let Ok(CheckOutcome::NoChange(why)) = &result {
+        if let Some(why) = result.as_ref().ok().and_then(CheckOutcome::why) {
             log::info!("check: {why}");
         }
         let reports = self
@@ -112,7 +126,7 @@ impl Machine {
         let record = self.store.slot_record(self.booted)?;
         if record.is_none() {
             if let Some(how) = self.provisioned(m, t)? {
-                return Ok(CheckOutcome::NoChange(format!(
+                return Ok(CheckOutcome::Running(format!(
                     "release {} is already running in slot {} ({how}); nothing to install",
                     m.release.version, self.booted
                 )));
@@ -130,12 +144,12 @@ impl Machine {
                         m.release.version, m.serial, self.booted
                     ),
                 };
-                return Ok(CheckOutcome::NoChange(why));
+                return Ok(CheckOutcome::Running(why));
             }
         }
         if let Some(reason) = self.store.rejected(&m.image.sha256)? {
             if !operator {
-                return Ok(CheckOutcome::NoChange(format!(
+                return Ok(CheckOutcome::Declined(format!(
                     "release {} was rolled back before ({reason}); it is not installed again automatically",
                     m.release.version
                 )));
@@ -149,7 +163,7 @@ impl Machine {
         let cancelled = self.store.get(operator::CANCELLED_IMAGE)?;
         if cancelled.as_deref() == Some(m.image.sha256.to_hex().as_str()) {
             if !operator {
-                return Ok(CheckOutcome::NoChange(format!(
+                return Ok(CheckOutcome::Declined(format!(
                     "release {} was cancelled by the operator; it is installed again by `updraft install` or when a manifest names another image",
                     m.release.version
                 )));
@@ -163,7 +177,7 @@ impl Machine {
         if !operator {
             if let Some(r) = &m.release.rollout {
                 if !rollout::eligible(&self.device_id, &m.release.version, r.percent) {
-                    return Ok(CheckOutcome::NoChange(format!(
+                    return Ok(CheckOutcome::Declined(format!(
                         "release {} is rolled out to {}% of devices; this device is not selected",
                         m.release.version, r.percent
                     )));
@@ -350,6 +364,7 @@ impl Machine {
             Method::Delta { size, .. } => *size,
         };
         job.download_deadline = Some(job.started.plus(self.cfg.download_time(size)));
+        job.ddi = self.fleet_action.take();
         let payload =
             serde_json::to_string(m).map_err(|e| err!(Store, "encoding manifest: {e}"))?;
         self.store.set("job_manifest", &payload)?;

@@ -76,6 +76,7 @@ use check::job_delta;
 
 mod actions;
 mod check;
+mod fleet;
 mod operator;
 mod policy;
 mod watch;
@@ -119,8 +120,27 @@ pub enum CheckOutcome {
         target: SlotName,
         delta: bool,
     },
-    /// Nothing to do, and why.
+    /// Nothing to do now, and why (the release is being installed, or
+    /// waits for the policy; a later check may start it).
     NoChange(String),
+    /// The release is the one running already (recorded, or found by
+    /// [`crate::provision`] on a device fresh from the factory).
+    Running(String),
+    /// The release is not for this device: rolled back or cancelled here
+    /// before, or outside its staged rollout.
+    Declined(String),
+}
+
+impl CheckOutcome {
+    /// Why nothing started, for an outcome that started nothing.
+    pub fn why(&self) -> Option<&str> {
+        match self {
+            CheckOutcome::Started { .. } => None,
+            CheckOutcome::NoChange(w) | CheckOutcome::Running(w) | CheckOutcome::Declined(w) => {
+                Some(w)
+            }
+        }
+    }
 }
 
 /// Consecutive transient download failures before a job is failed.
@@ -176,6 +196,17 @@ pub struct Machine {
     pub progress: Option<Progress>,
     /// Set when a release commits: from the start of its job to the commit.
     pub last_install_duration: Option<Duration>,
+    /// The DDI server's controller resource (`server.kind = "hawkbit"`).
+    fleet: Option<crate::hawkbit::Controller>,
+    /// The polling interval the DDI server asked for, within bounds.
+    fleet_sleep: Option<Duration>,
+    /// The action the job a check is about to start carries.
+    fleet_action: Option<crate::ddi::Action>,
+    /// The configData went out once in this run (a server that keeps
+    /// asking for it gets it once per start, unless it changes).
+    fleet_config_sent: bool,
+    /// The DDI server's cancel being carried out.
+    stopping: Option<crate::ddi::Cancel>,
 }
 
 impl Machine {
@@ -194,10 +225,22 @@ impl Machine {
         let booted = slot::booted_slot(&cfg.slots.cmdline)?;
         let boot_id = identity::boot_id(&cfg.system.boot_id_file)?;
         let device_id = identity::device_id(&cfg.device.id_file)?;
-        let fetcher = if cfg.server.manifest_url.is_empty() && cfg.server.report_url.is_empty() {
+        let fleet_mode = cfg.server.kind == crate::config::ServerKind::Hawkbit;
+        let fetcher = if cfg.server.manifest_url.is_empty()
+            && cfg.server.report_url.is_empty()
+            && !fleet_mode
+        {
             None
         } else {
             Some(Fetcher::new(&cfg)?)
+        };
+        let fleet = match (&fetcher, fleet_mode) {
+            (Some(f), true) => Some(crate::hawkbit::Controller::new(
+                &cfg.server,
+                &device_id,
+                f.clone(),
+            )),
+            _ => None,
         };
         let slots = SlotPair {
             a: cfg.slots.a.clone(),
@@ -237,7 +280,35 @@ impl Machine {
             next_check: None,
             progress: None,
             last_install_duration: None,
+            fleet,
+            fleet_sleep: None,
+            fleet_action: None,
+            fleet_config_sent: false,
+            stopping: None,
         })
+    }
+
+    /// The polling interval the DDI server asked for at its last answer,
+    /// clamped to [`crate::ddi::MIN_SLEEP`]..=[`crate::ddi::MAX_SLEEP`].
+    pub fn server_sleep(&self) -> Option<Duration> {
+        self.fleet_sleep
+    }
+
+    /// Whether the daemon polls a server: a manifest URL, or a DDI server.
+    pub fn polls_a_server(&self) -> bool {
+        !self.cfg.server.manifest_url.is_empty() || self.fleet.is_some()
+    }
+
+    /// Whether the server is polled while a reboot is awaited: a DDI
+    /// server's cancelAction is answered then (accepted before the reboot
+    /// was requested, rejected after).
+    pub fn polls_while_rebooting(&self) -> bool {
+        self.fleet.is_some()
+    }
+
+    /// Whether reports wait to be delivered somewhere.
+    pub fn delivers_reports(&self) -> bool {
+        self.reports_enabled() || self.fleet.is_some()
     }
 
     pub fn store(&self) -> &Store {
@@ -284,10 +355,22 @@ impl Machine {
         extra: Vec<Pending>,
     ) -> Result<()> {
         let mut reports = Vec::new();
+        let fleet = self.fleet_mode();
         if self.reports_enabled() {
             reports.push(report::state_change(&self.device_id, self.booted, &next));
-            reports.extend(extra);
         }
+        if fleet {
+            reports.extend(self.fleet_feedback(&next, detail)?);
+        }
+        // Extras go where this device reports: DDI feedback to a DDI
+        // server, the rest to `report_url`.
+        reports.extend(extra.into_iter().filter(|p| {
+            if crate::hawkbit::is_ddi_kind(p.kind) {
+                fleet
+            } else {
+                self.reports_enabled()
+            }
+        }));
         let refs: Vec<_> = reports.iter().map(Pending::as_report).collect();
         let job = next.job();
         let ev = Event {

@@ -71,6 +71,25 @@ impl Machine {
     /// or an operator runs `updraft install`. Once the trial boot has
     /// happened, cancel is `mark-bad`.
     pub fn cancel(&mut self, t: &mut dyn Ticker) -> Result<String> {
+        self.stop_job(None, t)
+    }
+
+    /// End the update in progress before its reboot, for the operator
+    /// (`by` is `None`) or for the DDI server's cancelAction. The server
+    /// cannot stop a release past its switch: that is a `Busy` error, and
+    /// the server is told `rejected`.
+    pub(super) fn stop_job(
+        &mut self,
+        by: Option<&crate::ddi::Cancel>,
+        t: &mut dyn Ticker,
+    ) -> Result<String> {
+        self.stopping = by.cloned();
+        let r = self.stop_job_inner(t);
+        self.stopping = None;
+        r
+    }
+
+    fn stop_job_inner(&mut self, t: &mut dyn Ticker) -> Result<String> {
         let state = self.state()?;
         let name = state.name();
         match state {
@@ -116,6 +135,12 @@ impl Machine {
                 let what = format!("switched back to slot {}, no reboot", self.booted);
                 self.drop_slot(job, true, t, &what, "switched back before the reboot")
             }
+            State::Testing(job) if self.stopping.is_some() => bail!(
+                Busy,
+                "release {} slot {} is under its trial boot",
+                job.version,
+                job.target
+            ),
             State::Testing(_) => self.mark_bad(t),
             s => bail!(
                 Busy,
@@ -152,25 +177,48 @@ impl Machine {
         self.progress = None;
         self.health = None;
         self.apply_requested = None;
-        self.store
-            .set(CANCELLED_IMAGE, &job.image.sha256.to_string())?;
-        let reason = "cancelled by the operator";
+        let server = self.stopping.clone();
+        let reason = match &server {
+            // The server decides again what the device runs: its image is
+            // not held against a later action.
+            Some(c) => format!(
+                "cancelled by the DDI server (cancelAction {} for action {})",
+                c.action_id, c.stop_id
+            ),
+            None => {
+                self.store
+                    .set(CANCELLED_IMAGE, &job.image.sha256.to_string())?;
+                "cancelled by the operator".to_string()
+            }
+        };
         let detail = format!("{reason}: {detail}");
-        let r = report::install_result(
+        let mut extra = vec![report::install_result(
             &self.device_id,
             self.booted,
             "cancelled",
             &job,
             Some(&detail),
-        );
+        )];
+        if let Some(c) = &server {
+            extra.push(crate::hawkbit::feedback(
+                crate::hawkbit::Answering::Cancel,
+                &fleet::feedback_now(
+                    &c.action_id,
+                    crate::ddi::Execution::Closed,
+                    crate::ddi::Finished::Success,
+                    None,
+                    vec![format!("release {}: {detail}", job.version)],
+                ),
+            ));
+        }
         self.enter(
             State::Failed {
-                reason: reason.to_string(),
+                reason,
                 job: Some(job),
             },
             "cancelled",
             Some(&detail),
-            vec![r],
+            extra,
         )
     }
 
@@ -225,6 +273,9 @@ impl Machine {
 
     /// Deliver queued reports, if a report URL is configured.
     pub fn deliver_reports(&mut self, t: &mut dyn Ticker) -> Result<usize> {
+        if let Some(c) = self.fleet.clone() {
+            return crate::hawkbit::deliver(&self.store, &c, t);
+        }
         let url = self.cfg.server.report_url.clone();
         if url.is_empty() {
             return Ok(0);

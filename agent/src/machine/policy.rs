@@ -59,6 +59,9 @@ pub enum Wait {
     Operator,
     /// An application inhibitor.
     Inhibitor,
+    /// The DDI server: a download-only action (`update = skip`), or its
+    /// maintenance window not open.
+    Server,
 }
 
 impl Wait {
@@ -66,6 +69,9 @@ impl Wait {
     /// (no inhibitor asked, no clock read): an inhibitor once one held it
     /// or when the gate lets it through, else the gate's own condition.
     pub fn of_held(job: &Job, gate: Gate) -> Wait {
+        if job.inhibited.is_none() && server_holds(job).is_some() {
+            return Wait::Server;
+        }
         match (job.inhibited, gate) {
             (Some(_), _) | (None, Gate::Auto) => Wait::Inhibitor,
             (None, Gate::Manual) => Wait::Operator,
@@ -78,6 +84,7 @@ impl Wait {
             Wait::Window => "window",
             Wait::Operator => "operator",
             Wait::Inhibitor => "inhibitor",
+            Wait::Server => "server",
         }
     }
 }
@@ -97,6 +104,26 @@ pub(super) enum Allowed {
     },
 }
 
+/// Why the DDI server holds `job`'s switch, if it does: a download-only
+/// action, or a maintenance window that is not open.
+fn server_holds(job: &Job) -> Option<String> {
+    use crate::ddi::{Handling, MaintenanceWindow};
+    let a = job.ddi.as_ref()?;
+    if a.update == Handling::Skip {
+        return Some(format!(
+            "the DDI server asked for a download only (action {}, update = skip)",
+            a.id
+        ));
+    }
+    if a.maintenance_window == Some(MaintenanceWindow::Unavailable) {
+        return Some(format!(
+            "the DDI server's maintenance window for action {} is not open",
+            a.id
+        ));
+    }
+    None
+}
+
 impl Machine {
     /// Whether the policy lets `job`'s slot be switched in now. The first
     /// time it does not, `job.held` is set and written down.
@@ -107,6 +134,23 @@ impl Machine {
                 job.version,
                 job.target
             );
+            Allowed::Now
+        } else if let Some(why) = server_holds(job) {
+            Allowed::Later {
+                recheck: self
+                    .fleet_sleep
+                    .unwrap_or(self.cfg.server.poll_interval.0)
+                    .min(HOLD_RECHECK),
+                why,
+                wait: Wait::Server,
+            }
+        } else if job
+            .ddi
+            .as_ref()
+            .is_some_and(|a| a.update == crate::ddi::Handling::Forced)
+        {
+            // The server's operator forced it: the local gate does not
+            // hold it (application inhibitors still do).
             Allowed::Now
         } else {
             self.allowed_now(Timestamp::now())
@@ -200,6 +244,22 @@ impl Machine {
     }
 
     fn report_wait(&mut self, job: &Job, wait: Wait, why: &str) -> Result<()> {
+        if let (true, Some(action)) = (self.fleet_mode(), &job.ddi) {
+            let f = fleet::feedback_now(
+                &action.id,
+                crate::ddi::Execution::Proceeding,
+                crate::ddi::Finished::None,
+                None,
+                vec![format!(
+                    "release {} slot {}: waiting for {} before the switch: {why}",
+                    job.version,
+                    job.target,
+                    wait.as_str()
+                )],
+            );
+            let row = crate::hawkbit::feedback(crate::hawkbit::Answering::Deployment, &f);
+            return self.store.push_report(&row.as_report());
+        }
         if !self.reports_enabled() {
             return Ok(());
         }

@@ -237,6 +237,8 @@ pub(super) struct Tracker<'a> {
     pub(super) progress: &'a mut Option<Progress>,
     pub(super) deadline: Option<Deadline>,
     pub(super) watch: Option<Watch<'a>>,
+    /// A job from a DDI server: its cancels and progress feedback.
+    pub(super) fleet: Option<super::fleet::FleetWatch<'a>>,
 }
 
 impl Ticker for Tracker<'_> {
@@ -247,6 +249,9 @@ impl Ticker for Tracker<'_> {
         }
         if let Some(w) = self.watch.as_mut() {
             w.tick(&mut *self.inner)?;
+        }
+        if let Some(f) = self.fleet.as_mut() {
+            f.tick(p, &mut *self.inner)?;
         }
         self.inner.tick(p)
     }
@@ -302,14 +307,12 @@ impl Machine {
         );
         self.abandon(&state, job, &reason, "superseded", t)?;
         let now = self.state()?;
-        match self.decide(origin, false, &now, v, t)? {
-            CheckOutcome::NoChange(why) => {
-                log::info!("check: {why}");
-                self.enter(State::Idle, "", None, vec![])?;
-                Ok(CheckOutcome::NoChange(why))
-            }
-            started => Ok(started),
+        let outcome = self.decide(origin, false, &now, v, t)?;
+        if let Some(why) = outcome.why() {
+            log::info!("check: {why}");
+            self.enter(State::Idle, "", None, vec![])?;
         }
+        Ok(outcome)
     }
 
     /// End a job before the switch: its delta spool removed, its slot out

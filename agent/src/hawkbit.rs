@@ -1,0 +1,552 @@
+//! The device side of hawkBit's Direct Device Integration (DDI) API
+//! (`server.kind = "hawkbit"`): Eclipse hawkBit, gooseBit and other servers
+//! that implement it.
+//!
+//! A DDI server orchestrates: it says which release a device should run
+//! (an *action* assigning a distribution set), when (`download`/`update`:
+//! skip, attempt, forced; a maintenance window), and it keeps each action's
+//! history from the device's feedback. It is not trusted with what is
+//! installed: the release it points at is a signed manifest, verified
+//! exactly as in static mode, and every byte written is checked against
+//! it. What this module owns:
+//!
+//! * **Requests to the controller resource**
+//!   (`{ddi_url}/{tenant}/controller/v1/{controller_id}`): the controller
+//!   base, the deploymentBase and cancelAction an action link names, and
+//!   feedback and configData from the outbox. Links the server gives for
+//!   the controller's own resources are followed on the configured
+//!   `ddi_url` (their path and query kept), so the device's credentials
+//!   never go to a host the server names; artifact download links are used
+//!   as given, and the fetcher sends no credentials off `ddi_url`'s origin.
+//! * **Where a deployment's release is** ([`release_origin`]): a single
+//!   bundle artifact, or a chunk with `manifest.json` and the files the
+//!   manifest names, each under its last path segment (`3.json` for
+//!   `keys/3.json`, `<sha256>.zst` for `artifacts/<sha256>.zst`), and the
+//!   check that the server's listing agrees with the signed sizes and
+//!   hashes ([`check_listing`]).
+//! * **The outbox rows of this mode** ([`feedback`], [`progress`],
+//!   [`config_data`]) and their delivery in order ([`deliver`]). DDI has no
+//!   idempotency key: an answer 410 (the action is no longer active) counts
+//!   as delivered, so the in-order outbox never stalls on an action the
+//!   server closed or cancelled meanwhile.
+//!
+//! It never decides what is installed, in which state the update is, or
+//! what a feedback says: that is the state machine's (`machine/fleet.rs`).
+
+use serde_json::{Value, json};
+
+use crate::config::Server;
+use crate::ddi::{self, ActionLink, Cancel, ControllerBase, Deployment, Feedback};
+use crate::error::{Context, Result};
+use crate::fetch::{Fetched, Fetcher};
+use crate::hash::truncate;
+use crate::manifest::Manifest;
+use crate::progress::Ticker;
+use crate::report::{Pending, new_key};
+use crate::source::Origin;
+use crate::store::{OutboxEntry, Store};
+use crate::{bail, err};
+
+/// The outbox kinds of this mode: a feedback that changes an action's
+/// state, a progress feedback (folded into the newest one while nothing
+/// else is queued after it), the configuration data.
+pub const FEEDBACK: &str = "ddi_feedback";
+pub const PROGRESS: &str = "ddi_progress";
+pub const CONFIG: &str = "ddi_config";
+
+/// Whether an outbox row is addressed to a DDI server.
+pub fn is_ddi_kind(kind: &str) -> bool {
+    matches!(kind, FEEDBACK | PROGRESS | CONFIG)
+}
+
+/// The controller resource of this device on the configured DDI server.
+#[derive(Clone)]
+pub struct Controller {
+    /// `{ddi_url}/{tenant}/controller/v1/{controller_id}`.
+    url: String,
+    fetcher: Fetcher,
+}
+
+impl Controller {
+    /// The controller of `device_id` (or of `server.controller_id`).
+    pub fn new(server: &Server, device_id: &str, fetcher: Fetcher) -> Controller {
+        let id = if server.controller_id.is_empty() {
+            device_id
+        } else {
+            &server.controller_id
+        };
+        Controller {
+            url: format!(
+                "{}/{}/controller/v1/{id}",
+                server.ddi_url.trim_end_matches('/'),
+                server.tenant
+            ),
+            fetcher,
+        }
+    }
+
+    /// `GET` one of the controller's documents at `url`, within the DDI
+    /// document cap.
+    fn get(&self, url: &str) -> Result<Vec<u8>> {
+        match self
+            .fetcher
+            .get_small(url, ddi::MAX_DOCUMENT_BYTES as u64, None)?
+        {
+            Fetched::Body { bytes, .. } => Ok(bytes),
+            Fetched::NotModified => bail!(
+                Network,
+                "GET {}: the server answered 304 to an unconditional request",
+                truncate(url, 200)
+            ),
+        }
+    }
+
+    /// The controller base: polling interval and links to what the server
+    /// wants of this device.
+    pub fn base(&self) -> Result<ControllerBase> {
+        let bytes = self.get(&self.url)?;
+        ddi::controller_base(&bytes).context("DDI controller base")
+    }
+
+    /// `link` (a deploymentBase or cancelAction link from the base) on the
+    /// configured server: its path from the action kind on, and its query.
+    fn own(&self, link: &ActionLink, kind: &str) -> String {
+        let query = link
+            .href
+            .split_once('?')
+            .map(|(_, q)| q.split('#').next().unwrap_or(""))
+            .filter(|q| !q.is_empty());
+        match query {
+            Some(q) => format!("{}/{kind}/{}?{q}", self.url, link.action_id),
+            None => format!("{}/{kind}/{}", self.url, link.action_id),
+        }
+    }
+
+    /// The deployment an action link names.
+    pub fn deployment(&self, link: &ActionLink) -> Result<Deployment> {
+        let bytes = self.get(&self.own(link, "deploymentBase"))?;
+        let d = ddi::deployment(&bytes)?;
+        if d.action_id != link.action_id {
+            bail!(
+                Malformed,
+                "deploymentBase {} describes action {}",
+                link.action_id,
+                d.action_id
+            );
+        }
+        Ok(d)
+    }
+
+    /// The cancelAction a link names.
+    pub fn cancel(&self, link: &ActionLink) -> Result<Cancel> {
+        let bytes = self.get(&self.own(link, "cancelAction"))?;
+        let c = ddi::cancel(&bytes)?;
+        if c.action_id != link.action_id {
+            bail!(
+                Malformed,
+                "cancelAction {} describes action {}",
+                link.action_id,
+                c.action_id
+            );
+        }
+        Ok(c)
+    }
+
+    /// Send one outbox row of this mode.
+    pub fn send(&self, entry: &OutboxEntry) -> Result<Sent> {
+        let row = Row::parse(&entry.body)
+            .with_context(|| format!("outbox row {} ({})", entry.seq, entry.kind))?;
+        let url = format!("{}/{}", self.url, row.path);
+        let body = row.body.to_string().into_bytes();
+        let status = self.fetcher.send_json(row.method, &url, None, &body)?;
+        Ok(match status {
+            200..=299 => Sent::Delivered,
+            410 => Sent::Gone,
+            400 | 404 | 409 | 422 => Sent::Refused(status),
+            _ => bail!(
+                Network,
+                "{} {}: HTTP status {status}{}",
+                row.method,
+                truncate(&url, 200),
+                if matches!(status, 401 | 403) {
+                    " (check server.ddi_auth and the token in server.token_file)"
+                } else {
+                    ""
+                }
+            ),
+        })
+    }
+}
+
+/// Whether `entry` is a queued feedback that closes deployment `action`
+/// (`closed`, or a cancel of it accepted).
+pub fn closes(entry: &OutboxEntry, action: &str) -> bool {
+    if entry.kind != FEEDBACK {
+        return false;
+    }
+    let Ok(row) = Row::parse(&entry.body) else {
+        return false;
+    };
+    row.path == format!("deploymentBase/{action}/feedback")
+        && row.body["status"]["execution"] == "closed"
+}
+
+/// How the server took a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// 2xx.
+    Delivered,
+    /// 410: the action is no longer active (closed, cancelled or deleted
+    /// on the server); nothing more can be said about it.
+    Gone,
+    /// A 4xx that sending again cannot change (the request is refused as
+    /// it is, or the action is unknown).
+    Refused(u16),
+}
+
+/// What an outbox row of this mode holds: the request to make on the
+/// controller resource.
+struct Row {
+    method: &'static str,
+    /// Below the controller resource, e.g. `deploymentBase/8/feedback`.
+    path: String,
+    body: Value,
+}
+
+impl Row {
+    fn to_json(&self) -> String {
+        json!({ "method": self.method, "path": self.path, "body": self.body }).to_string()
+    }
+
+    fn parse(text: &str) -> Result<Row> {
+        let v: Value = serde_json::from_str(text).map_err(|e| err!(Store, "not JSON: {e}"))?;
+        let method = match v["method"].as_str() {
+            Some("POST") => "POST",
+            Some("PUT") => "PUT",
+            other => bail!(Store, "unknown method {other:?}"),
+        };
+        let Some(path) = v["path"].as_str() else {
+            bail!(Store, "no path");
+        };
+        // Written by this module: segments of the controller resource.
+        if path.is_empty() || !path.split('/').all(ddi::is_path_token) {
+            bail!(Store, "path {path:?} is not below the controller resource");
+        }
+        Ok(Row {
+            method,
+            path: path.to_string(),
+            body: v["body"].clone(),
+        })
+    }
+}
+
+/// Which resource a feedback answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answering {
+    Deployment,
+    Cancel,
+}
+
+impl Answering {
+    fn path(self) -> &'static str {
+        match self {
+            Answering::Deployment => "deploymentBase",
+            Answering::Cancel => "cancelAction",
+        }
+    }
+}
+
+/// The outbox row of a feedback that changes an action's state.
+pub fn feedback(to: Answering, f: &Feedback) -> Pending {
+    row(FEEDBACK, false, to, f)
+}
+
+/// The outbox row of a progress feedback (`proceeding`, with `cnt` of
+/// `of`): folded into the newest queued row when that is a progress row
+/// too, so an offline device does not queue one per step, and hawkBit's
+/// per-action status quota (`maxStatusEntriesPerAction`) is never reached.
+pub fn progress(f: &Feedback) -> Pending {
+    row(PROGRESS, true, Answering::Deployment, f)
+}
+
+fn row(kind: &'static str, foldable: bool, to: Answering, f: &Feedback) -> Pending {
+    let body: Value = serde_json::from_slice(&f.to_json()).unwrap_or(Value::Null);
+    Pending {
+        key: new_key(),
+        kind,
+        foldable,
+        body: Row {
+            method: "POST",
+            path: format!("{}/{}/feedback", to.path(), f.action_id),
+            body,
+        }
+        .to_json(),
+    }
+}
+
+/// The outbox row of a configData `PUT`.
+pub fn config_data(attributes: &[(&str, &str)]) -> Result<Pending> {
+    let body: Value = serde_json::from_slice(&ddi::config_data(attributes)?)
+        .map_err(|e| err!(Malformed, "configData: {e}"))?;
+    Ok(Pending {
+        key: new_key(),
+        kind: CONFIG,
+        foldable: true,
+        body: Row {
+            method: "PUT",
+            path: "configData".into(),
+            body,
+        }
+        .to_json(),
+    })
+}
+
+/// Deliver queued rows in order until the outbox is empty or a request
+/// fails; rows of static mode (queued for a `report_url` the
+/// configuration no longer has) are dropped with a warning. Returns how
+/// many went out.
+pub fn deliver(store: &Store, controller: &Controller, t: &mut dyn Ticker) -> Result<usize> {
+    let mut sent = 0;
+    loop {
+        let batch = store.outbox_peek(16)?;
+        if batch.is_empty() {
+            return Ok(sent);
+        }
+        for e in batch {
+            if !is_ddi_kind(&e.kind) {
+                log::warn!(
+                    "dropping queued {} report {}: it was queued for server.report_url, and this device now reports to a DDI server",
+                    e.kind,
+                    e.key
+                );
+                store.outbox_ack(e.seq)?;
+                continue;
+            }
+            let c = controller.clone();
+            let row = e.clone();
+            match crate::worker::offload("report", move || c.send(&row), t)?? {
+                Sent::Delivered => {}
+                Sent::Gone => log::info!(
+                    "{}: the DDI server answered 410 (the action is no longer active); counted as delivered",
+                    describe(&e)
+                ),
+                Sent::Refused(status) => log::error!(
+                    "{}: the DDI server refused it with {status}; dropped (sending it again cannot change that)",
+                    describe(&e)
+                ),
+            }
+            store.outbox_ack(e.seq)?;
+            sent += 1;
+        }
+    }
+}
+
+/// An outbox row for the log: its request.
+fn describe(e: &OutboxEntry) -> String {
+    match Row::parse(&e.body) {
+        Ok(r) => format!("{} {}", r.method, r.path),
+        Err(_) => format!("outbox row {}", e.seq),
+    }
+}
+
+/// Where the release a deployment assigns is: the one bundle artifact of
+/// the deployment, or a chunk's `manifest.json` with the files beside it.
+/// Files are named by their last path segment; a key document `N.json`
+/// stands for `keys/N.json`, anything else for `artifacts/NAME`.
+pub fn release_origin(d: &Deployment) -> Result<Origin> {
+    let all: Vec<&ddi::Artifact> = d.chunks.iter().flat_map(|c| &c.artifacts).collect();
+    let link = |a: &ddi::Artifact| -> Result<String> {
+        a.download.clone().ok_or_else(|| {
+            err!(
+                Malformed,
+                "deployment {}: artifact {:?} has no `download` link (only `download` links are used, never `download-http`; hawkBit writes them when hawkbit.artifact.url.protocols names a `download` protocol over https)",
+                d.action_id,
+                a.filename
+            )
+        })
+    };
+    if all.iter().any(|a| a.filename == crate::bundle::MANIFEST) {
+        let manifest = link(d.artifact(crate::bundle::MANIFEST)?)?;
+        let mut files = std::collections::BTreeMap::new();
+        for a in all.iter().filter(|a| a.filename != crate::bundle::MANIFEST) {
+            let Some(href) = &a.download else { continue };
+            let name = &a.filename;
+            let rel = if name.ends_with(".json")
+                && name.len() > 5
+                && name[..name.len() - 5].bytes().all(|b| b.is_ascii_digit())
+            {
+                format!("keys/{name}")
+            } else {
+                format!("artifacts/{name}")
+            };
+            if files.insert(rel.clone(), href.clone()).is_some() {
+                bail!(
+                    Malformed,
+                    "deployment {}: two artifacts stand for {rel}",
+                    d.action_id
+                );
+            }
+        }
+        return Ok(Origin::Links { manifest, files });
+    }
+    match all.as_slice() {
+        [one] => Ok(Origin::RemoteBundle { url: link(one)? }),
+        [] => bail!(
+            Malformed,
+            "deployment {}: no artifacts (expected a release bundle, or manifest.json with the files it names)",
+            d.action_id
+        ),
+        many => bail!(
+            Malformed,
+            "deployment {}: {} artifacts but no manifest.json (expected one release bundle, or manifest.json with the files it names)",
+            d.action_id,
+            many.len()
+        ),
+    }
+}
+
+/// The server's listing of the files the signed manifest names must agree
+/// with it where it says anything: a size or a sha256 that differs is
+/// refused before a byte is downloaded (the download would fail its hash
+/// anyway; this names the culprit).
+pub fn check_listing(d: &Deployment, m: &Manifest) -> Result<()> {
+    let signed = std::iter::once((&m.artifact.url, m.artifact.size, &m.artifact.sha256))
+        .chain(m.deltas.iter().map(|x| (&x.url, x.size, &x.sha256)));
+    for (url, size, sha256) in signed {
+        let name = url.rsplit('/').next().unwrap_or(url);
+        let Some(a) = d
+            .chunks
+            .iter()
+            .flat_map(|c| &c.artifacts)
+            .find(|a| a.filename == name)
+        else {
+            continue;
+        };
+        if let Some(s) = a.size {
+            if s != size {
+                bail!(
+                    Integrity,
+                    "deployment {}: artifact {name:?} is listed with {s} bytes, the signed manifest says {size}",
+                    d.action_id
+                );
+            }
+        }
+        if let Some(h) = &a.sha256 {
+            if h != sha256 {
+                bail!(
+                    Integrity,
+                    "deployment {}: artifact {name:?} is listed with sha256 {}, the signed manifest says {}",
+                    d.action_id,
+                    h.short(),
+                    sha256.short()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment(artifacts: &str) -> Deployment {
+        ddi::deployment(
+            format!(
+                r#"{{"id":"8","deployment":{{"chunks":[{{"part":"os","version":"1.1","name":"rootfs","artifacts":[{artifacts}]}}]}}}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    fn artifact(name: &str) -> String {
+        format!(
+            r#"{{"filename":"{name}","size":3,"_links":{{"download":{{"href":"https://cdn.example/{name}"}}}}}}"#
+        )
+    }
+
+    #[test]
+    fn a_chunk_with_manifest_json_is_a_release_directory_by_file_name() {
+        let d = deployment(
+            &[
+                artifact("manifest.json"),
+                artifact("3.json"),
+                artifact("ab.zst"),
+            ]
+            .join(","),
+        );
+        let Origin::Links { manifest, files } = release_origin(&d).unwrap() else {
+            panic!("not links");
+        };
+        assert_eq!(manifest, "https://cdn.example/manifest.json");
+        assert_eq!(
+            files.into_iter().collect::<Vec<_>>(),
+            vec![
+                (
+                    "artifacts/ab.zst".to_string(),
+                    "https://cdn.example/ab.zst".to_string()
+                ),
+                (
+                    "keys/3.json".to_string(),
+                    "https://cdn.example/3.json".to_string()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_single_artifact_is_a_bundle_and_anything_else_is_refused() {
+        let d = deployment(&artifact("release-1.1.updraft"));
+        assert_eq!(
+            release_origin(&d).unwrap(),
+            Origin::RemoteBundle {
+                url: "https://cdn.example/release-1.1.updraft".into()
+            }
+        );
+        let e = release_origin(&deployment(&[artifact("a"), artifact("b")].join(",")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("2 artifacts but no manifest.json"), "{e}");
+        let e = release_origin(&deployment("")).unwrap_err().to_string();
+        assert!(e.contains("no artifacts"), "{e}");
+        let e = release_origin(&deployment(r#"{"filename":"x.updraft","size":1}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has no `download` link"), "{e}");
+    }
+
+    #[test]
+    fn rows_name_the_request_and_refuse_paths_outside_the_controller() {
+        let f = Feedback {
+            action_id: "8".into(),
+            execution: ddi::Execution::Closed,
+            finished: ddi::Finished::Success,
+            progress: None,
+            details: vec!["committed".into()],
+            timestamp_ms: 1,
+        };
+        let p = feedback(Answering::Deployment, &f);
+        let row = Row::parse(&p.body).unwrap();
+        assert_eq!(
+            (row.method, row.path.as_str()),
+            ("POST", "deploymentBase/8/feedback")
+        );
+        assert_eq!(row.body["status"]["result"]["finished"], "success");
+        let c = feedback(Answering::Cancel, &f);
+        assert_eq!(Row::parse(&c.body).unwrap().path, "cancelAction/8/feedback");
+        assert!(progress(&f).foldable && !p.foldable);
+        let cd = config_data(&[("sw_version", "1.1")]).unwrap();
+        let row = Row::parse(&cd.body).unwrap();
+        assert_eq!((row.method, row.path.as_str()), ("PUT", "configData"));
+        for bad in [
+            r#"{"method":"POST","path":"../x"}"#,
+            r#"{"method":"POST","path":"a//b"}"#,
+            r#"{"method":"GET","path":"configData"}"#,
+            r#"{"method":"POST"}"#,
+            "nonsense",
+        ] {
+            assert!(Row::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
