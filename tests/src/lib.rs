@@ -12,6 +12,7 @@ pub mod bootenv;
 pub mod bundle;
 pub mod ca;
 pub mod collector;
+pub mod ddi_rig;
 pub mod ddi_server;
 pub mod device;
 pub mod faketime;

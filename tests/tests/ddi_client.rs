@@ -1,0 +1,647 @@
+//! updraft as a hawkBit DDI client (`server.kind = "hawkbit"`), against the
+//! hawkBit conformance server of the test support: what gooseBit cannot
+//! show. The release a deployment names is verified as in static mode;
+//! the server only orchestrates. Every feedback body is checked field by
+//! field against hawkBit's schema by the server.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use updraft::slot::SlotName;
+use updraft_tests::ddi_rig::{self, CONTROLLER, DdiAuth, Release, Rig, TOKEN};
+use updraft_tests::ddi_server::{
+    ActionStatus, Artifact, Auth, Channel, Chunk, DdiServer, Deployment, Execution, Finished,
+    Handling, MaintenanceWindow, Origin,
+};
+
+const WAIT: Duration = Duration::from_secs(120);
+const IMAGE: usize = 3 * 1024 * 1024 + 123;
+
+/// A device in DDI mode polling `server` every second.
+fn device(name: &str, server: &DdiServer, auth: DdiAuth, token: &str) -> Rig {
+    let mut rig = Rig::new(name);
+    let toml = ddi_rig::server_toml(
+        &server.base_url(),
+        server.tenant(),
+        server.ca_file(),
+        auth,
+        "1s",
+    );
+    rig.dev.reconfigure(|s| s.server = toml);
+    ddi_rig::provision(&rig.dev, token);
+    rig.dev.init();
+    rig
+}
+
+/// A conformance server asking for polls every second, knowing the
+/// device's target token.
+fn server() -> DdiServer {
+    let s = DdiServer::builder("DEFAULT")
+        .sleep("00:00:01")
+        .start()
+        .expect("starting the DDI server");
+    s.add_controller(CONTROLLER, TOKEN);
+    s
+}
+
+fn executions(server: &DdiServer, action: u64) -> Vec<(Execution, Finished)> {
+    server
+        .feedback(action)
+        .iter()
+        .filter(|f| f.channel == Channel::Deployment)
+        .filter_map(|f| Some((f.execution?, f.finished?)))
+        .collect()
+}
+
+/// Every feedback the server saw was accepted and broke no rule of the
+/// documented schema.
+fn assert_conforming(server: &DdiServer) {
+    let v = server.violations();
+    assert!(v.is_empty(), "schema violations: {v:#?}");
+    for f in server.feedback_log() {
+        assert!(
+            f.accepted() || f.status == 410,
+            "feedback answered {}: {:?} {}",
+            f.status,
+            f.execution,
+            String::from_utf8_lossy(&f.body)
+        );
+    }
+}
+
+fn closed_with(server: &DdiServer, action: u64, finished: Finished) -> String {
+    let fb = server.feedback(action);
+    let last = fb
+        .iter()
+        .rev()
+        .find(|f| f.execution == Some(Execution::Closed))
+        .unwrap_or_else(|| panic!("no closed feedback for action {action}: {fb:#?}"));
+    assert_eq!(last.finished, Some(finished), "{last:#?}");
+    last.details.join("\n")
+}
+
+/// The n-th `PUT configData` request's position among all requests, and
+/// the position of the first closed feedback of `action`.
+fn request_positions(server: &DdiServer, action: u64) -> (Vec<(usize, Option<String>)>, usize) {
+    let reqs = server.requests();
+    let puts: Vec<usize> = reqs
+        .iter()
+        .filter(|r| r.method == "PUT" && r.path().ends_with("/configData"))
+        .map(|r| r.seq)
+        .collect();
+    let versions: Vec<Option<String>> = server
+        .config_data_log()
+        .iter()
+        .map(|c| c.data.get("sw_version").cloned().flatten())
+        .collect();
+    let feedback_path = format!("/deploymentBase/{action}/feedback");
+    let posts: Vec<usize> = reqs
+        .iter()
+        .filter(|r| r.method == "POST" && r.path().ends_with(&feedback_path))
+        .map(|r| r.seq)
+        .collect();
+    let log: Vec<_> = server
+        .feedback_log()
+        .into_iter()
+        .filter(|f| f.action_id == Some(action) && f.channel == Channel::Deployment)
+        .collect();
+    let closed = log
+        .iter()
+        .position(|f| f.execution == Some(Execution::Closed))
+        .map(|i| posts[i])
+        .unwrap_or(usize::MAX);
+    (puts.into_iter().zip(versions).collect(), closed)
+}
+
+fn deploy(server: &DdiServer, d: Deployment) {
+    server.deploy(CONTROLLER, d);
+}
+
+#[test]
+fn an_assigned_release_is_installed_and_closed_with_success_only_after_its_commit() {
+    let server = server();
+    let mut rig = device("ddi-cycle", &server, DdiAuth::TargetToken, TOKEN);
+    let rel = rig.publish("1.1", 11, IMAGE, &[]);
+    deploy(&server, Deployment::new(1).chunk(rel.chunk()));
+    rig.dev.start_daemon();
+    rig.dev.wait_reboot_requested(WAIT);
+    let st = rig
+        .dev
+        .wait_for("rebooting", WAIT, |s| s["state"] == json!("rebooting"));
+    assert_eq!(st["job"]["ddi"]["id"], json!("1"), "{st:#}");
+    assert!(
+        server.action(1).active,
+        "the action must stay open until the commit"
+    );
+    let before = executions(&server, 1);
+    assert!(
+        !before.iter().any(|(e, _)| *e == Execution::Closed),
+        "{before:?}"
+    );
+    assert_eq!(rig.dev.reboot(), SlotName::B);
+    rig.dev.start_daemon();
+    rig.dev.wait_for("1.1 committed", WAIT, |s| {
+        s["state"] == json!("idle") && s["running_version"] == json!("1.1")
+    });
+    let action = server.wait_for_closed(1, WAIT);
+    assert!(action.finished(), "{action:#?}");
+    let why = closed_with(&server, 1, Finished::Success);
+    assert!(why.starts_with("release 1.1 committed in slot B"), "{why}");
+    let seq = executions(&server, 1);
+    assert_eq!(
+        seq.first(),
+        Some(&(Execution::Proceeding, Finished::None)),
+        "{seq:?}"
+    );
+    let downloaded = seq
+        .iter()
+        .position(|e| *e == (Execution::Downloaded, Finished::None))
+        .unwrap_or_else(|| panic!("no downloaded feedback: {seq:?}"));
+    assert_eq!(seq.last(), Some(&(Execution::Closed, Finished::Success)));
+    assert!(downloaded < seq.len() - 1);
+    // Download progress went as percent of the artifact, reaching 100.
+    let progress: Vec<_> = server
+        .feedback(1)
+        .iter()
+        .filter_map(|f| f.progress)
+        .collect();
+    assert!(
+        progress
+            .iter()
+            .all(|p| p.of == Some(100) && p.cnt.is_some_and(|c| (0..=100).contains(&c))),
+        "{progress:?}"
+    );
+    assert!(progress.iter().any(|p| p.cnt == Some(100)), "{progress:?}");
+    assert_conforming(&server);
+    // The server heard of 1.1 as the running version only after the
+    // commit's closed feedback.
+    let (puts, closed) = request_positions(&server, 1);
+    assert!(!puts.is_empty(), "no configData");
+    for (at, version) in &puts {
+        if version.as_deref() == Some("1.1") {
+            assert!(
+                *at > closed,
+                "sw_version 1.1 sent before the commit: {puts:?}, closed at {closed}"
+            );
+        }
+    }
+    assert_eq!(
+        server
+            .attributes(CONTROLLER)
+            .get("sw_version")
+            .map(String::as_str),
+        Some("1.1")
+    );
+    assert_eq!(
+        server
+            .attributes(CONTROLLER)
+            .get("hw_revision")
+            .map(String::as_str),
+        Some("testboard")
+    );
+    // Every request carried the device's own token; nothing used the
+    // plain-http links.
+    for r in server.requests_to(Origin::Ddi) {
+        assert_eq!(
+            r.authorization.as_deref(),
+            Some(format!("TargetToken {TOKEN}").as_str()),
+            "{r:?}"
+        );
+    }
+    assert!(server.requests_to(Origin::Http).is_empty());
+}
+
+#[test]
+fn a_failed_health_check_is_closed_with_failure_and_the_image_is_not_taken_again() {
+    let server = server();
+    let mut rig = device("ddi-rollback", &server, DdiAuth::TargetToken, TOKEN);
+    rig.dev
+        .health_check("10-fails", "echo 'app did not start' >&2; exit 1");
+    let rel = rig.publish("1.1", 12, IMAGE, &[]);
+    deploy(&server, Deployment::new(1).chunk(rel.chunk()));
+    rig.dev.start_daemon();
+    rig.dev.wait_reboot_requested(WAIT);
+    assert_eq!(rig.dev.reboot(), SlotName::B);
+    rig.dev.start_daemon();
+    // The failed trial reboots back into A.
+    rig.dev.wait_reboot_requested(WAIT);
+    assert_eq!(rig.dev.reboot(), SlotName::A);
+    rig.dev.start_daemon();
+    let action = server.wait_for_closed(1, WAIT);
+    assert_eq!(action.status, ActionStatus::Error, "{action:#?}");
+    let why = closed_with(&server, 1, Finished::Failure);
+    assert!(why.contains("rolled back"), "{why}");
+    let (puts, _) = request_positions(&server, 1);
+    assert!(
+        puts.iter().all(|(_, v)| v.as_deref() != Some("1.1")),
+        "{puts:?}"
+    );
+    // The same image assigned again is declined without a download.
+    let served = server.bytes_served(&artifact_name(&rel));
+    deploy(&server, Deployment::new(2).chunk(rel.chunk()));
+    server.wait_for_closed(2, WAIT);
+    let why = closed_with(&server, 2, Finished::Failure);
+    assert!(why.contains("was rolled back before"), "{why}");
+    assert_eq!(server.bytes_served(&artifact_name(&rel)), served);
+    assert_eq!(rig.dev.booted(), SlotName::A);
+    assert_conforming(&server);
+}
+
+/// The file name of a release's full artifact as the chunk lists it.
+fn artifact_name(rel: &Release) -> String {
+    rel.repo
+        .artifact()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_download_only_action_writes_the_slot_and_a_later_forced_one_switches_without_downloading_again()
+ {
+    let server = server();
+    let mut rig = device("ddi-download-only", &server, DdiAuth::TargetToken, TOKEN);
+    let rel = rig.publish("1.1", 13, IMAGE, &[]);
+    deploy(
+        &server,
+        Deployment::new(1).download_only().chunk(rel.chunk()),
+    );
+    rig.dev.start_daemon();
+    let action = server.wait_for_closed(1, WAIT);
+    assert_eq!(action.status, ActionStatus::Downloaded, "{action:#?}");
+    let st = rig.dev.wait_for("held by the server", WAIT, |s| {
+        s["policy"]["waiting_for"] == json!("server")
+    });
+    assert_eq!(st["state"], json!("installed"), "{st:#}");
+    assert!(
+        !rig.dev.reboot_marker.exists(),
+        "no reboot for a download-only action"
+    );
+    let served = server.bytes_served(&artifact_name(&rel));
+    assert!(served > 0);
+    // Feedback after the action closed is answered 410 and counted as
+    // delivered: the outbox drains.
+    rig.dev
+        .wait_for("the outbox drained", WAIT, |s| s["outbox"] == json!(0));
+    // An action that installs the same release switches the written slot.
+    deploy(&server, Deployment::new(2).chunk(rel.chunk()));
+    rig.dev.wait_reboot_requested(WAIT);
+    assert_eq!(
+        server.bytes_served(&artifact_name(&rel)),
+        served,
+        "downloaded again"
+    );
+    assert_eq!(rig.dev.reboot(), SlotName::B);
+    rig.dev.start_daemon();
+    assert!(server.wait_for_closed(2, WAIT).finished());
+    assert_conforming(&server);
+}
+
+#[test]
+fn a_closed_maintenance_window_holds_the_switch_until_the_server_opens_it() {
+    let server = server();
+    let mut rig = device("ddi-window", &server, DdiAuth::TargetToken, TOKEN);
+    let rel = rig.publish("1.1", 14, IMAGE, &[]);
+    deploy(
+        &server,
+        Deployment::new(1)
+            .maintenance_window(MaintenanceWindow::Unavailable)
+            .chunk(rel.chunk()),
+    );
+    rig.dev.start_daemon();
+    let st = rig.dev.wait_for("held by the server's window", WAIT, |s| {
+        s["state"] == json!("installed") && s["policy"]["waiting_for"] == json!("server")
+    });
+    assert_eq!(st["job"]["ddi"]["maintenance_window"], json!("unavailable"));
+    // Several polls later, still held.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(!rig.dev.reboot_marker.exists());
+    assert!(server.action(1).active);
+    server.set_maintenance_window(1, Some(MaintenanceWindow::Available));
+    rig.dev.wait_reboot_requested(WAIT);
+    assert_eq!(rig.dev.reboot(), SlotName::B);
+    rig.dev.start_daemon();
+    assert!(server.wait_for_closed(1, WAIT).finished());
+    assert_conforming(&server);
+}
+
+#[test]
+fn download_skip_starts_nothing_until_the_server_changes_its_mind() {
+    let server = server();
+    let mut rig = device("ddi-skip", &server, DdiAuth::TargetToken, TOKEN);
+    let rel = rig.publish("1.1", 15, IMAGE, &[]);
+    deploy(
+        &server,
+        Deployment::new(1)
+            .soft()
+            .handling(Handling::Skip, Handling::Skip)
+            .chunk(rel.chunk()),
+    );
+    rig.dev.start_daemon();
+    rig.dev.wait_log("download = skip", WAIT);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(server.bytes_served(&artifact_name(&rel)), 0);
+    assert_eq!(rig.dev.status()["state"], json!("idle"));
+    assert!(executions(&server, 1).is_empty());
+}
+
+#[test]
+fn a_cancel_during_the_download_stops_it_leaves_slot_a_alone_and_is_accepted() {
+    let server = server();
+    let mut rig = device("ddi-cancel", &server, DdiAuth::TargetToken, TOKEN);
+    rig.dev
+        .reconfigure(|s| s.policy = "max_rate = \"128K\"".into());
+    let before = rig.dev.slot_bytes(SlotName::A);
+    let rel = rig.publish("1.1", 16, IMAGE, &[]);
+    deploy(&server, Deployment::new(1).chunk(rel.chunk()));
+    rig.dev.start_daemon();
+    rig.dev
+        .wait_for("downloading", WAIT, |s| s["state"] == json!("downloading"));
+    server.wait_until(WAIT, |s| {
+        s.feedback(1)
+            .iter()
+            .any(|f| f.progress.is_some_and(|p| p.cnt >= Some(10)))
+    });
+    server.cancel(CONTROLLER, 1);
+    let action = server.wait_for_closed(1, WAIT);
+    assert_eq!(action.status, ActionStatus::Canceled, "{action:#?}");
+    let st = rig
+        .dev
+        .wait_for("back to idle", WAIT, |s| s["state"] == json!("idle"));
+    assert_eq!(st["last_install"]["result"], json!("cancelled"), "{st:#}");
+    let answer: Vec<_> = server
+        .feedback(1)
+        .into_iter()
+        .filter(|f| f.channel == Channel::Cancel)
+        .collect();
+    assert_eq!(answer.len(), 1, "{answer:#?}");
+    assert_eq!(
+        (answer[0].execution, answer[0].finished),
+        (Some(Execution::Closed), Some(Finished::Success))
+    );
+    // Stopped part-way: the download never reached its end.
+    assert!(
+        !server
+            .feedback(1)
+            .iter()
+            .any(|f| f.progress.is_some_and(|p| p.cnt == Some(100))),
+        "{:#?}",
+        server.feedback(1)
+    );
+    assert!(
+        !executions(&server, 1)
+            .iter()
+            .any(|(e, _)| *e == Execution::Downloaded),
+        "{:?}",
+        executions(&server, 1)
+    );
+    assert_eq!(rig.dev.slot_bytes(SlotName::A), before, "slot A changed");
+    assert_eq!(rig.dev.boot_script(), Some(SlotName::A));
+    assert!(!rig.dev.reboot_marker.exists());
+    assert_conforming(&server);
+}
+
+#[test]
+fn a_cancel_after_the_reboot_was_requested_is_rejected() {
+    let server = server();
+    let mut rig = device("ddi-cancel-late", &server, DdiAuth::TargetToken, TOKEN);
+    let rel = rig.publish("1.1", 17, IMAGE, &[]);
+    deploy(&server, Deployment::new(1).chunk(rel.chunk()));
+    rig.dev.start_daemon();
+    rig.dev.wait_reboot_requested(WAIT);
+    server.cancel(CONTROLLER, 1);
+    server.wait_until(WAIT, |s| {
+        s.feedback(1).iter().any(|f| f.channel == Channel::Cancel)
+    });
+    let answer = server
+        .feedback(1)
+        .into_iter()
+        .find(|f| f.channel == Channel::Cancel)
+        .expect("a cancel answer");
+    assert_eq!(answer.execution, Some(Execution::Rejected), "{answer:#?}");
+    assert!(
+        answer
+            .details
+            .join(" ")
+            .contains("cannot be cancelled past its switch"),
+        "{answer:#?}"
+    );
+    // hawkBit runs the action again; the device goes on with it.
+    assert_eq!(rig.dev.reboot(), SlotName::B);
+    rig.dev.start_daemon();
+    assert!(server.wait_for_closed(1, WAIT).finished());
+    assert_conforming(&server);
+}
+
+#[test]
+fn a_gateway_token_goes_to_the_ddi_server_and_no_credentials_to_another_origin() {
+    let server = DdiServer::builder("DEFAULT")
+        .sleep("00:00:01")
+        .auth(Auth::GatewayToken("gw-tenant-secret".into()))
+        .start()
+        .expect("starting the DDI server");
+    server.add_controller(CONTROLLER, "unused");
+    let mut rig = device(
+        "ddi-gateway",
+        &server,
+        DdiAuth::GatewayToken,
+        "gw-tenant-secret",
+    );
+    let rel = rig.publish("1.1", 18, IMAGE, &[]);
+    let mut chunk = Chunk::new("os", "rootfs", "1.1");
+    for (rel_path, path) in rel.files() {
+        let name = rel_path.rsplit('/').next().unwrap_or(&rel_path).to_string();
+        chunk = chunk.artifact(Artifact::named(&name, path).from_cdn());
+    }
+    deploy(&server, Deployment::new(1).chunk(chunk));
+    rig.dev.start_daemon();
+    rig.dev.wait_reboot_requested(WAIT);
+    let cdn = server.requests_to(Origin::Cdn);
+    assert!(!cdn.is_empty(), "nothing fetched from the other origin");
+    for r in &cdn {
+        assert_eq!(
+            r.authorization, None,
+            "credentials sent to another origin: {r:?}"
+        );
+    }
+    for r in server.requests_to(Origin::Ddi) {
+        assert_eq!(
+            r.authorization.as_deref(),
+            Some("GatewayToken gw-tenant-secret"),
+            "{r:?}"
+        );
+    }
+    assert_conforming(&server);
+}
+
+#[test]
+fn a_throttled_server_is_polled_again_only_after_its_retry_after() {
+    let server = server();
+    let mut rig = device("ddi-throttle", &server, DdiAuth::TargetToken, TOKEN);
+    let rel = rig.publish("1.1", 19, IMAGE, &[]);
+    server.throttle(2, Some(3));
+    deploy(&server, Deployment::new(1).chunk(rel.chunk()));
+    rig.dev.start_daemon();
+    rig.dev.wait_reboot_requested(WAIT);
+    let reqs = server.requests_to(Origin::Ddi);
+    let throttled: Vec<_> = reqs.iter().filter(|r| r.status == 429).collect();
+    assert_eq!(throttled.len(), 2, "{reqs:#?}");
+    for t in throttled {
+        let next = reqs
+            .iter()
+            .find(|r| r.seq > t.seq)
+            .expect("a request after the 429");
+        let gap = next.received.duration_since(t.received).unwrap_or_default();
+        assert!(
+            gap >= Duration::from_millis(2900),
+            "asked again {gap:?} after a 429 with Retry-After: 3"
+        );
+    }
+}
+
+#[test]
+fn a_manifest_that_does_not_verify_is_refused_closed_with_failure_and_nothing_is_written() {
+    let server = server();
+    let mut rig = device("ddi-badsig", &server, DdiAuth::TargetToken, TOKEN);
+    let stranger = rig.stranger_key();
+    let rel = rig.publish("1.1", 20, IMAGE, &[]);
+    rel.repo.resign(&[&stranger], |_| {});
+    let snap = rig.dev.snapshot();
+    deploy(&server, Deployment::new(1).chunk(rel.chunk()));
+    rig.dev.start_daemon();
+    server.wait_for_closed(1, WAIT);
+    let why = closed_with(&server, 1, Finished::Failure);
+    assert!(why.contains("signature"), "{why}");
+    assert_eq!(server.bytes_served(&artifact_name(&rel)), 0);
+    rig.dev.stop_daemon();
+    snap.assert_unchanged(&rig.dev.snapshot());
+    assert_conforming(&server);
+}
+
+#[test]
+fn a_listing_whose_hash_differs_from_the_signed_one_is_refused_before_the_download() {
+    let server = server();
+    let mut rig = device("ddi-listing", &server, DdiAuth::TargetToken, TOKEN);
+    let rel = rig.publish("1.1", 21, IMAGE, &[]);
+    let other = rig.publish("9.9", 99, IMAGE, &[]);
+    let name = artifact_name(&rel);
+    // The chunk lists the artifact's name with another file's bytes (and
+    // so another sha256 and size).
+    let mut chunk = Chunk::new("os", "rootfs", "1.1");
+    for (rel_path, path) in rel.files() {
+        let n = rel_path.rsplit('/').next().unwrap_or(&rel_path).to_string();
+        let path = if n == name {
+            other.repo.artifact()
+        } else {
+            path
+        };
+        chunk = chunk.artifact(Artifact::named(&n, path));
+    }
+    let snap = rig.dev.snapshot();
+    deploy(&server, Deployment::new(1).chunk(chunk));
+    rig.dev.start_daemon();
+    server.wait_for_closed(1, WAIT);
+    let why = closed_with(&server, 1, Finished::Failure);
+    assert!(why.contains("the signed manifest says"), "{why}");
+    assert_eq!(server.bytes_served(&name), 0);
+    rig.dev.stop_daemon();
+    // The manifest itself verified (its serial is taken, as any verified
+    // poll's); nothing was written and nothing switched.
+    let after = rig.dev.snapshot();
+    assert_eq!((&snap.slot_a, &snap.slot_b), (&after.slot_a, &after.slot_b));
+    assert_eq!(
+        (&snap.state, &snap.boot_state),
+        (&after.state, &after.boot_state)
+    );
+}
+
+#[test]
+fn an_oversized_deployment_is_refused_and_closed_with_failure() {
+    let server = server();
+    let mut rig = device("ddi-oversized", &server, DdiAuth::TargetToken, TOKEN);
+    let rel = rig.publish("1.1", 22, IMAGE, &[]);
+    let mut chunk = rel.chunk();
+    for i in 0..70 {
+        chunk = chunk.artifact(Artifact::named(
+            &format!("pad-{i}.bin"),
+            rel.repo.manifest(),
+        ));
+    }
+    let snap = rig.dev.snapshot();
+    deploy(&server, Deployment::new(1).chunk(chunk));
+    rig.dev.start_daemon();
+    server.wait_for_closed(1, WAIT);
+    let why = closed_with(&server, 1, Finished::Failure);
+    assert!(why.contains("at most 64"), "{why}");
+    rig.dev.stop_daemon();
+    snap.assert_unchanged(&rig.dev.snapshot());
+}
+
+#[test]
+fn a_hostile_bundle_is_refused_and_closed_with_failure() {
+    let server = server();
+    let mut rig = device("ddi-bad-bundle", &server, DdiAuth::TargetToken, TOKEN);
+    let rel = rig.publish("1.1", 23, IMAGE, &[]);
+    let bundle = rel.bundle(&rig.dev.path("release-1.1.updraft"));
+    // A name far beyond the cap in the first header: the walker must stop
+    // there, naming it.
+    let mut bytes = std::fs::read(&bundle).expect("reading the bundle");
+    let namesize = b"00100000";
+    bytes[94..102].copy_from_slice(namesize);
+    let hostile = rig.dev.path("hostile.updraft");
+    std::fs::write(&hostile, &bytes).expect("writing the hostile bundle");
+    let snap = rig.dev.snapshot();
+    deploy(
+        &server,
+        Deployment::new(1)
+            .chunk(Chunk::new("os", "rootfs", "1.1").artifact(Artifact::file(&hostile))),
+    );
+    rig.dev.start_daemon();
+    server.wait_for_closed(1, WAIT);
+    let why = closed_with(&server, 1, Finished::Failure);
+    assert!(why.contains("bundle"), "{why}");
+    rig.dev.stop_daemon();
+    snap.assert_unchanged(&rig.dev.snapshot());
+}
+
+#[test]
+fn a_release_the_device_runs_already_is_closed_with_success_and_nothing_is_written() {
+    let server = server();
+    let mut rig = device("ddi-factory", &server, DdiAuth::TargetToken, TOKEN);
+    // The device was flashed with 1.0: its marker says so.
+    let rel = rig.publish("1.0", 24, IMAGE, &[]);
+    let payload: Value = rel.repo.payload();
+    let marker = rig.dev.path("release");
+    std::fs::write(
+        &marker,
+        format!(
+            "UPDRAFT_RELEASE=1.0\nUPDRAFT_IMAGE_SHA256={}\n",
+            payload["image"]["sha256"].as_str().expect("image sha256")
+        ),
+    )
+    .expect("writing the release marker");
+    let marker_line = format!("release_file = {:?}", marker.display().to_string());
+    rig.dev.reconfigure(|s| s.device = marker_line);
+    let b_before = rig.dev.slot_bytes(SlotName::B);
+    deploy(&server, Deployment::new(1).chunk(rel.chunk()));
+    rig.dev.start_daemon();
+    assert!(server.wait_for_closed(1, WAIT).finished());
+    let why = closed_with(&server, 1, Finished::Success);
+    assert!(why.contains("already running"), "{why}");
+    assert_eq!(server.bytes_served(&artifact_name(&rel)), 0);
+    assert_eq!(rig.dev.slot_bytes(SlotName::B), b_before);
+    assert!(!rig.dev.reboot_marker.exists());
+    server.wait_until(WAIT, |s| {
+        s.attributes(CONTROLLER)
+            .get("sw_version")
+            .map(String::as_str)
+            == Some("1.0")
+    });
+    assert_eq!(
+        server
+            .attributes(CONTROLLER)
+            .get("sw_version")
+            .map(String::as_str),
+        Some("1.0")
+    );
+}
