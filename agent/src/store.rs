@@ -623,6 +623,13 @@ impl Store {
     /// of the same kind when that one is also foldable and is the newest
     /// row overall (so order is never changed), counting the occurrences.
     pub fn push_report(&self, r: &Report<'_>) -> Result<()> {
+        self.push_report_besides(r, None)
+    }
+
+    /// [`Store::push_report`], never folding into row `in_flight` (a row
+    /// being sent on another thread: what is folded into it would be lost
+    /// when its delivery removes it).
+    pub fn push_report_besides(&self, r: &Report<'_>, in_flight: Option<i64>) -> Result<()> {
         let now = Timestamp::now().0;
         if r.foldable {
             let newest: Option<(i64, String, bool)> = self
@@ -634,7 +641,7 @@ impl Store {
                 )
                 .optional()?;
             if let Some((seq, kind, true)) = newest {
-                if kind == r.kind {
+                if kind == r.kind && Some(seq) != in_flight {
                     self.conn.execute(
                         "UPDATE outbox SET count = count + 1, updated = ?1, body = ?2 WHERE seq = ?3",
                         params![now, r.body, seq],
@@ -857,5 +864,16 @@ mod tests {
         assert_eq!(summary, vec![("h1", 2), ("r1", 1), ("h3", 2)]);
         s.outbox_ack(rows[0].seq).unwrap();
         assert_eq!(s.outbox_len().unwrap(), 2);
+        // A row being sent is not folded into: what it would carry would
+        // go with the row.
+        let newest = rows[2].seq;
+        s.push_report_besides(&hb("h5"), Some(newest)).unwrap();
+        let keys: Vec<String> = s
+            .outbox_peek(10)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.key)
+            .collect();
+        assert_eq!(keys, vec!["r1", "h3", "h5"]);
     }
 }

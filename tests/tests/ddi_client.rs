@@ -343,6 +343,25 @@ fn download_skip_starts_nothing_until_the_server_changes_its_mind() {
     assert_eq!(server.bytes_served(&artifact_name(&rel)), 0);
     assert_eq!(rig.dev.status()["state"], json!("idle"));
     assert!(executions(&server, 1).is_empty());
+    // Polled every second, but the waiting action was read once: each
+    // read is an entry in the action's history on a hawkBit server.
+    let polls = server
+        .requests_to(Origin::Ddi)
+        .iter()
+        .filter(|r| {
+            r.method == "GET" && r.path().ends_with(&format!("/controller/v1/{CONTROLLER}"))
+        })
+        .count();
+    let reads = server
+        .requests_to(Origin::Ddi)
+        .iter()
+        .filter(|r| r.method == "GET" && r.path().ends_with("/deploymentBase/1"))
+        .count();
+    assert!(polls >= 3, "{polls} polls");
+    assert_eq!(
+        reads, 1,
+        "deploymentBase read {reads} times in {polls} polls"
+    );
 }
 
 #[test]

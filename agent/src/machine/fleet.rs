@@ -49,6 +49,15 @@ const OUTBOX_SCAN: usize = 10_000;
 /// Store key: the configData attributes as last queued (JSON).
 const CONFIG_SENT: &str = "ddi_config";
 
+/// A deployment read before and still waiting, kept (in memory) so that
+/// polls under the same link do not read it again.
+pub(super) struct Seen {
+    href: String,
+    deployment: ddi::Deployment,
+    /// The manifest it names, as fetched (verified again each time).
+    manifest: Option<Vec<u8>>,
+}
+
 /// The milliseconds since the epoch, for feedback timestamps.
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -150,9 +159,22 @@ impl Machine {
                 "action {id} was closed here; waiting for the server to take its feedback"
             )));
         }
-        let d = {
-            let (c, l) = (c.clone(), link.clone());
-            crate::worker::offload("check", move || c.deployment(&l), t)?
+        // An action seen before under the same link (it waits for
+        // `download = skip` to change, or for the local write policy) is
+        // not read again: every read of a deploymentBase, and every
+        // download of its manifest without a Range, is an entry of the
+        // action's history on a hawkBit server, which keeps at most
+        // `maxStatusEntriesPerAction` of them.
+        let seen = self.fleet_seen.take().filter(|s| s.href == link.href);
+        let (d, manifest) = match seen {
+            Some(s) => (Ok(s.deployment), s.manifest),
+            None => {
+                let (c, l) = (c.clone(), link.clone());
+                (
+                    crate::worker::offload("check", move || c.deployment(&l), t)?,
+                    None,
+                )
+            }
         };
         let action = match &d {
             Ok(d) => Action::of(d, &link.href),
@@ -164,7 +186,7 @@ impl Machine {
                 maintenance_window: None,
             },
         };
-        match self.deployment_outcome(d, &action, state, t) {
+        match self.deployment_outcome(d, manifest, &action, state, t) {
             Ok(outcome) => Ok(outcome),
             Err(e) if refusal(&e) => {
                 log::error!("action {id}: {e}; closing it with failure");
@@ -179,6 +201,7 @@ impl Machine {
     fn deployment_outcome(
         &mut self,
         d: Result<ddi::Deployment>,
+        manifest: Option<Vec<u8>>,
         action: &Action,
         state: &State,
         t: &mut dyn Ticker,
@@ -186,11 +209,34 @@ impl Machine {
         let d = d?;
         let id = &action.id;
         if d.download == Handling::Skip {
+            self.fleet_seen = Some(Seen {
+                href: action.href.clone(),
+                deployment: d,
+                manifest: None,
+            });
             return Ok(CheckOutcome::NoChange(format!(
                 "action {id}: the server asks not to download yet (download = skip)"
             )));
         }
         let origin = hawkbit::release_origin(&d)?;
+        let raw = match manifest {
+            Some(bytes) => bytes,
+            None => {
+                let (o, f) = (origin.clone(), self.fetcher.clone());
+                let fetched = crate::worker::offload(
+                    "check",
+                    move || crate::source::Source::new(o, f, 0).manifest(None),
+                    t,
+                )??;
+                match fetched {
+                    crate::fetch::Fetched::Body { bytes, .. } => bytes,
+                    crate::fetch::Fetched::NotModified => bail!(
+                        Network,
+                        "action {id}: the manifest was answered 304 to an unconditional request"
+                    ),
+                }
+            }
+        };
         let mut poller = Poller {
             store: &self.store,
             trust: &mut self.trust,
@@ -199,7 +245,11 @@ impl Machine {
             compatible: &self.cfg.device.compatible,
             channel: &self.channel.name,
         };
-        let verified = match poller.verified_manifest(&origin, false, t)? {
+        let answer = Ok(crate::fetch::Fetched::Body {
+            bytes: raw.clone(),
+            etag: None,
+        });
+        let verified = match poller.verified_from(&origin, false, Some(answer), t)? {
             Polled::Verified(v) => *v,
             Polled::Stale(why) => return Ok(CheckOutcome::NoChange(why)),
         };
@@ -267,6 +317,16 @@ impl Machine {
             self.apply_write = operator_apply;
         }
         match outcome? {
+            CheckOutcome::NoChange(why) => {
+                // Waits (for the local write policy): looked at again
+                // from what was read now.
+                self.fleet_seen = Some(Seen {
+                    href: action.href.clone(),
+                    deployment: d,
+                    manifest: Some(raw),
+                });
+                Ok(CheckOutcome::NoChange(why))
+            }
             CheckOutcome::Running(why) => {
                 self.close_action(id, Finished::Success, vec![why.clone()])?;
                 Ok(CheckOutcome::Running(why))
@@ -614,7 +674,9 @@ impl FleetWatch<'_> {
                         p.total
                     )],
                 );
-                self.store.push_report(&hawkbit::progress(&f).as_report())?;
+                let in_flight = self.sending.as_ref().map(|(seq, _)| *seq);
+                self.store
+                    .push_report_besides(&hawkbit::progress(&f).as_report(), in_flight)?;
             }
         }
         let Some(call) = self.pending.as_ref() else {

@@ -207,6 +207,8 @@ pub struct Machine {
     fleet_config_sent: bool,
     /// The DDI server's cancel being carried out.
     stopping: Option<crate::ddi::Cancel>,
+    /// The deployment last read that waits (not started), by its link.
+    fleet_seen: Option<fleet::Seen>,
 }
 
 impl Machine {
@@ -285,6 +287,7 @@ impl Machine {
             fleet_action: None,
             fleet_config_sent: false,
             stopping: None,
+            fleet_seen: None,
         })
     }
 
