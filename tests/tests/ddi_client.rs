@@ -664,3 +664,76 @@ fn a_release_the_device_runs_already_is_closed_with_success_and_nothing_is_writt
         Some("1.0")
     );
 }
+
+#[test]
+fn feedback_made_while_the_server_was_unreachable_arrives_complete_and_in_order() {
+    let server = server();
+    let mut rig = device("ddi-offline", &server, DdiAuth::TargetToken, TOKEN);
+    let rel = rig.publish("1.1", 25, IMAGE, &[]);
+    // The artifacts come from another origin, so the download goes on
+    // while the DDI server itself answers nothing but 429.
+    let mut chunk = Chunk::new("os", "rootfs", "1.1");
+    for (rel_path, path) in rel.files() {
+        let name = rel_path.rsplit('/').next().unwrap_or(&rel_path).to_string();
+        let a = Artifact::named(&name, path);
+        chunk = chunk.artifact(if name == "manifest.json" {
+            a
+        } else {
+            a.from_cdn()
+        });
+    }
+    deploy(&server, Deployment::new(1).chunk(chunk));
+    rig.dev.start_daemon();
+    rig.dev.wait_for("downloading", WAIT, |s| {
+        s["state"] == json!("downloading") || s["state"] == json!("rebooting")
+    });
+    server.throttle_origin(Origin::Ddi, u32::MAX, None);
+    rig.dev.wait_reboot_requested(WAIT);
+    // Power is cut instead of the reboot: nothing queued is lost.
+    rig.dev.kill_daemon();
+    assert_eq!(rig.dev.boot_script(), Some(SlotName::B));
+    rig.dev.reboot_into(SlotName::B);
+    rig.dev.start_daemon();
+    rig.dev.wait_for("1.1 committed while offline", WAIT, |s| {
+        s["state"] == json!("idle") && s["running_version"] == json!("1.1")
+    });
+    let queued = rig.dev.status()["outbox"].as_u64().unwrap_or(0);
+    assert!(queued >= 3, "{queued} rows queued while offline");
+    assert!(server.action(1).active, "the server heard nothing yet");
+    server.throttle_origin(Origin::Ddi, 0, None);
+    let action = server.wait_for_closed(1, WAIT);
+    assert!(action.finished(), "{action:#?}");
+    rig.dev
+        .wait_for("the outbox drained", WAIT, |s| s["outbox"] == json!(0));
+    let seq: Vec<Execution> = executions(&server, 1).into_iter().map(|(e, _)| e).collect();
+    let order = |e: Execution| seq.iter().position(|x| *x == e);
+    assert!(
+        order(Execution::Downloaded) < order(Execution::Closed),
+        "{seq:?}"
+    );
+    assert_eq!(seq.last(), Some(&Execution::Closed), "{seq:?}");
+    assert_eq!(
+        seq.iter().filter(|e| **e == Execution::Closed).count(),
+        1,
+        "{seq:?}"
+    );
+    // The device's own times, not the delivery's: they never go back.
+    let times: Vec<i64> = server
+        .feedback(1)
+        .iter()
+        .filter_map(|f| f.timestamp)
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    let details: Vec<String> = server
+        .feedback(1)
+        .iter()
+        .flat_map(|f| f.details.clone())
+        .collect();
+    assert!(
+        details
+            .iter()
+            .any(|d| d.contains("booted slot B, running health checks")),
+        "{details:#?}"
+    );
+    assert_conforming(&server);
+}
