@@ -296,6 +296,15 @@ impl Machine {
                     state.name()
                 )));
             }
+            if job.ddi.is_none() {
+                // An operator's install (`updraft install`) is not
+                // replaced by the server.
+                return Ok(CheckOutcome::NoChange(format!(
+                    "action {id} waits: the operator's install of release {} is in progress ({})",
+                    job.version,
+                    state.name()
+                )));
+            }
         }
         // The job this check starts carries the action; `forced` lets the
         // download past `policy.write` (an operator's `updraft apply`
