@@ -737,3 +737,32 @@ fn feedback_made_while_the_server_was_unreachable_arrives_complete_and_in_order(
     );
     assert_conforming(&server);
 }
+
+#[test]
+fn a_token_file_others_can_read_is_refused_and_never_sent() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = server();
+    let mut rig = device("ddi-token-mode", &server, DdiAuth::TargetToken, TOKEN);
+    let token = rig.dev.state_dir.join("ddi-token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod 644");
+    rig.dev.start_daemon();
+    let st = rig.dev.wait_for("the token refused", WAIT, |s| {
+        s["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("has mode 0644") && e.contains("chmod 600"))
+    });
+    assert_eq!(st["state"], json!("idle"));
+    assert!(
+        server.requests().is_empty(),
+        "a request went out: {:#?}",
+        server.requests()
+    );
+    // Made private, it is used at the next poll without a restart.
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+    server.wait_until(WAIT, |s| !s.requests().is_empty());
+    let first = &server.requests()[0];
+    assert_eq!(
+        first.authorization.as_deref(),
+        Some(format!("TargetToken {TOKEN}").as_str())
+    );
+}
