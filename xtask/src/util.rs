@@ -49,19 +49,36 @@ pub fn output(cmd: &mut Command) -> Result<String> {
     }
 }
 
+/// What [`unpack_debs`] fetched: the size of the `.deb` files and how long
+/// the download and the unpacking took.
+pub struct Unpacked {
+    pub bytes: u64,
+    pub download: std::time::Duration,
+    pub unpack: std::time::Duration,
+}
+
 /// Download Debian `packages` into `debs` with `apt_get` (an `apt-get`
 /// command, carrying a private `APT_CONFIG` where one is needed) and
 /// unpack each into `root` with `dpkg-deb -x`: nothing is installed, and
 /// the `.deb` files are removed once unpacked. apt downloads as root: its
 /// unprivileged sandbox user could not write into `debs`.
-pub fn unpack_debs(mut apt_get: Command, packages: &[String], debs: &Path, root: &Path) -> Result {
+pub fn unpack_debs(
+    mut apt_get: Command,
+    packages: &[String],
+    debs: &Path,
+    root: &Path,
+) -> Result<Unpacked> {
     std::fs::create_dir_all(debs).map_err(|e| format!("creating {}: {e}", debs.display()))?;
+    let t = std::time::Instant::now();
     run(apt_get
         .args(["-q", "-o", "APT::Sandbox::User=root", "download"])
         .args(packages)
         .env("DEBIAN_FRONTEND", "noninteractive")
         .current_dir(debs))
     .map_err(|e| format!("downloading {}: {e}", packages.join(" ")))?;
+    let download = t.elapsed();
+    let t = std::time::Instant::now();
+    let mut bytes = 0;
     let entries =
         std::fs::read_dir(debs).map_err(|e| format!("listing {}: {e}", debs.display()))?;
     for entry in entries {
@@ -69,12 +86,17 @@ pub fn unpack_debs(mut apt_get: Command, packages: &[String], debs: &Path, root:
             .map_err(|e| format!("listing {}: {e}", debs.display()))?
             .path();
         if path.extension().is_some_and(|x| x == "deb") {
+            bytes += std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             run(Command::new("dpkg-deb").arg("-x").arg(&path).arg(root))
                 .map_err(|e| format!("unpacking {}: {e}", path.display()))?;
             let _ = std::fs::remove_file(&path);
         }
     }
-    Ok(())
+    Ok(Unpacked {
+        bytes,
+        download,
+        unpack: t.elapsed(),
+    })
 }
 
 /// `cargo` as invoked by the user (respects `CARGO`).

@@ -1,22 +1,27 @@
 //! One QEMU machine and its serial console: the [`Machine`]'s QEMU under
 //! TCG with the disk on virtio, user networking and the console on its
-//! stdin and stdout. Every console line goes to a log file as it arrives and is
-//! split into boots by the guest's marker lines, with the time each boot
-//! took from the reset (or the start of QEMU) to its userspace.
+//! stdin and stdout. QEMU's own events (its QMP socket: `RESET`,
+//! `WATCHDOG`, `SHUTDOWN`) join the console as lines starting with
+//! [`QEMU_EVENT`], and what QEMU prints on stderr as `qemu: …`. Every line
+//! goes to a log file as it arrives and is split into boots by the guest's
+//! marker lines, with the time each boot took from the reset (QEMU's
+//! `RESET` event, or the start of QEMU) to its userspace.
 //!
-//! A guest reboot (`reboot -f`, a kernel panic) resets the machine inside
-//! the same QEMU process; the machine ends when the guest powers off or
-//! the harness ends it.
+//! A guest reboot (`reboot -f`, a kernel panic) or the emulated hardware
+//! watchdog resets the machine inside the same QEMU process; the machine
+//! ends when the guest powers off or the harness ends it.
 //!
 //! This module owns the QEMU process it starts and nothing else: it ends
 //! that process by its PID (never by name), and it must never decide what
 //! a scenario asserts.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::guest::{BOOTLOADER_MARK, USERSPACE_MARK};
@@ -28,6 +33,13 @@ const TAIL: usize = 40;
 
 /// Whether console lines are also printed as they arrive (`demo --vm`).
 static ECHO: AtomicBool = AtomicBool::new(false);
+
+/// A line for one of QEMU's QMP events: followed by the event's name and
+/// its data as JSON (`qemu: event WATCHDOG {"action":"reset"}`).
+pub const QEMU_EVENT: &str = "qemu: event ";
+
+/// Numbers this process's QMP sockets.
+static QMP_SOCKETS: AtomicU32 = AtomicU32::new(0);
 
 /// Print every console line of the machines started from now on, as it
 /// arrives, for people who want to watch a real boot.
@@ -69,6 +81,8 @@ pub struct Vm {
     stdin: Option<ChildStdin>,
     lines: Receiver<(Instant, String)>,
     log_path: PathBuf,
+    /// QEMU's QMP socket, removed when the VM is dropped.
+    qmp: PathBuf,
     started: Instant,
     /// Every line so far.
     seen: Vec<String>,
@@ -80,6 +94,9 @@ pub struct Vm {
 struct Boots {
     /// When the machine was (or will be) reset into the next boot.
     pending_reset: Option<Instant>,
+    /// QEMU reported a reset since the last boot began (it reports one
+    /// reset as several `RESET` events; the first is when it happened).
+    reset_reported: bool,
     boots: Vec<Boot>,
 }
 
@@ -87,27 +104,40 @@ impl Boots {
     fn new(started: Instant) -> Boots {
         Boots {
             pending_reset: Some(started),
+            reset_reported: false,
             boots: Vec::new(),
         }
     }
 
     fn see(&mut self, t: Instant, line: &str) {
-        if line.contains("reboot: Restarting system")
-            || line.contains("reboot: Power down")
-            || line.contains("softdog: Initiating system reboot")
+        if line
+            .strip_prefix(QEMU_EVENT)
+            .is_some_and(|e| e.starts_with("RESET"))
         {
-            self.pending_reset = Some(t);
-        }
-        if let Some(rest) = line.split("Rebooting in ").nth(1) {
-            // A kernel panic: the reset comes after the announced delay.
-            let secs: u64 = rest
-                .split_whitespace()
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-            self.pending_reset = Some(t + Duration::from_secs(secs));
+            // QEMU's own word: whatever reset the machine (the kernel, a
+            // panic, the hardware watchdog), it happened now.
+            if !self.reset_reported {
+                self.pending_reset = Some(t);
+                self.reset_reported = true;
+            }
+        } else if !self.reset_reported {
+            // The kernel's announcement, for a QEMU whose events were not
+            // read.
+            if line.contains("reboot: Restarting system") || line.contains("reboot: Power down") {
+                self.pending_reset = Some(t);
+            }
+            if let Some(rest) = line.split("Rebooting in ").nth(1) {
+                // A kernel panic: the reset comes after the announced delay.
+                let secs: u64 = rest
+                    .split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                self.pending_reset = Some(t + Duration::from_secs(secs));
+            }
         }
         if line.contains(BOOTLOADER_MARK) {
+            self.reset_reported = false;
             let reset = self
                 .pending_reset
                 .take()
@@ -141,8 +171,17 @@ impl Vm {
         flash: &Path,
         log: &Path,
     ) -> Result<Vm> {
+        // In the temporary directory: a socket's path must stay short.
+        let qmp = std::env::temp_dir().join(format!(
+            "updraft-vm-{}-{}.qmp",
+            std::process::id(),
+            QMP_SOCKETS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_file(&qmp);
         let mut cmd = Command::new(machine.qemu);
         cmd.args(machine.qemu_args(disk, flash))
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -160,10 +199,16 @@ impl Vm {
             .ok_or_else(|| format!("{qemu} has no stdout pipe"))?;
         let stderr = child.stderr.take();
         let stdin = child.stdin.take();
-        let mut file =
+        let file =
             std::fs::File::create(log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+        let log_file = Log {
+            file: Arc::new(Mutex::new(file)),
+            started,
+        };
         let (tx, rx) = channel();
         let err_tx = tx.clone();
+        let qmp_tx = tx.clone();
+        let (out_log, err_log, qmp_log) = (log_file.clone(), log_file.clone(), log_file);
         std::thread::spawn(move || {
             let mut r = BufReader::new(stdout);
             let mut buf = Vec::new();
@@ -177,11 +222,7 @@ impl Vm {
                         if ECHO.load(Ordering::Relaxed) {
                             println!("   | {}", shown(&line));
                         }
-                        let _ = writeln!(
-                            file,
-                            "[{:8.3}] {line}",
-                            now.duration_since(started).as_secs_f64()
-                        );
+                        out_log.write(now, &line);
                         if tx.send((now, line)).is_err() {
                             break;
                         }
@@ -192,21 +233,24 @@ impl Vm {
         if let Some(e) = stderr {
             std::thread::spawn(move || {
                 for line in BufReader::new(e).lines().map_while(|l| l.ok()) {
-                    if err_tx
-                        .send((Instant::now(), format!("qemu: {line}")))
-                        .is_err()
-                    {
+                    let now = Instant::now();
+                    let line = format!("qemu: {line}");
+                    err_log.write(now, &line);
+                    if err_tx.send((now, line)).is_err() {
                         break;
                     }
                 }
             });
         }
+        let socket = qmp.clone();
+        std::thread::spawn(move || qmp_events(&socket, &qmp_tx, &qmp_log));
         Ok(Vm {
             name: name.to_string(),
             child,
             stdin,
             lines: rx,
             log_path: log.to_path_buf(),
+            qmp,
             started,
             seen: Vec::new(),
             boots: Boots::new(started),
@@ -368,7 +412,88 @@ impl Drop for Vm {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        let _ = std::fs::remove_file(&self.qmp);
     }
+}
+
+/// The console log, written by the threads reading QEMU's output and
+/// events, each line with its time since QEMU started.
+#[derive(Clone)]
+struct Log {
+    file: Arc<Mutex<std::fs::File>>,
+    started: Instant,
+}
+
+impl Log {
+    fn write(&self, t: Instant, line: &str) {
+        if let Ok(mut f) = self.file.lock() {
+            let _ = writeln!(
+                f,
+                "[{:8.3}] {line}",
+                t.duration_since(self.started).as_secs_f64()
+            );
+        }
+    }
+}
+
+/// Read QEMU's QMP events from `socket` until QEMU ends, each sent (and
+/// logged) as a [`QEMU_EVENT`] line. A socket that never answers is
+/// reported as a line too: then no event line comes.
+fn qmp_events(socket: &Path, tx: &Sender<(Instant, String)>, log: &Log) {
+    let send = |line: String| {
+        let now = Instant::now();
+        log.write(now, &line);
+        tx.send((now, line)).is_ok()
+    };
+    // QEMU makes the socket before it runs the machine; allow it a while
+    // on a loaded host.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stream = loop {
+        match UnixStream::connect(socket) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => {
+                send(format!(
+                    "qemu: qmp: cannot connect to {}: {e}",
+                    socket.display()
+                ));
+                return;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    let Ok(mut writer) = stream.try_clone() else {
+        send("qemu: qmp: cannot use the socket".into());
+        return;
+    };
+    let mut reader = BufReader::new(stream);
+    let mut greeting = String::new();
+    // The greeting, then the capabilities negotiation that starts events.
+    if reader.read_line(&mut greeting).is_err()
+        || writer
+            .write_all(b"{\"execute\": \"qmp_capabilities\"}\n")
+            .is_err()
+    {
+        send("qemu: qmp: no greeting".into());
+        return;
+    }
+    for line in reader.lines().map_while(|l| l.ok()) {
+        if let Some(event) = qmp_event_line(&line) {
+            if !send(event) {
+                break;
+            }
+        }
+    }
+}
+
+/// The [`QEMU_EVENT`] line of one QMP message; `None` for a reply.
+fn qmp_event_line(json: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    let name = v["event"].as_str()?;
+    let data = match &v["data"] {
+        serde_json::Value::Null => String::new(),
+        d => format!(" {d}"),
+    };
+    Some(format!("{QEMU_EVENT}{name}{data}"))
 }
 
 /// `key=value` out of a marker line.
@@ -483,6 +608,58 @@ mod tests {
                 (None, None, None, Duration::from_secs(1)),
             ]
         );
+    }
+
+    #[test]
+    fn a_reset_is_timed_from_qemus_first_reset_event() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut b = Boots::new(t0);
+        b.see(at(1000), BOOTLOADER_MARK);
+        b.see(
+            at(6000),
+            &format!("{USERSPACE_MARK} slot=A version=4.1 uptime=3.1"),
+        );
+        // A hang: the kernel says nothing; the watchdog resets the machine.
+        b.see(
+            at(27000),
+            &format!("{QEMU_EVENT}WATCHDOG {{\"action\":\"reset\"}}"),
+        );
+        b.see(at(27002), &format!("{QEMU_EVENT}RESET {{\"guest\":true}}"));
+        b.see(at(27050), &format!("{QEMU_EVENT}RESET {{\"guest\":true}}"));
+        b.see(at(28000), BOOTLOADER_MARK);
+        b.see(
+            at(33002),
+            &format!("{USERSPACE_MARK} slot=B version=2.0 uptime=2.8"),
+        );
+        // A panic announced with its delay, then QEMU's event: the event
+        // is when it happened.
+        b.see(at(40000), "[    2.8] Rebooting in 5 seconds..");
+        b.see(at(46000), &format!("{QEMU_EVENT}RESET {{\"guest\":true}}"));
+        b.see(at(47000), BOOTLOADER_MARK);
+        let got: Vec<_> = b.boots.iter().map(|b| b.reset.duration_since(t0)).collect();
+        assert_eq!(
+            got,
+            [at(0), at(27002), at(46000)].map(|t| t.duration_since(t0))
+        );
+        assert_eq!(b.boots[1].to_userspace(), Some(Duration::from_secs(6)));
+    }
+
+    #[test]
+    fn qmp_events_become_lines_and_replies_do_not() {
+        assert_eq!(
+            qmp_event_line(
+                r#"{"timestamp": {"seconds": 1, "microseconds": 2}, "event": "WATCHDOG", "data": {"action": "reset"}}"#
+            )
+            .as_deref(),
+            Some(r#"qemu: event WATCHDOG {"action":"reset"}"#)
+        );
+        assert_eq!(
+            qmp_event_line(r#"{"event": "STOP", "timestamp": {}}"#).as_deref(),
+            Some("qemu: event STOP")
+        );
+        assert_eq!(qmp_event_line(r#"{"return": {}}"#), None);
+        assert_eq!(qmp_event_line("not json"), None);
     }
 
     #[test]

@@ -1,13 +1,14 @@
-//! What runs inside the VM: a busybox initramfs that loads the virtio
-//! drivers of the Debian cloud kernel (the host's for x86_64, the arm64
-//! package fetched by [`super::debs`] for aarch64) and `switch_root`s into
-//! the slot the boot script named, and the slot root file systems: busybox,
+//! What runs inside the VM: a busybox initramfs that loads the modules of
+//! the machine's Debian kernel (fetched by [`super::debs`]) it needs (the
+//! virtio drivers, ext4, the hardware watchdog's driver) and `switch_root`s
+//! into the slot the boot script named, and the slot root file systems: busybox,
 //! the updraft binary cargo built (with the glibc loader and libraries it
 //! needs: as `ldd` lists them on the host, or as the aarch64 binary's
 //! `DT_NEEDED` entries name them in the cross sysroot),
 //! the kernel in `/boot`, updraft's configuration, the release's health
-//! check, and an init script that does what a real system does before the
-//! systemd unit starts `updraft daemon` (mounts, network), then starts it.
+//! check, and an init script that arms the hardware watchdog and does what
+//! a real system does before the systemd unit starts `updraft daemon`
+//! (mounts, network), then starts it.
 //!
 //! The guest speaks to the harness only through marker lines on the serial
 //! console (`updraft-vm: …`) and reads two commands from
@@ -32,14 +33,68 @@ pub const USERSPACE_MARK: &str = "updraft-vm: userspace";
 pub const STATUS_MARK: &str = "updraft-vm: status ";
 /// Printed right before a clean power-off.
 pub const HALT_MARK: &str = "updraft-vm: halting";
+/// Printed by a release that hangs ([`Behaviour::Hangs`]) as it stops
+/// feeding the watchdog.
+pub const HANG_MARK: &str = "hangs: the watchdog is no longer fed";
 /// Where the guest keeps libubootenv's configuration naming the
 /// environment pair on the FAT boot partition (U-Boot machines).
 const FW_ENV_CONFIG: &str = "/etc/fw_env.config";
 
-/// The watchdog the slot's init arms, as systemd's `RuntimeWatchdogSec`
-/// would: fed every second, it resets the machine after this many seconds
-/// without a feed.
+/// The hardware watchdog the slot's init arms, as systemd's
+/// `RuntimeWatchdogSec=` does on the systemd guest: fed every second, it
+/// resets the machine after this many seconds without a feed.
 pub const WATCHDOG_SECONDS: u32 = 20;
+
+/// The watchdog line every boot prints once the watchdog is armed:
+/// followed by `device=/dev/watchdog0 state=… timeout=… bootstatus=…
+/// identity=…`, read from `/sys/class/watchdog/watchdog0` (the identity,
+/// which may hold spaces, last). See [`WatchdogLine`].
+pub const WATCHDOG_MARK: &str = "updraft-vm: watchdog ";
+
+/// The shell line that prints [`WATCHDOG_MARK`] with the first watchdog's
+/// attributes (empty when there is none).
+pub fn watchdog_line_script() -> String {
+    format!(
+        "w=/sys/class/watchdog/watchdog0; echo \"{WATCHDOG_MARK}device=/dev/watchdog0 \
+         state=$(cat $w/state 2>/dev/null) timeout=$(cat $w/timeout 2>/dev/null) \
+         bootstatus=$(cat $w/bootstatus 2>/dev/null) identity=$(cat $w/identity 2>/dev/null)\""
+    )
+}
+
+/// A watchdog line, as the harness reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct WatchdogLine {
+    /// `active` once something feeds it.
+    pub state: String,
+    /// Seconds without a feed before it resets the machine.
+    pub timeout: Option<u32>,
+    /// Why the driver found the last reset happened (`WDIOF_*` bits; for
+    /// the 6300ESB, `WDIOF_CARDRESET` when it was the watchdog's).
+    pub bootstatus: Option<u32>,
+    /// The driver's name for the device (`i6300ESB timer`).
+    pub identity: String,
+}
+
+impl WatchdogLine {
+    /// The fields of a watchdog line; `None` for any other line.
+    pub fn parse(line: &str) -> Option<WatchdogLine> {
+        let rest = line.split(WATCHDOG_MARK).nth(1)?;
+        let (fields, identity) = rest.split_once("identity=")?;
+        let get = |key: &str| {
+            fields
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+                .unwrap_or("")
+                .to_string()
+        };
+        Some(WatchdogLine {
+            state: get("state"),
+            timeout: get("timeout").parse().ok(),
+            bootstatus: get("bootstatus").parse().ok(),
+            identity: identity.trim().to_string(),
+        })
+    }
+}
 
 /// What a release does when it boots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,8 +105,8 @@ pub enum Behaviour {
     FailsHealthCheck,
     /// Its init exits at once: the kernel panics and reboots (`panic=`).
     CannotBoot,
-    /// Its init hangs before the services start: the watchdog is no
-    /// longer fed and resets the machine.
+    /// Its init hangs before the services start: the hardware watchdog is
+    /// no longer fed, and QEMU's emulated device resets the machine.
     Hangs,
 }
 
@@ -72,125 +127,101 @@ pub struct Settings {
     pub release_key: PathBuf,
 }
 
-/// The Debian kernel a machine boots.
+/// The Debian kernel a machine boots, fetched by [`super::debs`].
 #[derive(Clone)]
 pub struct Kernel {
     pub version: String,
     pub image: PathBuf,
     modules: PathBuf,
-    /// The modules the initramfs loads (the machine's).
-    wanted: &'static [&'static str],
+    /// The modules the initramfs loads (the machine's and its watchdog's).
+    wanted: Vec<&'static str>,
 }
 
 impl Kernel {
-    /// `machine`'s kernel: the host's for x86_64, the fetched arm64
-    /// package otherwise.
-    pub fn of(machine: &Machine) -> Result<Kernel> {
-        match machine.loader {
-            Loader::Grub => Kernel::find(machine),
-            Loader::UBoot => {
-                let x = super::debs::kernel_and_busybox(machine.debian_arch)?;
-                Ok(Kernel {
-                    image: x.root.join(format!("boot/vmlinuz-{}", x.kernel_version)),
-                    modules: x.root.join("lib/modules").join(&x.kernel_version),
-                    version: x.kernel_version,
-                    wanted: machine.modules,
-                })
-            }
-        }
-    }
-
-    /// The newest `/boot/vmlinuz-*-cloud-amd64` with its modules.
-    pub fn find(machine: &Machine) -> Result<Kernel> {
-        let entries = std::fs::read_dir("/boot").map_err(|e| format!("listing /boot: {e}"))?;
-        let mut versions: Vec<String> = entries
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("vmlinuz-"))
-                    .filter(|v| v.ends_with("-cloud-amd64"))
-                    .map(str::to_string)
-            })
-            .filter(|v| {
-                Path::new("/lib/modules")
-                    .join(v)
-                    .join("modules.dep")
-                    .is_file()
-            })
-            .collect();
-        versions.sort_by_key(|v| natural(v));
-        let version = versions.pop().ok_or(
-            "no /boot/vmlinuz-*-cloud-amd64 with its /lib/modules: install linux-image-cloud-amd64",
-        )?;
-        Ok(Kernel {
-            image: PathBuf::from(format!("/boot/vmlinuz-{version}")),
-            modules: Path::new("/lib/modules").join(&version),
-            version,
-            wanted: machine.modules,
-        })
-    }
-
-    /// The module files the machine names, dependencies first.
-    fn module_files(&self) -> Result<Vec<PathBuf>> {
-        let dep_file = self.modules.join("modules.dep");
-        let text = std::fs::read_to_string(&dep_file)
-            .map_err(|e| format!("reading {}: {e}", dep_file.display()))?;
-        let deps: BTreeMap<&str, Vec<&str>> = text
-            .lines()
-            .filter_map(|l| l.split_once(':'))
-            .map(|(m, d)| (m.trim(), d.split_whitespace().collect()))
-            .collect();
-        let by_name = |name: &str| {
-            deps.keys()
-                .copied()
-                .find(|p| module_name(p) == name)
-                .ok_or_else(|| {
-                    format!(
-                        "kernel {} has no module {name} (in {})",
-                        self.version,
-                        dep_file.display()
-                    )
-                })
+    /// `machine`'s kernel, with the busybox of its architecture: the
+    /// package root [`super::debs`] extracted.
+    pub fn of(machine: &Machine) -> Result<(Kernel, PathBuf)> {
+        let x = super::debs::kernel_and_busybox(machine.debian_arch, machine.kernel_flavour)?;
+        let kernel = Kernel {
+            image: x.root.join(format!("boot/vmlinuz-{}", x.kernel_version)),
+            modules: x.root.join("lib/modules").join(&x.kernel_version),
+            version: x.kernel_version,
+            wanted: machine.initramfs_modules(),
         };
-        fn visit<'a>(m: &'a str, deps: &BTreeMap<&'a str, Vec<&'a str>>, out: &mut Vec<&'a str>) {
-            if out.contains(&m) {
-                return;
+        Ok((kernel, x.root.join("bin/busybox")))
+    }
+
+    /// The module files the machine names, dependencies first: each found
+    /// by its name in `modules.order`, with the modules its `.modinfo`
+    /// `depends=` names (what `depmod` would write into `modules.dep`,
+    /// which the package leaves to its postinst).
+    fn module_files(&self) -> Result<Vec<PathBuf>> {
+        let order_file = self.modules.join("modules.order");
+        let order = std::fs::read_to_string(&order_file)
+            .map_err(|e| format!("reading {}: {e}", order_file.display()))?;
+        let paths: BTreeMap<String, &str> = order
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(|p| (module_name(p), p))
+            .collect();
+        let mut out: Vec<&str> = Vec::new();
+        let mut stack: Vec<(String, bool)> = self
+            .wanted
+            .iter()
+            .rev()
+            .map(|n| (n.replace('-', "_"), false))
+            .collect();
+        // Depth first: a module goes out after the modules it depends on.
+        while let Some((name, deps_done)) = stack.pop() {
+            let rel = *paths.get(&name).ok_or_else(|| {
+                format!(
+                    "kernel {} has no module {name} (in {})",
+                    self.version,
+                    order_file.display()
+                )
+            })?;
+            if out.contains(&rel) {
+                continue;
             }
-            for d in deps.get(m).into_iter().flatten().rev() {
-                visit(d, deps, out);
+            if !rel.ends_with(".ko") {
+                return Err(format!(
+                    "kernel module {rel} is compressed; the VM's initramfs loads plain .ko files"
+                ));
             }
-            out.push(m);
+            if deps_done {
+                out.push(rel);
+                continue;
+            }
+            let file = self.modules.join(rel);
+            let bytes =
+                std::fs::read(&file).map_err(|e| format!("reading {}: {e}", file.display()))?;
+            stack.push((name, true));
+            for d in modinfo_depends(&bytes).split(',').filter(|d| !d.is_empty()) {
+                stack.push((d.replace('-', "_"), false));
+            }
         }
-        let mut order = Vec::new();
-        for name in self.wanted {
-            visit(by_name(name)?, &deps, &mut order);
-        }
-        order
-            .into_iter()
-            .map(|rel| {
-                if !rel.ends_with(".ko") {
-                    return Err(format!(
-                        "kernel module {rel} is compressed; the VM's initramfs loads plain .ko files"
-                    ));
-                }
-                Ok(self.modules.join(rel))
-            })
-            .collect()
+        Ok(out.into_iter().map(|rel| self.modules.join(rel)).collect())
     }
 }
 
-pub(super) fn module_name(path: &str) -> String {
+/// The `depends=` entry of a module's `.modinfo` (empty when none).
+fn modinfo_depends(ko: &[u8]) -> String {
+    let key = b"\0depends=";
+    ko.windows(key.len())
+        .position(|w| w == key)
+        .map(|i| {
+            let rest = &ko[i + key.len()..];
+            let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+            String::from_utf8_lossy(&rest[..end]).into_owned()
+        })
+        .unwrap_or_default()
+}
+
+fn module_name(path: &str) -> String {
     let file = path.rsplit('/').next().unwrap_or(path);
     let stem = file.split('.').next().unwrap_or(file);
     stem.replace('-', "_")
-}
-
-/// `6.1.0-57-cloud-amd64` → comparable number runs.
-fn natural(v: &str) -> Vec<u64> {
-    v.split(|c: char| !c.is_ascii_digit())
-        .filter_map(|n| n.parse().ok())
-        .collect()
 }
 
 /// The host files every guest image is made from.
@@ -211,17 +242,10 @@ impl Guest {
     /// Collect the kernel, busybox and updraft (`updraft_bin`, built for
     /// the machine, stripped into `work`).
     pub fn prepare(machine: &'static Machine, updraft_bin: &Path, work: &Path) -> Result<Guest> {
-        let kernel = Kernel::of(machine)?;
-        let host_busybox = PathBuf::from("/bin/busybox");
-        let busybox = match machine.loader {
-            Loader::Grub => host_busybox.clone(),
-            Loader::UBoot => super::debs::kernel_and_busybox(machine.debian_arch)?
-                .root
-                .join("bin/busybox"),
-        };
+        let (kernel, busybox) = Kernel::of(machine)?;
         // The host's busybox-static is the same Debian package: its applet
-        // list names the links for either.
-        let list = util::output(Command::new(&host_busybox).arg("--list"))
+        // list names the links for either architecture.
+        let list = util::output(Command::new("/bin/busybox").arg("--list"))
             .map_err(|e| format!("{e} (Debian package busybox-static)"))?;
         let applets = list
             .lines()
@@ -641,21 +665,23 @@ mount --move /dev /newroot/dev
 exec switch_root /newroot /sbin/init
 "#;
 
-/// A slot's init: what the boot does before systemd would start updraft,
-/// then the daemon (restarted when it fails, as `Restart=on-failure`
-/// does), a status line whenever the status changes, and the harness's
-/// commands read from the console.
+/// A slot's init: the hardware watchdog armed and fed every second (busybox
+/// `watchdog`, as systemd's `RuntimeWatchdogSec=` would) and its line, what
+/// the boot does before systemd would start updraft, then the daemon
+/// (restarted when it fails, as `Restart=on-failure` does), a status line
+/// whenever the status changes, and the harness's commands read from the
+/// console.
 fn slot_init(r: &Release, m: &Machine) -> String {
     let broken = match r.behaviour {
         Behaviour::CannotBoot => {
-            "echo \"updraft-vm: release $version cannot boot: init exits\"\nexit 1\n"
+            "echo \"updraft-vm: release $version cannot boot: init exits\"\nexit 1\n".to_string()
         }
-        Behaviour::Hangs => {
-            "echo \"updraft-vm: release $version hangs: the watchdog is no longer fed\"\n\
+        Behaviour::Hangs => format!(
+            "echo \"updraft-vm: release $version {HANG_MARK}\"\n\
              kill -STOP $(pidof watchdog)\n\
              sleep 100000\n"
-        }
-        Behaviour::Healthy | Behaviour::FailsHealthCheck => "",
+        ),
+        Behaviour::Healthy | Behaviour::FailsHealthCheck => String::new(),
     };
     format!(
         r#"#!/bin/sh
@@ -670,7 +696,13 @@ for a in $(cat /proc/cmdline); do
     case "$a" in updraft.slot=*) slot=${{a#updraft.slot=}} ;; esac
 done
 echo "{USERSPACE_MARK} slot=$slot version=$version uptime=$(cut -d' ' -f1 /proc/uptime) boot_id=$(cat /proc/sys/kernel/random/boot_id)"
-watchdog -t 1 -T {WATCHDOG_SECONDS} /dev/watchdog || echo "updraft-vm: no watchdog"
+watchdog -F -t 1 -T {WATCHDOG_SECONDS} /dev/watchdog &
+n=0
+while [ "$(cat /sys/class/watchdog/watchdog0/state 2>/dev/null)" != active ] && [ $n -lt 50 ]; do
+    sleep 0.1
+    n=$((n + 1))
+done
+{watchdog_line}
 {broken}mount -t ext4 /dev/vda{data} /data || echo "updraft-vm: cannot mount the data partition"
 mount -t {boot_fs} /dev/vda{boot} /boot || echo "updraft-vm: cannot mount the boot partition"
 {lock}
@@ -717,6 +749,7 @@ sleep 100000
 "#,
         data = disk::DATA.number,
         boot = disk::BOOT.number,
+        watchdog_line = watchdog_line_script(),
         boot_fs = match m.loader {
             Loader::Grub => "ext4",
             Loader::UBoot => "vfat",
@@ -771,14 +804,86 @@ mod tests {
     }
 
     #[test]
-    fn kernel_versions_sort_by_their_numbers() {
-        let mut v = [
-            "6.1.0-9-cloud-amd64",
-            "6.1.0-57-cloud-amd64",
-            "6.1.0-10-cloud-amd64",
+    fn watchdog_lines_give_their_fields() {
+        let l = WatchdogLine::parse(&format!(
+            "{WATCHDOG_MARK}device=/dev/watchdog0 state=active timeout=20 bootstatus=32 identity=i6300ESB timer"
+        ));
+        assert_eq!(
+            l,
+            Some(WatchdogLine {
+                state: "active".into(),
+                timeout: Some(20),
+                bootstatus: Some(32),
+                identity: "i6300ESB timer".into(),
+            })
+        );
+        // No watchdog: the attributes are empty.
+        let none = WatchdogLine::parse(&format!(
+            "{WATCHDOG_MARK}device=/dev/watchdog0 state= timeout= bootstatus= identity="
+        ))
+        .unwrap();
+        assert_eq!((none.timeout, none.identity.as_str()), (None, ""));
+        assert_eq!(WatchdogLine::parse("updraft-vm: userspace slot=A"), None);
+        assert!(watchdog_line_script().contains(&format!("echo \"{WATCHDOG_MARK}device=")));
+    }
+
+    #[test]
+    fn depends_come_out_of_the_modinfo_section() {
+        let ko = b"\x7fELF...\0license=GPL\0depends=virtio,virtio_ring\0intree=Y\0";
+        assert_eq!(modinfo_depends(ko), "virtio,virtio_ring");
+        assert_eq!(modinfo_depends(b"\0depends=\0name=x\0"), "");
+        assert_eq!(modinfo_depends(b"no modinfo"), "");
+    }
+
+    #[test]
+    fn modules_come_after_the_modules_they_depend_on() {
+        let dir = std::env::temp_dir().join(format!("updraft-vm-modules-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let modules = [
+            ("kernel/drivers/virtio/virtio_ring.ko", ""),
+            ("kernel/drivers/virtio/virtio.ko", "virtio_ring"),
+            ("kernel/drivers/block/virtio_blk.ko", "virtio,virtio_ring"),
+            ("kernel/drivers/watchdog/watchdog.ko", ""),
+            ("kernel/drivers/watchdog/i6300esb.ko", "watchdog"),
+            ("kernel/fs/unused.ko", ""),
         ];
-        v.sort_by_key(|v| natural(v));
-        assert_eq!(v.last(), Some(&"6.1.0-57-cloud-amd64"));
+        let mut order = String::new();
+        for (rel, deps) in modules {
+            let f = dir.join(rel);
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(&f, format!("\x7fELF\0depends={deps}\0name=x\0")).unwrap();
+            order.push_str(&format!("{rel}\n"));
+        }
+        std::fs::write(dir.join("modules.order"), order).unwrap();
+        let kernel = Kernel {
+            version: "6.1.0-57-amd64".into(),
+            image: dir.join("vmlinuz"),
+            modules: dir.clone(),
+            wanted: vec!["virtio_blk", "i6300esb"],
+        };
+        let names: Vec<String> = kernel
+            .module_files()
+            .unwrap()
+            .iter()
+            .map(|p| module_name(&p.to_string_lossy()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "virtio_ring",
+                "virtio",
+                "virtio_blk",
+                "watchdog",
+                "i6300esb"
+            ]
+        );
+        let missing = Kernel {
+            wanted: vec!["softdog"],
+            ..kernel
+        };
+        let e = missing.module_files().unwrap_err();
+        assert!(e.contains("has no module softdog"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

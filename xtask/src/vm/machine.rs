@@ -5,9 +5,9 @@
 //! [`Machine`] instead of copying itself per architecture.
 //!
 //! This module owns that description: the QEMU command line, the firmware,
-//! the Debian kernel and packages, the kernel modules, the console device,
-//! the bootloader and how many tries it gives a trial. It must never run
-//! anything itself.
+//! the Debian kernel and packages, the kernel modules, the emulated
+//! hardware watchdog, the console device, the bootloader and how many tries
+//! it gives a trial. It must never run anything itself.
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -25,6 +25,32 @@ pub enum Loader {
     UBoot,
 }
 
+/// The emulated hardware watchdog a machine has, as QEMU and Linux name it.
+pub struct Watchdog {
+    /// QEMU's device (`-device`); an expiry resets the machine
+    /// (`-action watchdog=reset`).
+    pub qemu_device: &'static str,
+    /// The Linux module driving it (with its dependencies, the watchdog
+    /// core), loaded by the initramfs.
+    pub module: &'static str,
+    /// What the driver calls it in `/sys/class/watchdog/watchdog0/identity`.
+    pub identity: &'static str,
+}
+
+/// QEMU's Intel 6300ESB, a PCI device: on the x86_64 machine's PCI bus and
+/// on the PCIe host bridge of `-M virt` alike. Its Linux driver reports a
+/// reset it caused in the next boot's `bootstatus` (`WDIOF_CARDRESET`),
+/// read from the flag QEMU keeps across the reset.
+pub const I6300ESB: Watchdog = Watchdog {
+    qemu_device: "i6300esb",
+    module: "i6300esb",
+    identity: "i6300ESB timer",
+};
+
+/// `WDIOF_CARDRESET` in a watchdog's `bootstatus`: the last reset was the
+/// watchdog's (`linux/watchdog.h`).
+pub const WDIOF_CARDRESET: u32 = 0x20;
+
 /// One full-system machine.
 pub struct Machine {
     /// `x86_64` or `aarch64`: the command-line name and the work directory.
@@ -33,11 +59,18 @@ pub struct Machine {
     /// The QEMU binary and the Debian package holding it.
     pub qemu: &'static str,
     pub qemu_package: &'static str,
-    /// Debian's name for the architecture (`linux-image-*-cloud-<arch>`).
+    /// Debian's name for the architecture.
     pub debian_arch: &'static str,
+    /// The Debian kernel flavour the machine boots: the newest
+    /// `linux-image-<ver>-<flavour>` that `linux-image-<flavour>` depends
+    /// on, fetched and unpacked under `target/vm-debs/` (never installed).
+    pub kernel_flavour: &'static str,
+    /// The hardware watchdog the slot's init (or systemd) arms.
+    pub watchdog: Watchdog,
     /// The serial console as Linux names it.
     pub console: &'static str,
-    /// Kernel modules the initramfs loads (with their dependencies).
+    /// Kernel modules the initramfs loads (with their dependencies), besides
+    /// the watchdog's.
     pub modules: &'static [&'static str],
     /// Debian packages this machine needs besides the common ones, each
     /// with a file that shows it is there.
@@ -50,16 +83,29 @@ pub const X86_64: Machine = Machine {
     qemu: "qemu-system-x86_64",
     qemu_package: "qemu-system-x86",
     debian_arch: "amd64",
+    // The generic kernel: the cloud one has no driver for any watchdog
+    // QEMU emulates (`CONFIG_I6300ESB_WDT`, `CONFIG_IB700_WDT` and
+    // `CONFIG_ITCO_WDT` are not set, and QEMU gives no ACPI WDAT table).
+    kernel_flavour: "amd64",
+    watchdog: I6300ESB,
     console: "ttyS0",
-    // The virtio disk and network on the PCI transport, and the software
-    // watchdog (the cloud kernel has no driver for QEMU's emulated
-    // watchdog devices).
-    modules: &["virtio_pci", "virtio_blk", "virtio_net", "softdog"],
+    // The virtio disk and network on the PCI transport, and ext4 with the
+    // CRC32C its checksums need (ext4's `softdep`, which insmod does not
+    // follow; QEMU's default CPU has no SSE 4.2 for crc32c-intel): the
+    // generic kernel builds them all as modules.
+    modules: &[
+        "virtio_pci",
+        "virtio_blk",
+        "virtio_net",
+        "crc32c_generic",
+        "ext4",
+    ],
     packages: &[
         ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
         ("grub-pc-bin", "/usr/lib/grub/i386-pc/boot.img"),
         ("grub-common", "/usr/bin/grub-editenv"),
-        ("linux-image-cloud-amd64", ""),
+        // Its applet list names the links of the guest's busybox (the
+        // same Debian package, fetched with the kernel).
         ("busybox-static", "/bin/busybox"),
     ],
 };
@@ -70,16 +116,23 @@ pub const AARCH64: Machine = Machine {
     qemu: "qemu-system-aarch64",
     qemu_package: "qemu-system-arm",
     debian_arch: "arm64",
+    // The generic kernel: the cloud one has no `i6300esb` driver, and the
+    // watchdog it has a driver for (`sbsa_gwdt`) is not one `-M virt`
+    // offers (QEMU builds it into `-M sbsa-ref` only).
+    kernel_flavour: "arm64",
+    watchdog: I6300ESB,
     console: "ttyAMA0",
-    // The arm64 cloud kernel builds the MMIO transport, the virtio core,
-    // vfat and its code pages as modules (ext4 and the PL011 console are
-    // built in): the disk and network on MMIO, the FAT boot partition the
-    // environment pair lives on, and the software watchdog.
+    // The generic arm64 kernel builds the MMIO transport, the virtio core,
+    // ext4, vfat and its code pages as modules (the PL011 console and the
+    // PCIe host bridge the watchdog sits on are built in): the disk and
+    // network on MMIO, ext4 with its CRC32C, the FAT boot partition the
+    // environment pair lives on.
     modules: &[
         "virtio_mmio",
         "virtio_blk",
         "virtio_net",
-        "softdog",
+        "crc32c_generic",
+        "ext4",
         "vfat",
         "nls_cp437",
         "nls_ascii",
@@ -91,8 +144,6 @@ pub const AARCH64: Machine = Machine {
         ("dosfstools", "/usr/sbin/mkfs.vfat"),
         ("mtools", "/usr/bin/mcopy"),
         ("libubootenv-tool", "/usr/bin/fw_printenv"),
-        // Its applet list names the links of the arm64 busybox (the same
-        // Debian package).
         ("busybox-static", "/bin/busybox"),
     ],
 };
@@ -132,9 +183,17 @@ impl Machine {
         format!("console={},115200", self.console)
     }
 
+    /// The modules the initramfs loads: the machine's and its watchdog's.
+    pub fn initramfs_modules(&self) -> Vec<&'static str> {
+        let mut m = self.modules.to_vec();
+        m.push(self.watchdog.module);
+        m
+    }
+
     /// QEMU's arguments for `disk` (and, for U-Boot, the flash image
     /// holding its environment, `flash`): TCG, one CPU, the disk on virtio,
-    /// user networking, the serial console on stdio.
+    /// user networking, the hardware watchdog resetting the machine when it
+    /// expires, the serial console on stdio.
     pub fn qemu_args(&self, disk: &Path, flash: &Path) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |s: &str| a.push(s.into());
@@ -166,6 +225,11 @@ impl Machine {
         for s in ["-display", "none", "-monitor", "none", "-serial", "stdio"] {
             push(s);
         }
+        // `-action watchdog=` replaces `-watchdog-action` (QEMU 6.0 on).
+        push("-device");
+        push(self.watchdog.qemu_device);
+        push("-action");
+        push("watchdog=reset");
         match self.loader {
             Loader::Grub => {
                 push("-drive");
@@ -240,5 +304,22 @@ mod tests {
             .collect::<Vec<_>>()
             .join(" ");
         assert!(!x86.contains("pflash"), "{x86}");
+    }
+
+    #[test]
+    fn both_machines_reset_through_the_emulated_6300esb() {
+        for m in MACHINES {
+            let line = m
+                .qemu_args(Path::new("/d.img"), Path::new("/f.img"))
+                .into_iter()
+                .map(|s| s.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(" ");
+            assert!(
+                line.contains("-device i6300esb -action watchdog=reset"),
+                "{line}"
+            );
+            assert_eq!(m.initramfs_modules().last(), Some(&"i6300esb"));
+        }
     }
 }

@@ -8,7 +8,10 @@
 //!    old slot, reported, not tried again;
 //! 4. a release that cannot boot (its init exits, the kernel panics and
 //!    reboots): the bootloader falls back (GRUB after one try, U-Boot
-//!    after three), and the daemon records the rollback; then one that hangs, reset by the watchdog, with the same outcome;
+//!    after three), and the daemon records the rollback; then one that
+//!    hangs, reset by QEMU's emulated 6300ESB hardware watchdog (its
+//!    `WATCHDOG` event, and the driver's `bootstatus` on the next boot),
+//!    with the same outcome;
 //! 2. a delta update from the running slot, applied without falling back
 //!    to the full image;
 //! 6. the systemd guest (`systemd`, on a disk of its own): a full-image
@@ -47,12 +50,13 @@ use updraft_tests::collector::Collector;
 use updraft_tests::nginx::Nginx;
 use updraft_tests::publisher::{KeyPair, Repo, keygen, publish_ok};
 
-use super::console::{Boot, Vm};
+use super::console::{Boot, QEMU_EVENT, Vm};
 use super::disk::{self, BOOT, DATA};
 use super::guest::{
-    BOOTLOADER_MARK, Behaviour, Guest, HALT_MARK, Release, STATUS_MARK, Settings, USERSPACE_MARK,
+    BOOTLOADER_MARK, Behaviour, Guest, HALT_MARK, HANG_MARK, Release, STATUS_MARK, Settings,
+    USERSPACE_MARK, WATCHDOG_MARK, WATCHDOG_SECONDS, WatchdogLine,
 };
-use super::machine::{Loader, Machine};
+use super::machine::{Loader, Machine, WDIOF_CARDRESET};
 use crate::util::{self, Result};
 
 // Scenario 6, the systemd guest: a child of this module so that it runs on
@@ -518,34 +522,21 @@ impl Lab {
     /// Scenario 4: a release that cannot boot: the kernel panics, the
     /// bootloader (GRUB's try flag, U-Boot's counter once its tries are
     /// used up) makes the next boot the old slot, and the daemon records
-    /// the rollback there.
+    /// the rollback there. The reset was the kernel's: the watchdog's
+    /// driver finds no reset of its own after it.
     pub fn cannot_boot(&mut self) -> Result {
-        self.unbootable(
-            "4-cannot-boot",
-            "4.0",
-            Behaviour::CannotBoot,
-            "Kernel panic",
-        )
+        self.unbootable("4-cannot-boot", "4.0", Behaviour::CannotBoot)
     }
 
-    /// Scenario 4, hung: the release's init hangs, the watchdog resets the machine,
-    /// and the outcome is the same.
+    /// Scenario 4, hung: the release's init hangs and stops feeding the
+    /// hardware watchdog, QEMU's emulated 6300ESB resets the machine (its
+    /// `WATCHDOG` event, no word from the kernel), and the outcome is the
+    /// same; the next boot's driver reports the watchdog's reset.
     pub fn hangs(&mut self) -> Result {
-        self.unbootable(
-            "4-hangs",
-            "4.1",
-            Behaviour::Hangs,
-            "softdog: Initiating system reboot",
-        )
+        self.unbootable("4-hangs", "4.1", Behaviour::Hangs)
     }
 
-    fn unbootable(
-        &mut self,
-        name: &str,
-        version: &str,
-        behaviour: Behaviour,
-        reset: &str,
-    ) -> Result {
+    fn unbootable(&mut self, name: &str, version: &str, behaviour: Behaviour) -> Result {
         let release = Release {
             version: version.into(),
             behaviour,
@@ -554,20 +545,92 @@ impl Lab {
         let mut vm = self.start(name)?;
         wait_userspace(&mut vm, "B", "2.0", 0)?;
         wait_trial_boot(&mut vm, "A", version)?;
-        let m = vm.mark();
-        vm.wait_line(&format!("the reset ({reset})"), m, BOOT_WAIT, |l| {
-            l.contains(reset)
-        })?;
+        let armed = self.wait_watchdog(&mut vm, &format!("the trial boot of {version}"))?;
+        let reset = match behaviour {
+            Behaviour::Hangs => {
+                let m = vm.mark();
+                vm.wait_line(&format!("{version} hanging"), m, BOOT_WAIT, |l| {
+                    l.contains(HANG_MARK)
+                })?;
+                let hang = vm.mark();
+                let event = vm.wait_line(
+                    "QEMU's watchdog event (the 6300ESB expiring)",
+                    hang,
+                    BOOT_WAIT,
+                    |l| l.starts_with(&format!("{QEMU_EVENT}WATCHDOG")),
+                )?;
+                if !event.contains(r#""action":"reset""#) {
+                    return Err(vm.failure(&format!("the watchdog did not reset: {event}")));
+                }
+                // Nothing in the guest reset it: the kernel neither
+                // rebooted nor panicked between the hang and the expiry.
+                let upto = vm.mark();
+                if let Some(l) = vm.lines()[hang..upto].iter().find(|l| kernel_reset(l)) {
+                    return Err(vm.failure(&format!(
+                        "the kernel reset the machine itself after the hang ({l}); \
+                         the hardware watchdog was to"
+                    )));
+                }
+                println!("   console: {version} hung; {event}");
+                "the hardware watchdog"
+            }
+            _ => {
+                let m = vm.mark();
+                let l = vm.wait_line("the kernel panic", m, BOOT_WAIT, |l| {
+                    l.contains("Kernel panic")
+                })?;
+                println!("   console: {}", l.trim());
+                "a kernel panic"
+            }
+        };
         let m = vm.mark();
         vm.wait_line("the bootloader after the reset", m, BOOT_WAIT, |l| {
             l.contains(BOOTLOADER_MARK)
         })?;
         wait_userspace(&mut vm, "B", "2.0", m).map_err(|e| format!("no fallback to B: {e}"))?;
+        let after = self.wait_watchdog(&mut vm, "the fallback boot of 2.0 in B")?;
+        let card_reset = after.bootstatus.unwrap_or(0) & WDIOF_CARDRESET != 0;
+        let watchdog_events = vm
+            .lines()
+            .iter()
+            .filter(|l| l.starts_with(&format!("{QEMU_EVENT}WATCHDOG")))
+            .count();
+        match behaviour {
+            Behaviour::Hangs if !card_reset => {
+                return Err(vm.failure(&format!(
+                    "after the watchdog's reset the {} driver reports bootstatus={:?}, \
+                     without WDIOF_CARDRESET ({WDIOF_CARDRESET:#x})",
+                    self.machine.watchdog.module, after.bootstatus
+                )));
+            }
+            Behaviour::Hangs => {}
+            _ if card_reset || watchdog_events != 0 => {
+                return Err(vm.failure(&format!(
+                    "a kernel panic reset the machine, but the watchdog fired \
+                     ({watchdog_events} watchdog events; bootstatus={:?})",
+                    after.bootstatus
+                )));
+            }
+            _ => {}
+        }
+        println!(
+            "   console: the boot after the reset reads bootstatus={} from the {} driver ({})",
+            after.bootstatus.unwrap_or(0),
+            self.machine.watchdog.module,
+            if card_reset {
+                "WDIOF_CARDRESET: the last reset was the watchdog's"
+            } else {
+                "not the watchdog's reset"
+            }
+        );
         let st = wait_status(&mut vm, &format!("{version} rolled back"), |s| {
             rolled_back(s, version)
         })?;
         println!(
-            "   console: {version} did not come up in A ({reset}), the bootloader fell back to B: {}",
+            "   console: {version} did not come up in A ({reset}; the watchdog armed: {} {}s), \
+             the bootloader fell back to B: {}",
+            armed.identity,
+            armed.timeout.unwrap_or(0),
             st["last_install"]["reason"]
         );
         self.wait_report(version, "rolled_back")?;
@@ -583,6 +646,26 @@ impl Lab {
             show_env(&env)
         );
         Ok(())
+    }
+
+    /// The watchdog line of the boot whose userspace line came last: the
+    /// machine's hardware watchdog, armed with the slot init's timeout.
+    fn wait_watchdog(&self, vm: &mut Vm, boot: &str) -> Result<WatchdogLine> {
+        let m = vm.mark();
+        let line = vm.wait_line(&format!("the watchdog line of {boot}"), m, BOOT_WAIT, |l| {
+            l.contains(WATCHDOG_MARK)
+        })?;
+        let w = WatchdogLine::parse(&line)
+            .ok_or_else(|| vm.failure(&format!("a watchdog line without its fields: {line}")))?;
+        let want = &self.machine.watchdog;
+        if w.identity != want.identity || w.state != "active" || w.timeout != Some(WATCHDOG_SECONDS)
+        {
+            return Err(vm.failure(&format!(
+                "in {boot}, /dev/watchdog0 is not the {} ({:?}) armed for {WATCHDOG_SECONDS} s: {line}",
+                want.qemu_device, want.identity
+            )));
+        }
+        Ok(w)
     }
 
     /// Scenario 2: a delta update from the running slot (2.0 in B) into A.
@@ -1171,6 +1254,13 @@ fn wait_status_for(
         status_of(l).is_some_and(|s| pred(&s))
     })?;
     status_of(&line).ok_or_else(|| format!("status line without JSON: {line}"))
+}
+
+/// A kernel line announcing a reset of its own (a reboot, a panic's).
+fn kernel_reset(line: &str) -> bool {
+    line.contains("reboot: Restarting system")
+        || line.contains("Kernel panic")
+        || line.contains("Rebooting in ")
 }
 
 fn status_of(line: &str) -> Option<Value> {

@@ -15,9 +15,11 @@
 //! `/boot` and the data partition, and three small units of the VM's own
 //! that speak the harness's console protocol (the marker of userspace,
 //! the status lines, the console commands). The busybox initramfs of the
-//! other scenarios loads the virtio drivers and `switch_root`s into
-//! `/sbin/init`, which is systemd here, so the slot needs no kernel
-//! modules.
+//! other scenarios loads the virtio drivers, ext4 and the watchdog's driver
+//! and `switch_root`s into `/sbin/init`, which is systemd here, so the slot
+//! needs no kernel modules. systemd itself feeds the machine's hardware
+//! watchdog (`RuntimeWatchdogSec=` in a `system.conf.d` drop-in), which
+//! must never fire.
 //!
 //! The root file system stays read-only, as the slot image was written;
 //! `/var` and `/tmp` are tmpfs (the unit's `PrivateTmp=` needs them
@@ -36,10 +38,10 @@ use std::time::Instant;
 use serde_json::Value;
 use updraft_tests::publisher::{Repo, publish_ok};
 
-use super::super::console::Vm;
+use super::super::console::{QEMU_EVENT, Vm};
 use super::super::disk::{self, BOOT, Part};
-use super::super::guest::{self, Settings};
-use super::super::machine;
+use super::super::guest::{self, Settings, USERSPACE_MARK, WATCHDOG_SECONDS, WatchdogLine};
+use super::super::machine::{self, WDIOF_CARDRESET};
 use super::{
     Lab, committed, expect_env, expect_event, mkdir, show_env, wait_status, wait_userspace,
 };
@@ -88,6 +90,9 @@ const SD_PARTS: [Part; 4] = [BOOT, SD_SLOT_A, SD_SLOT_B, SD_DATA];
 /// The factory release in A and the update.
 const V1: &str = "1.0-systemd";
 const V2: &str = "2.0-systemd";
+
+/// systemd's drop-in arming the hardware watchdog.
+const WATCHDOG_CONF: &str = "etc/systemd/system.conf.d/90-vm-watchdog.conf";
 
 /// A line with the unit's properties: tab-separated `Key=Value`.
 const UNIT_MARK: &str = "updraft-vm: unit ";
@@ -188,11 +193,18 @@ impl Lab {
         )?;
         let expect = Expected::from_unit()?;
         wait_userspace(&mut vm, "A", V1, 0)?;
+        let w = self.wait_watchdog(&mut vm, "the factory boot of A (systemd)")?;
+        println!(
+            "   console: systemd feeds the hardware watchdog: {} {} s ({WATCHDOG_CONF})",
+            w.identity,
+            w.timeout.unwrap_or(0)
+        );
         let u = wait_unit_active(&mut vm)?;
         expect.check(&vm, &u, "the factory boot of A")?;
         println!("   console: {}", expect.describe(&u));
         let m = vm.mark();
         wait_userspace(&mut vm, "B", V2, m).map_err(|e| format!("no trial boot of {V2}: {e}"))?;
+        self.wait_watchdog(&mut vm, "the trial boot of B (systemd)")?;
         let reboot = vm.lines()[m..]
             .iter()
             .find(|l| l.contains(SHUTDOWN_MARK))
@@ -214,6 +226,7 @@ impl Lab {
         let m = vm.mark();
         vm.send("vm-reboot")?;
         wait_userspace(&mut vm, "B", V2, m).map_err(|e| format!("after the commit: {e}"))?;
+        self.wait_watchdog(&mut vm, "the boot after the commit (systemd)")?;
         let u = wait_unit_active(&mut vm)?;
         expect.check(&vm, &u, "the boot after the commit")?;
         wait_status(
@@ -228,6 +241,25 @@ impl Lab {
         println!("   the server got the install report of {V2}: committed");
         vm.drain();
         let report = unit_report(&vm, &expect)?;
+        // Systemd kept the watchdog fed through the install and both
+        // reboots: it never fired.
+        let fired = vm
+            .lines()
+            .iter()
+            .filter(|l| l.starts_with(&format!("{QEMU_EVENT}WATCHDOG")))
+            .count();
+        let card_resets = vm
+            .lines()
+            .iter()
+            .filter_map(|l| WatchdogLine::parse(l))
+            .filter(|w| w.bootstatus.unwrap_or(0) & WDIOF_CARDRESET != 0)
+            .count();
+        if fired != 0 || card_resets != 0 {
+            return Err(vm.failure(&format!(
+                "the hardware watchdog fired on the systemd guest ({fired} watchdog events, \
+                 {card_resets} boots after a watchdog reset): systemd must keep it fed"
+            )));
+        }
         for l in vm.lines().iter().filter(|l| l.contains(BOOTED_MARK)) {
             println!("   {}", l.trim_start_matches("updraft-vm: "));
         }
@@ -340,6 +372,15 @@ impl Lab {
         for (file, text, mode) in VM_FILES {
             put(&root, file, text, *mode)?;
         }
+        put(&root, "usr/lib/updraft-vm/mark", &mark_script(), 0o755)?;
+        // PID 1 arms the hardware watchdog and feeds it, as integration.md
+        // recommends for a device.
+        put(
+            &root,
+            WATCHDOG_CONF,
+            &format!("[Manager]\nRuntimeWatchdogSec={WATCHDOG_SECONDS}s\n"),
+            0o644,
+        )?;
         // As the image build does: the group from sysusers.d, and the units
         // enabled offline.
         util::run(Command::new("systemd-sysusers").arg(format!("--root={}", root.display())))?;
@@ -764,28 +805,36 @@ const VM_FILES: &[(&str, &str, u32)] = &[
          WantedBy=multi-user.target\n",
         0o644,
     ),
-    ("usr/lib/updraft-vm/mark", MARK_SCRIPT, 0o755),
     ("usr/lib/updraft-vm/status", STATUS_SCRIPT, 0o755),
     ("usr/lib/updraft-vm/console", CONSOLE_SCRIPT, 0o755),
 ];
 
-const MARK_SCRIPT: &str = r#"#!/bin/sh
+/// The marker unit's script: the userspace line (and the hardware
+/// watchdog's, which systemd opened before any unit ran) at start, the
+/// shutdown jobs at stop.
+fn mark_script() -> String {
+    format!(
+        r#"#!/bin/sh
 exec >/dev/console 2>&1
 case "$1" in
 start)
     version=$(cat /etc/updraft-vm-version)
     slot=none
     for a in $(cat /proc/cmdline); do
-        case "$a" in updraft.slot=*) slot=${a#updraft.slot=} ;; esac
+        case "$a" in updraft.slot=*) slot=${{a#updraft.slot=}} ;; esac
     done
-    echo "updraft-vm: userspace slot=$slot version=$version uptime=$(cut -d' ' -f1 /proc/uptime) boot_id=$(cat /proc/sys/kernel/random/boot_id) init=$(readlink /proc/1/exe)"
+    echo "{USERSPACE_MARK} slot=$slot version=$version uptime=$(cut -d' ' -f1 /proc/uptime) boot_id=$(cat /proc/sys/kernel/random/boot_id) init=$(readlink /proc/1/exe)"
+    {watchdog_line}
     ;;
 stop)
-    jobs=$(systemctl list-jobs --no-legend --plain 2>/dev/null | awk '{print $2}' | grep -E '^(reboot|poweroff|halt|kexec)\.target$' | tr '\n' ' ')
-    echo "updraft-vm: shutdown: $jobs"
+    jobs=$(systemctl list-jobs --no-legend --plain 2>/dev/null | awk '{{print $2}}' | grep -E '^(reboot|poweroff|halt|kexec)\.target$' | tr '\n' ' ')
+    echo "{SHUTDOWN_MARK} $jobs"
     ;;
 esac
-"#;
+"#,
+        watchdog_line = guest::watchdog_line_script(),
+    )
+}
 
 const STATUS_SCRIPT: &str = r#"#!/bin/sh
 # updraft's status and its unit's properties, whenever they change.
@@ -832,7 +881,7 @@ done
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vm::guest::{HALT_MARK, STATUS_MARK, USERSPACE_MARK};
+    use crate::vm::guest::{HALT_MARK, STATUS_MARK};
 
     #[test]
     fn the_mirror_comes_from_either_sources_format() {
@@ -865,10 +914,13 @@ mod tests {
 
     #[test]
     fn the_guest_scripts_print_the_markers_the_harness_reads() {
-        assert!(MARK_SCRIPT.contains(&format!(
+        let mark = mark_script();
+        assert!(mark.contains(&format!(
             "echo \"{USERSPACE_MARK} slot=$slot version=$version "
         )));
-        assert!(MARK_SCRIPT.contains(&format!("echo \"{SHUTDOWN_MARK} ")));
+        assert!(mark.contains(&guest::watchdog_line_script()));
+        assert!(mark.contains(&format!("echo \"{SHUTDOWN_MARK} $jobs\"")));
+        assert!(mark.contains("awk '{print $2}'"), "{mark}");
         assert!(STATUS_SCRIPT.contains(&format!("echo \"{STATUS_MARK}$s\"")));
         assert!(STATUS_SCRIPT.contains(&format!("echo \"{UNIT_MARK}$u\"")));
         assert!(STATUS_SCRIPT.contains(&format!("echo \"{BOOTED_MARK} ")));
