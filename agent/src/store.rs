@@ -223,7 +223,25 @@ impl Store {
         Ok(())
     }
 
+    /// Create or upgrade the schema, in one `IMMEDIATE` transaction: two
+    /// processes opening a new database at once (the daemon starting and
+    /// an `updraft status` beside it) must not both find it empty and both
+    /// write its version.
     fn migrate(&self) -> Result<()> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        match self.migrate_in_transaction() {
+            Ok(()) => {
+                self.conn.execute_batch("COMMIT")?;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+
+    fn migrate_in_transaction(&self) -> Result<()> {
         self.conn.execute_batch(SCHEMA_V1)?;
         let version: Option<String> = self
             .conn
@@ -835,6 +853,39 @@ mod tests {
         let e = s.newest_event(&["committed"]).unwrap().unwrap();
         assert_eq!(e.release.as_deref(), Some("1.0"));
         assert_eq!(e.slot.as_deref(), Some("B"));
+    }
+
+    #[test]
+    fn processes_opening_a_new_database_at_once_all_succeed() {
+        for round in 0..40 {
+            let dir = std::env::temp_dir().join(format!(
+                "updraft-store-race-{}-{round}",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("updraft.db");
+            let start = std::sync::Arc::new(std::sync::Barrier::new(4));
+            let openers: Vec<_> = (0..4)
+                .map(|_| {
+                    let (path, start) = (path.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        Store::open(&path).map(|_| ()).map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            for o in openers {
+                assert_eq!(o.join().unwrap(), Ok(()), "round {round}");
+            }
+            let s = Store::open(&path).unwrap();
+            assert_eq!(
+                s.get("schema_version").unwrap(),
+                Some(SCHEMA_VERSION.to_string())
+            );
+            drop(s);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     #[test]
