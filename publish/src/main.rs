@@ -83,7 +83,8 @@ const PROGRAM: Program = Program {
             usage: "updraft-publish release --key K.key [--key K2.key]... --version V \\
       --compatible HW [--compatible HW2]... --image NEW.img [--from OLD.img]... \\
       [--channel NAME] [--serial N] [--allow-serial-jump] [--expires 30d] \\
-      [--rollout PERCENT] [--frame-size BYTES] [--level N] [--threads N] [--delta-memory MIB] --out DIR",
+      [--rollout PERCENT] [--frame-size BYTES] [--level N] [--threads N] [--delta-memory MIB] \
+      [--bundle FILE.updraft] --out DIR",
             about: "",
             options: &[
                 opt(
@@ -132,6 +133,11 @@ const PROGRAM: Program = Program {
                     "--frame-size",
                     "BYTES",
                     "decoded bytes per frame, 1 to 8 MiB (default 4 MiB)",
+                ),
+                opt(
+                    "--bundle",
+                    "FILE.updraft",
+                    "also write DIR as one bundle file (as `updraft-publish bundle`)",
                 ),
                 opt("--level", "N", "zstd level (default 19)"),
                 opt(
@@ -495,6 +501,17 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
             }
             for (from, why) in &s.skipped {
                 println!("delta from {} not published: {why}", from.display());
+            }
+            if let Some(file) = usage(f.one("bundle"))? {
+                let out = PathBuf::from(file);
+                let b = bundle::bundle(&spec.out, &out, bundle::DEFAULT_PART_SIZE)?;
+                println!(
+                    "wrote {}: release {}, {} entries, {} bytes",
+                    out.display(),
+                    b.version,
+                    b.entries,
+                    b.bytes
+                );
             }
         }
         "bundle" => {

@@ -307,3 +307,37 @@ fn an_image_above_4_gib_installs_from_a_bundle() {
         disk(&dev.slot_b) >> 20
     );
 }
+
+#[test]
+fn release_with_bundle_writes_the_same_bundle_as_the_bundle_command() {
+    let keys = TempDir::new("release-bundle-keys");
+    let release = keygen(keys.path(), "release");
+    let dev = Device::new("release-bundle", DeviceSpec::simple(&release));
+    dev.init();
+    let repo = Repo::new(dev.path("repo"));
+    let img = dev.path("v1.img");
+    let image_bytes = image(&img, IMAGE, 42);
+    let at_once = dev.path("at-once.updraft");
+    let out = repo.release(
+        &[&release],
+        "1.0",
+        &img,
+        &["--bundle", &arg(&at_once), "--expires", "30d"],
+    );
+    assert!(
+        out.contains(&format!("wrote {}", at_once.display())),
+        "{out}"
+    );
+    let later = dev.path("later.updraft");
+    publish_ok(&["bundle", "--dir", &arg(&repo.dir), "--out", &arg(&later)]);
+    assert_eq!(
+        std::fs::read(&at_once).unwrap(),
+        std::fs::read(&later).unwrap(),
+        "release --bundle and bundle wrote different files"
+    );
+    dev.ok(&["install", &arg(&at_once)]);
+    assert_eq!(
+        &dev.slot_bytes(SlotName::B)[..image_bytes.len()],
+        &image_bytes[..]
+    );
+}
