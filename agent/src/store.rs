@@ -858,10 +858,8 @@ mod tests {
     #[test]
     fn processes_opening_a_new_database_at_once_all_succeed() {
         for round in 0..40 {
-            let dir = std::env::temp_dir().join(format!(
-                "updraft-store-race-{}-{round}",
-                std::process::id()
-            ));
+            let dir = std::env::temp_dir()
+                .join(format!("updraft-store-race-{}-{round}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
             let path = dir.join("updraft.db");
