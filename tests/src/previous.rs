@@ -25,7 +25,7 @@ use std::time::Instant;
 
 /// The commit of the last landed release: the previous release a rollback
 /// runs. The one place that names it.
-pub const PINNED: &str = "20069d6bb9df9ca736537469cad586cde83fdce1";
+pub const PINNED: &str = "7a46c3338d73381e692cf5e1dd00fba75b94fba3";
 
 /// Why the previous release cannot be tested in this run, when that is a
 /// legitimate skip rather than a failure: the binaries run under an emulator
