@@ -35,6 +35,10 @@ pub const CHECK_FAILED: &str = "check_failed";
 pub const WAITING: &str = "waiting";
 pub const RUNNING: &str = "running";
 
+/// The outbox kinds of DDI mode (`ddi_feedback`, `ddi_progress`,
+/// `ddi_config`, built by `crate::hawkbit`) all start with this.
+pub const DDI_KIND_PREFIX: &str = "ddi_";
+
 /// A queued report ready to hand to [`Store::transition`] or
 /// [`Store::push_report`].
 pub struct Pending {
@@ -249,6 +253,18 @@ pub fn deliver(
             return Ok(sent);
         }
         for e in batch {
+            // Queued for a DDI server (`crate::hawkbit`'s kinds) before the
+            // configuration changed back to static mode: they mean nothing
+            // to a report server.
+            if e.kind.starts_with(DDI_KIND_PREFIX) {
+                log::warn!(
+                    "dropping queued {} row {}: it was queued for a DDI server, and this device now reports to server.report_url",
+                    e.kind,
+                    e.key
+                );
+                store.outbox_ack(e.seq)?;
+                continue;
+            }
             let body = wire_body(&e);
             let f = fetcher.clone();
             let u = url.to_string();
