@@ -21,7 +21,9 @@
 //! if the state machine gives up, a thread ends on its own when its read
 //! returns or fails, or when it finds nobody listening.
 
+use std::any::Any;
 use std::io::{self, Read};
+use std::marker::PhantomData;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant};
 
@@ -468,35 +470,76 @@ impl DecodeStage<'_> {
     }
 }
 
+/// What a helper thread of [`Background`] and [`offload`] hands back,
+/// whatever the call returns: one type through one channel, so the
+/// channel and thread code is not made again for each kind of call.
+type Boxed = Box<dyn Any + Send>;
+
+/// A call to run on a helper thread, its result boxed.
+type Call = Box<dyn FnOnce() -> Boxed + Send>;
+
+/// `f` as a [`Call`].
+fn boxed<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Call {
+    Box::new(move || Box::new(f()) as Boxed)
+}
+
+/// The value a [`Call`] returned, as the type its caller made it with.
+fn unbox<T: 'static>(v: Boxed, phase: &str) -> Result<T> {
+    v.downcast::<T>().map(|v| *v).map_err(|_| {
+        Error::new(
+            Kind::Io,
+            format!("{phase}: helper thread returned another type"),
+        )
+    })
+}
+
+/// Start `call` on a helper thread (`updraft-call`); its result arrives
+/// on the receiver.
+fn spawn_call(call: Call) -> Result<Receiver<Boxed>> {
+    let (tx, rx) = sync_channel(1);
+    std::thread::Builder::new()
+        .name("updraft-call".into())
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            let _ = tx.send(call());
+        })
+        .map_err(|e| Error::new(Kind::Io, format!("starting a helper thread: {e}")))?;
+    Ok(rx)
+}
+
 /// One blocking call running on a helper thread (`updraft-call`) while the
 /// caller goes on with other work and looks for the result now and then
 /// ([`Background::result`]), never waiting for it. Dropping it abandons
 /// the call: the thread ends on its own when the call returns.
 pub struct Background<T> {
-    rx: Receiver<T>,
+    rx: Receiver<Boxed>,
+    result: PhantomData<fn() -> T>,
 }
 
 impl<T: Send + 'static> Background<T> {
     pub fn spawn(f: impl FnOnce() -> T + Send + 'static) -> Result<Background<T>> {
-        let (tx, rx) = sync_channel(1);
-        std::thread::Builder::new()
-            .name("updraft-call".into())
-            .stack_size(256 * 1024)
-            .spawn(move || {
-                let _ = tx.send(f());
-            })
-            .map_err(|e| Error::new(Kind::Io, format!("starting a helper thread: {e}")))?;
-        Ok(Background { rx })
+        Ok(Background {
+            rx: spawn_call(boxed(f))?,
+            result: PhantomData,
+        })
     }
 
     /// The call's result once it returned, `Ok(None)` while it runs.
     pub fn result(&self) -> Result<Option<T>> {
-        match self.rx.try_recv() {
-            Ok(v) => Ok(Some(v)),
-            Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                Err(Error::new(Kind::Io, "helper thread ended without a result"))
-            }
+        match try_result(&self.rx)? {
+            Some(v) => unbox(v, "background call").map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The result on `rx` if it arrived.
+fn try_result(rx: &Receiver<Boxed>) -> Result<Option<Boxed>> {
+    match rx.try_recv() {
+        Ok(v) => Ok(Some(v)),
+        Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+        Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+            Err(Error::new(Kind::Io, "helper thread ended without a result"))
         }
     }
 }
@@ -507,7 +550,12 @@ pub fn offload<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
     ticker: &mut dyn Ticker,
 ) -> Result<T> {
-    let rx = Background::spawn(f)?.rx;
+    unbox(offload_call(phase, boxed(f), ticker)?, phase)
+}
+
+/// [`offload`] of a boxed call.
+fn offload_call(phase: &str, call: Call, ticker: &mut dyn Ticker) -> Result<Boxed> {
+    let rx = spawn_call(call)?;
     let progress = Progress {
         phase: phase.into(),
         ..Progress::default()
