@@ -493,24 +493,25 @@ fn unbox<T: 'static>(v: Boxed, phase: &str) -> Result<T> {
     })
 }
 
-/// Start `call` on a helper thread (`updraft-call`); its result arrives
-/// on the receiver.
-fn spawn_call(call: Call) -> Result<Receiver<Boxed>> {
+/// Start `call` on a helper thread named `name`; its result arrives on
+/// the receiver.
+fn spawn_call(name: &str, call: Call) -> Result<Receiver<Boxed>> {
     let (tx, rx) = sync_channel(1);
     std::thread::Builder::new()
-        .name("updraft-call".into())
+        .name(name.into())
         .stack_size(256 * 1024)
         .spawn(move || {
             let _ = tx.send(call());
         })
-        .map_err(|e| Error::new(Kind::Io, format!("starting a helper thread: {e}")))?;
+        .map_err(|e| Error::new(Kind::Io, format!("starting thread {name}: {e}")))?;
     Ok(rx)
 }
 
 /// One blocking call running on a helper thread (`updraft-call`) while the
 /// caller goes on with other work and looks for the result now and then
-/// ([`Background::result`]), never waiting for it. Dropping it abandons
-/// the call: the thread ends on its own when the call returns.
+/// ([`Background::result`]), never waiting for it, or waits for it a tick
+/// at a time ([`Background::wait`]). Dropping it abandons the call: the
+/// thread ends on its own when the call returns.
 pub struct Background<T> {
     rx: Receiver<Boxed>,
     result: PhantomData<fn() -> T>,
@@ -518,28 +519,39 @@ pub struct Background<T> {
 
 impl<T: Send + 'static> Background<T> {
     pub fn spawn(f: impl FnOnce() -> T + Send + 'static) -> Result<Background<T>> {
+        Background::spawn_named("updraft-call", f)
+    }
+
+    /// [`Background::spawn`] on a thread named `name`.
+    pub fn spawn_named(
+        name: &str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<Background<T>> {
         Ok(Background {
-            rx: spawn_call(boxed(f))?,
+            rx: spawn_call(name, boxed(f))?,
             result: PhantomData,
         })
     }
 
     /// The call's result once it returned, `Ok(None)` while it runs.
     pub fn result(&self) -> Result<Option<T>> {
-        match try_result(&self.rx)? {
-            Some(v) => unbox(v, "background call").map(Some),
-            None => Ok(None),
+        match self.rx.try_recv() {
+            Ok(v) => unbox(v, "background call").map(Some),
+            Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                Err(Error::new(Kind::Io, "helper thread ended without a result"))
+            }
         }
     }
-}
 
-/// The result on `rx` if it arrived.
-fn try_result(rx: &Receiver<Boxed>) -> Result<Option<Boxed>> {
-    match rx.try_recv() {
-        Ok(v) => Ok(Some(v)),
-        Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
-        Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-            Err(Error::new(Kind::Io, "helper thread ended without a result"))
+    /// The call's result if it returns within `timeout`, `Ok(None)` if not.
+    pub fn wait(&self, timeout: Duration) -> Result<Option<T>> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(v) => unbox(v, "background call").map(Some),
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(Error::new(Kind::Io, "helper thread ended without a result"))
+            }
         }
     }
 }
@@ -555,7 +567,7 @@ pub fn offload<T: Send + 'static>(
 
 /// [`offload`] of a boxed call.
 fn offload_call(phase: &str, call: Call, ticker: &mut dyn Ticker) -> Result<Boxed> {
-    let rx = spawn_call(call)?;
+    let rx = spawn_call("updraft-call", call)?;
     let progress = Progress {
         phase: phase.into(),
         ..Progress::default()
