@@ -24,7 +24,9 @@
 use std::any::Any;
 use std::io::{self, Read};
 use std::marker::PhantomData;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{
+    Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError, sync_channel,
+};
 use std::time::{Duration, Instant};
 
 use crate::artifact::{FrameDecoder, check_output};
@@ -56,7 +58,7 @@ enum Msg {
 
 /// A byte stream opened and read on a helper thread.
 pub struct Feed {
-    rx: Receiver<Msg>,
+    rx: Inbox<Msg>,
     chunk: Vec<u8>,
     pos: usize,
     ended: bool,
@@ -86,7 +88,7 @@ impl Feed {
         chunk: usize,
         opener: impl FnOnce() -> Result<(Box<dyn Read + Send>, usize)> + Send + 'static,
     ) -> Feed {
-        let (tx, rx): (SyncSender<Msg>, _) = sync_channel(DEPTH);
+        let (tx, rx) = channel::<Msg>(DEPTH);
         let spawned = std::thread::Builder::new()
             .name("updraft-fetch".into())
             .stack_size(256 * 1024)
@@ -127,7 +129,7 @@ impl Feed {
         let rx = match spawned {
             Ok(_) => rx,
             Err(e) => {
-                let (tx, rx) = sync_channel(1);
+                let (tx, rx) = channel(1);
                 let _ = tx.send(Msg::OpenFailed(Error::new(
                     Kind::Io,
                     format!("starting a transfer thread: {e}"),
@@ -252,8 +254,8 @@ enum FrameMsg {
 pub struct Frames {
     /// The signed frame table, to check each decoded frame's hash.
     frames: Vec<Frame>,
-    rx: Receiver<FrameMsg>,
-    spare: SyncSender<AlignedBuf>,
+    rx: Inbox<FrameMsg>,
+    spare: Outbox<AlignedBuf>,
     ended: bool,
 }
 
@@ -268,8 +270,8 @@ impl Frames {
         artifact_sha256: Option<Sha256>,
     ) -> Frames {
         let table = frames.clone();
-        let (tx, rx) = sync_channel(1);
-        let (spare, spare_rx) = sync_channel::<AlignedBuf>(2);
+        let (tx, rx) = channel::<FrameMsg>(1);
+        let (spare, spare_rx) = channel::<AlignedBuf>(2);
         // The second buffer; the decoder allocates the first itself.
         let _ = spare.try_send(AlignedBuf::default());
         let errors = tx.clone();
@@ -355,8 +357,8 @@ impl Frames {
 
 /// The decode thread's side of [`Frames`].
 struct DecodeStage<'a> {
-    tx: &'a SyncSender<FrameMsg>,
-    spare: &'a Receiver<AlignedBuf>,
+    tx: &'a Outbox<FrameMsg>,
+    spare: &'a Inbox<AlignedBuf>,
     /// Compressed bytes read but not yet reported.
     unreported: u64,
     last_report: Instant,
@@ -395,7 +397,7 @@ impl DecodeStage<'_> {
                 h.update(buf);
             }
             decoder.decode_unhashed(i, f, buf)?;
-            let Ok(spare) = self.spare.recv() else {
+            let Some(spare) = self.spare.recv() else {
                 return Ok(None);
             };
             let data = decoder.take_output(spare);
@@ -457,7 +459,7 @@ impl DecodeStage<'_> {
         } else {
             self.tx
                 .try_send(msg)
-                .map_err(|e| matches!(e, TrySendError::Full(_)))
+                .map_err(|e| matches!(e, TrySendError::Full(())))
         };
         match sent {
             Ok(()) => {
@@ -470,10 +472,88 @@ impl DecodeStage<'_> {
     }
 }
 
-/// What a helper thread of [`Background`] and [`offload`] hands back,
-/// whatever the call returns: one type through one channel, so the
-/// channel and thread code is not made again for each kind of call.
+/// What every channel of this module carries, boxed: a helper thread's
+/// message of any kind, or the result of a [`Background`] or [`offload`]
+/// call. std's channel code is generic over what it carries, and large;
+/// one type through all of them keeps one copy of it in the binary.
+/// [`channel`] gives each end its type back.
 type Boxed = Box<dyn Any + Send>;
+
+/// The sending end of a [`channel`] of `T`.
+struct Outbox<T> {
+    tx: SyncSender<Boxed>,
+    of: PhantomData<fn(T)>,
+}
+
+impl<T> Clone for Outbox<T> {
+    fn clone(&self) -> Self {
+        Outbox {
+            tx: self.tx.clone(),
+            of: PhantomData,
+        }
+    }
+}
+
+impl<T: Send + 'static> Outbox<T> {
+    /// Send `v`, waiting while the channel is full; `Err` when the
+    /// receiving end is gone.
+    fn send(&self, v: T) -> std::result::Result<(), ()> {
+        self.tx.send(Box::new(v)).map_err(|_| ())
+    }
+
+    /// Send `v` if there is room.
+    fn try_send(&self, v: T) -> std::result::Result<(), TrySendError<()>> {
+        self.tx.try_send(Box::new(v)).map_err(|e| match e {
+            TrySendError::Full(_) => TrySendError::Full(()),
+            TrySendError::Disconnected(_) => TrySendError::Disconnected(()),
+        })
+    }
+}
+
+/// The receiving end of a [`channel`] of `T` (only `T`s are ever sent on
+/// it; anything else would read as the sender gone).
+struct Inbox<T> {
+    rx: Receiver<Boxed>,
+    of: PhantomData<fn() -> T>,
+}
+
+impl<T: 'static> Inbox<T> {
+    fn of(rx: Receiver<Boxed>) -> Inbox<T> {
+        Inbox {
+            rx,
+            of: PhantomData,
+        }
+    }
+
+    fn take(v: Boxed) -> Option<T> {
+        v.downcast::<T>().ok().map(|v| *v)
+    }
+
+    /// The next value; `None` once the sending end is gone.
+    fn recv(&self) -> Option<T> {
+        self.rx.recv().ok().and_then(Self::take)
+    }
+
+    fn recv_timeout(&self, timeout: Duration) -> std::result::Result<T, RecvTimeoutError> {
+        Self::take(self.rx.recv_timeout(timeout)?).ok_or(RecvTimeoutError::Disconnected)
+    }
+
+    fn try_recv(&self) -> std::result::Result<T, TryRecvError> {
+        Self::take(self.rx.try_recv()?).ok_or(TryRecvError::Disconnected)
+    }
+}
+
+/// A channel of `T` holding at most `depth` values.
+fn channel<T: Send + 'static>(depth: usize) -> (Outbox<T>, Inbox<T>) {
+    let (tx, rx) = sync_channel(depth);
+    (
+        Outbox {
+            tx,
+            of: PhantomData,
+        },
+        Inbox::of(rx),
+    )
+}
 
 /// A call to run on a helper thread, its result boxed.
 type Call = Box<dyn FnOnce() -> Boxed + Send>;
@@ -513,8 +593,7 @@ fn spawn_call(name: &str, call: Call) -> Result<Receiver<Boxed>> {
 /// at a time ([`Background::wait`]). Dropping it abandons the call: the
 /// thread ends on its own when the call returns.
 pub struct Background<T> {
-    rx: Receiver<Boxed>,
-    result: PhantomData<fn() -> T>,
+    rx: Inbox<T>,
 }
 
 impl<T: Send + 'static> Background<T> {
@@ -528,17 +607,16 @@ impl<T: Send + 'static> Background<T> {
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<Background<T>> {
         Ok(Background {
-            rx: spawn_call(name, boxed(f))?,
-            result: PhantomData,
+            rx: Inbox::of(spawn_call(name, boxed(f))?),
         })
     }
 
     /// The call's result once it returned, `Ok(None)` while it runs.
     pub fn result(&self) -> Result<Option<T>> {
         match self.rx.try_recv() {
-            Ok(v) => unbox(v, "background call").map(Some),
-            Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+            Ok(v) => Ok(Some(v)),
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => {
                 Err(Error::new(Kind::Io, "helper thread ended without a result"))
             }
         }
@@ -547,7 +625,7 @@ impl<T: Send + 'static> Background<T> {
     /// The call's result if it returns within `timeout`, `Ok(None)` if not.
     pub fn wait(&self, timeout: Duration) -> Result<Option<T>> {
         match self.rx.recv_timeout(timeout) {
-            Ok(v) => unbox(v, "background call").map(Some),
+            Ok(v) => Ok(Some(v)),
             Err(RecvTimeoutError::Timeout) => Ok(None),
             Err(RecvTimeoutError::Disconnected) => {
                 Err(Error::new(Kind::Io, "helper thread ended without a result"))
