@@ -176,7 +176,7 @@ pub fn try_request(path: &Path, req: &Request) -> Result<Option<Reply>> {
     if text.trim().is_empty() {
         bail!(Io, "the daemon closed the connection without answering");
     }
-    let reply: Reply = serde_json::from_str(&text)
+    let reply: Reply = serde_json::from_slice(text.as_bytes())
         .map_err(|e| err!(Io, "the daemon's answer is not valid: {e}"))?;
     if !reply.ok {
         let kind = reply.kind.as_deref().map(kind_from_str).unwrap_or(Kind::Io);

@@ -28,7 +28,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::error::{Context, Result};
+use crate::error::{Context, Error, Result};
 use crate::hash::{Sha256, truncate};
 use crate::{bail, err};
 
@@ -348,24 +348,37 @@ pub fn clamp_sleep(d: Duration) -> Duration {
 
 /// Parse a controller base.
 pub fn controller_base(bytes: &[u8]) -> Result<ControllerBase> {
-    let raw: RawBase = document(bytes, "controller base")?;
-    let sleep = match raw.config.and_then(|c| c.polling).and_then(|p| p.sleep) {
-        Some(s) => Some(parse_sleep(&s).context("controller base config.polling.sleep")?),
+    let doc = document(bytes, "controller base")?;
+    let root = At::root(&doc, "controller base");
+    let polling = match root.field("config")? {
+        Some(c) => c.field("polling")?,
         None => None,
     };
-    let links = raw.links.unwrap_or_default();
-    let action = |l: Option<RawLink>, what: &str| -> Result<Option<ActionLink>> {
-        let Some(l) = l else { return Ok(None) };
-        let href = link(&l.href, &format!("controller base _links.{what}"))?;
+    let sleep = match polling.map(|p| p.field("sleep")).transpose()?.flatten() {
+        Some(s) => Some(parse_sleep(s.str()?).context("controller base config.polling.sleep")?),
+        None => None,
+    };
+    let links = root.field("_links")?;
+    let href = |name: &str| -> Result<Option<&str>> {
+        match links.as_ref().map(|l| l.field(name)).transpose()?.flatten() {
+            Some(l) => Ok(Some(l.required("href")?.str()?)),
+            None => Ok(None),
+        }
+    };
+    let action = |what: &str| -> Result<Option<ActionLink>> {
+        let Some(h) = href(what)? else {
+            return Ok(None);
+        };
+        let href = link(h, &format!("controller base _links.{what}"))?;
         let action_id = action_id_of(&href, what)?;
         Ok(Some(ActionLink { href, action_id }))
     };
     Ok(ControllerBase {
         sleep,
-        deployment: action(links.deployment_base, "deploymentBase")?,
-        cancel: action(links.cancel_action, "cancelAction")?,
-        config_data: match links.config_data {
-            Some(l) => Some(link(&l.href, "controller base _links.configData")?),
+        deployment: action("deploymentBase")?,
+        cancel: action("cancelAction")?,
+        config_data: match href("configData")? {
+            Some(h) => Some(link(h, "controller base _links.configData")?),
             None => None,
         },
     })
@@ -373,24 +386,52 @@ pub fn controller_base(bytes: &[u8]) -> Result<ControllerBase> {
 
 /// Parse a deploymentBase.
 pub fn deployment(bytes: &[u8]) -> Result<Deployment> {
-    let raw: RawDeploymentBase = document(bytes, "deploymentBase")?;
-    let action_id = token(&raw.id, "deploymentBase id")?;
+    let doc = document(bytes, "deploymentBase")?;
+    let root = At::root(&doc, "deploymentBase");
+    let action_id = token(root.required("id")?.str()?, "deploymentBase id")?;
     let what = |field: &str| format!("deployment {action_id}: {field}");
-    let d = raw.deployment;
-    if d.chunks.is_empty() {
+    let d = root.required("deployment")?;
+    let handling = |name: &str| -> Result<Handling> {
+        let Some(h) = d.field(name)? else {
+            return Ok(Handling::Attempt);
+        };
+        Ok(match h.str()? {
+            "skip" => Handling::Skip,
+            "attempt" => Handling::Attempt,
+            "forced" => Handling::Forced,
+            other => return Err(h.unknown(other, "skip, attempt or forced")),
+        })
+    };
+    let (download, update) = (handling("download")?, handling("update")?);
+    let maintenance_window = match d.field("maintenanceWindow")? {
+        Some(w) => Some(match w.str()? {
+            "available" => MaintenanceWindow::Available,
+            "unavailable" => MaintenanceWindow::Unavailable,
+            other => return Err(w.unknown(other, "available or unavailable")),
+        }),
+        None => None,
+    };
+    let raw_chunks = d.required("chunks")?.items()?;
+    if raw_chunks.is_empty() {
         bail!(Malformed, "{}", what("no chunks"));
     }
-    if d.chunks.len() > MAX_CHUNKS {
+    if raw_chunks.len() > MAX_CHUNKS {
         bail!(
             Malformed,
             "{}",
-            what(&format!("{} chunks (at most {MAX_CHUNKS})", d.chunks.len()))
+            what(&format!(
+                "{} chunks (at most {MAX_CHUNKS})",
+                raw_chunks.len()
+            ))
         );
     }
-    let mut chunks = Vec::with_capacity(d.chunks.len());
-    for (i, c) in d.chunks.into_iter().enumerate() {
+    let mut chunks = Vec::with_capacity(raw_chunks.len());
+    for (i, c) in raw_chunks.iter().enumerate() {
         let at = |f: &str| what(&format!("chunks[{i}].{f}"));
-        let artifacts = c.artifacts.unwrap_or_default();
+        let artifacts = match c.field("artifacts")? {
+            Some(a) => a.items()?,
+            None => Vec::new(),
+        };
         if artifacts.len() > MAX_ARTIFACTS {
             bail!(
                 Malformed,
@@ -399,35 +440,43 @@ pub fn deployment(bytes: &[u8]) -> Result<Deployment> {
             );
         }
         let mut out = Vec::with_capacity(artifacts.len());
-        for (j, a) in artifacts.into_iter().enumerate() {
+        for (j, a) in artifacts.iter().enumerate() {
             let at = |f: &str| what(&format!("chunks[{i}].artifacts[{j}].{f}"));
-            let filename = filename(&a.filename).with_context(|| at("filename"))?;
-            let sha256 = match a.hashes.and_then(|h| h.sha256) {
-                Some(h) => Some(Sha256::from_hex(&h).with_context(|| at("hashes.sha256"))?),
-                None => None,
+            let filename =
+                filename(a.required("filename")?.str()?).with_context(|| at("filename"))?;
+            let sha256 = match a.field("hashes")?.map(|h| h.field("sha256")).transpose()? {
+                Some(Some(h)) => {
+                    Some(Sha256::from_hex(h.str()?).with_context(|| at("hashes.sha256"))?)
+                }
+                _ => None,
             };
-            let download = match a.links.and_then(|l| l.download) {
-                Some(l) => Some(link(&l.href, &at("_links.download"))?),
-                None => None,
+            let size = a.field("size")?.map(|s| s.u64()).transpose()?;
+            let download = match a
+                .field("_links")?
+                .map(|l| l.field("download"))
+                .transpose()?
+            {
+                Some(Some(l)) => Some(link(l.required("href")?.str()?, &at("_links.download"))?),
+                _ => None,
             };
             out.push(Artifact {
                 filename,
-                size: a.size,
+                size,
                 sha256,
                 download,
             });
         }
         chunks.push(Chunk {
-            part: token_text(&c.part, &at("part"))?,
-            name: token_text(&c.name, &at("name"))?,
-            version: token_text(&c.version, &at("version"))?,
+            part: token_text(c.required("part")?.str()?, &at("part"))?,
+            name: token_text(c.required("name")?.str()?, &at("name"))?,
+            version: token_text(c.required("version")?.str()?, &at("version"))?,
             artifacts: out,
         });
     }
     Ok(Deployment {
-        download: d.download.unwrap_or(Handling::Attempt),
-        update: d.update.unwrap_or(Handling::Attempt),
-        maintenance_window: d.maintenance_window,
+        download,
+        update,
+        maintenance_window,
         chunks,
         action_id,
     })
@@ -435,102 +484,16 @@ pub fn deployment(bytes: &[u8]) -> Result<Deployment> {
 
 /// Parse a cancelAction.
 pub fn cancel(bytes: &[u8]) -> Result<Cancel> {
-    let raw: RawCancel = document(bytes, "cancelAction")?;
-    let action_id = token(&raw.id, "cancelAction id")?;
-    let stop_id = token(&raw.cancel_action.stop_id, "cancelAction stopId")?;
+    let doc = document(bytes, "cancelAction")?;
+    let root = At::root(&doc, "cancelAction");
+    let action_id = token(root.required("id")?.str()?, "cancelAction id")?;
+    let stop = root.required("cancelAction")?.required("stopId")?;
+    let stop_id = token(stop.str()?, "cancelAction stopId")?;
     Ok(Cancel { action_id, stop_id })
 }
 
-// The documents as the server writes them; every field the models mark
-// optional is optional here, unknown fields are ignored.
-
-#[derive(Deserialize)]
-struct RawBase {
-    config: Option<RawConfig>,
-    #[serde(rename = "_links")]
-    links: Option<RawBaseLinks>,
-}
-
-#[derive(Deserialize)]
-struct RawConfig {
-    polling: Option<RawPolling>,
-}
-
-#[derive(Deserialize)]
-struct RawPolling {
-    sleep: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct RawBaseLinks {
-    deployment_base: Option<RawLink>,
-    cancel_action: Option<RawLink>,
-    config_data: Option<RawLink>,
-}
-
-#[derive(Deserialize)]
-struct RawLink {
-    href: String,
-}
-
-#[derive(Deserialize)]
-struct RawDeploymentBase {
-    id: String,
-    deployment: RawDeployment,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawDeployment {
-    download: Option<Handling>,
-    update: Option<Handling>,
-    maintenance_window: Option<MaintenanceWindow>,
-    chunks: Vec<RawChunk>,
-}
-
-#[derive(Deserialize)]
-struct RawChunk {
-    part: String,
-    version: String,
-    name: String,
-    artifacts: Option<Vec<RawArtifact>>,
-}
-
-#[derive(Deserialize)]
-struct RawArtifact {
-    filename: String,
-    hashes: Option<RawHashes>,
-    size: Option<u64>,
-    #[serde(rename = "_links")]
-    links: Option<RawArtifactLinks>,
-}
-
-#[derive(Deserialize)]
-struct RawHashes {
-    sha256: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct RawArtifactLinks {
-    download: Option<RawLink>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawCancel {
-    id: String,
-    cancel_action: RawStop,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawStop {
-    stop_id: String,
-}
-
 /// A JSON document of at most [`MAX_DOCUMENT_BYTES`].
-fn document<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T> {
+fn document(bytes: &[u8], what: &str) -> Result<Value> {
     if bytes.len() > MAX_DOCUMENT_BYTES {
         bail!(
             Malformed,
@@ -539,6 +502,126 @@ fn document<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T>
         );
     }
     serde_json::from_slice(bytes).map_err(|e| err!(Malformed, "{what}: {e}"))
+}
+
+/// A value in a DDI document and where it is, for errors that name the
+/// field. The documents are read as the server writes them: every field
+/// the models mark optional is optional (absent or `null`), unknown fields
+/// are ignored, and a field of the wrong type is refused.
+struct At<'v> {
+    value: &'v Value,
+    /// The document, e.g. `deploymentBase`.
+    doc: &'static str,
+    /// The field, e.g. `deployment.chunks[0].part`; empty for the root.
+    path: String,
+}
+
+impl<'v> At<'v> {
+    fn root(value: &'v Value, doc: &'static str) -> At<'v> {
+        At {
+            value,
+            doc,
+            path: String::new(),
+        }
+    }
+
+    fn child(&self, value: &'v Value, path: String) -> At<'v> {
+        At {
+            value,
+            doc: self.doc,
+            path,
+        }
+    }
+
+    /// Field `key` of this object; `None` when it is absent or `null`.
+    fn field(&self, key: &str) -> Result<Option<At<'v>>> {
+        let Value::Object(map) = self.value else {
+            return Err(self.wrong("an object"));
+        };
+        Ok(match map.get(key) {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(self.child(v, self.path_of(key))),
+        })
+    }
+
+    /// The path of field `key` of this object.
+    fn path_of(&self, key: &str) -> String {
+        if self.path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.path)
+        }
+    }
+
+    /// Field `key` of this object, which must be there (a `null` is
+    /// refused by the reading that follows).
+    fn required(&self, key: &str) -> Result<At<'v>> {
+        let Value::Object(map) = self.value else {
+            return Err(self.wrong("an object"));
+        };
+        match map.get(key) {
+            Some(v) => Ok(self.child(v, self.path_of(key))),
+            None if self.path.is_empty() => bail!(Malformed, "{}: missing field `{key}`", self.doc),
+            None => bail!(
+                Malformed,
+                "{}: missing field `{key}` in {}",
+                self.doc,
+                self.path
+            ),
+        }
+    }
+
+    /// The items of this array.
+    fn items(&self) -> Result<Vec<At<'v>>> {
+        let Value::Array(items) = self.value else {
+            return Err(self.wrong("an array"));
+        };
+        Ok(items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| self.child(v, format!("{}[{i}]", self.path)))
+            .collect())
+    }
+
+    fn str(&self) -> Result<&'v str> {
+        self.value.as_str().ok_or_else(|| self.wrong("a string"))
+    }
+
+    fn u64(&self) -> Result<u64> {
+        self.value
+            .as_u64()
+            .ok_or_else(|| self.wrong("a non-negative integer"))
+    }
+
+    /// This value is not of the `expected` type.
+    fn wrong(&self, expected: &str) -> Error {
+        let found = match self.value {
+            Value::Null => "null".to_string(),
+            Value::Bool(b) => b.to_string(),
+            Value::Number(n) => n.to_string(),
+            Value::String(_) => "a string".to_string(),
+            Value::Array(_) => "an array".to_string(),
+            Value::Object(_) => "an object".to_string(),
+        };
+        let at = if self.path.is_empty() { "" } else { " " };
+        err!(
+            Malformed,
+            "{}{at}{}: expected {expected}, found {found}",
+            self.doc,
+            self.path
+        )
+    }
+
+    /// This string is none of the values `known`.
+    fn unknown(&self, value: &str, known: &str) -> Error {
+        err!(
+            Malformed,
+            "{} {}: {:?} is not {known}",
+            self.doc,
+            self.path,
+            truncate(value, 64)
+        )
+    }
 }
 
 /// An absolute `https` URL without credentials, whitespace or control

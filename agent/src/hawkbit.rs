@@ -219,7 +219,8 @@ impl Row {
     }
 
     fn parse(text: &str) -> Result<Row> {
-        let v: Value = serde_json::from_str(text).map_err(|e| err!(Store, "not JSON: {e}"))?;
+        let v: Value =
+            serde_json::from_slice(text.as_bytes()).map_err(|e| err!(Store, "not JSON: {e}"))?;
         let method = match v["method"].as_str() {
             Some("POST") => "POST",
             Some("PUT") => "PUT",

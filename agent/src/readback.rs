@@ -20,25 +20,53 @@
 //! back after the write ([`crate::install::verify_slot`]).
 
 use std::path::Path;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use crate::direct_io::AlignedBuf;
 use crate::error::{Error, Kind, Result};
 use crate::hash::{Hasher, Sha256};
 use crate::progress::{Progress, Ticker};
 use crate::slot::SlotReader;
-use crate::worker::TICK;
+use crate::worker::{Background, TICK};
 
 /// Bytes per read. Smaller than a whole-slot read-back's block: this buffer
 /// lives beside the two frame buffers of the write, and direct reads of
 /// half a MiB already keep an eMMC or SSD busy.
 const BLOCK: usize = 512 * 1024;
 
+/// How far the slot is complete, handed from the state machine to the
+/// reader thread: the offset below which every byte is final, and whether
+/// more will come.
+#[derive(Default)]
+struct Watermark {
+    mark: Mutex<(u64, bool)>,
+    moved: Condvar,
+}
+
+impl Watermark {
+    fn set(&self, offset: u64, last: bool) {
+        let mut m = self.mark.lock().unwrap_or_else(PoisonError::into_inner);
+        m.0 = m.0.max(offset);
+        m.1 |= last;
+        self.moved.notify_one();
+    }
+
+    /// Wait until the mark is past `done` or no more will come; the mark
+    /// then (`None` when it stays at `done` for good).
+    fn past(&self, done: u64) -> Option<u64> {
+        let mut m = self.mark.lock().unwrap_or_else(PoisonError::into_inner);
+        while m.0 <= done && !m.1 {
+            m = self.moved.wait(m).unwrap_or_else(PoisonError::into_inner);
+        }
+        (m.0 > done).then_some(m.0)
+    }
+}
+
 /// A read-back in progress.
 pub struct ReadBack {
-    /// Offsets below which the slot is complete, in increasing order.
-    ranges: Option<Sender<u64>>,
-    result: Receiver<Result<(u64, Sha256)>>,
+    /// Offsets below which the slot is complete, increasing.
+    complete: Arc<Watermark>,
+    result: Background<Result<(u64, Sha256)>>,
     /// The last offset handed over.
     sent: u64,
 }
@@ -47,17 +75,12 @@ impl ReadBack {
     /// Start reading `slot` back from its first byte as ranges complete.
     pub fn start(slot: &Path) -> Result<ReadBack> {
         let reader = SlotReader::open(slot)?;
-        let (ranges, ranges_rx) = channel::<u64>();
-        let (result_tx, result) = channel();
-        std::thread::Builder::new()
-            .name("updraft-verify".into())
-            .stack_size(256 * 1024)
-            .spawn(move || {
-                let _ = result_tx.send(read_ranges(&reader, &ranges_rx));
-            })
-            .map_err(|e| Error::new(Kind::Io, format!("starting the read-back thread: {e}")))?;
+        let complete = Arc::new(Watermark::default());
+        let mark = complete.clone();
+        let result = Background::spawn_named("updraft-verify", move || read_ranges(&reader, &mark))
+            .map_err(|e| e.wrap("starting the read-back"))?;
         Ok(ReadBack {
-            ranges: Some(ranges),
+            complete,
             result,
             sent: 0,
         })
@@ -66,11 +89,9 @@ impl ReadBack {
     /// Everything below `offset` is complete on the device: read it back.
     pub fn complete_to(&mut self, offset: u64) {
         if offset > self.sent {
-            if let Some(tx) = &self.ranges {
-                // A thread that already failed has its error waiting in
-                // `result`; `finish` reports it.
-                let _ = tx.send(offset);
-            }
+            // A thread that already failed has its error waiting in
+            // `result`; `finish` reports it.
+            self.complete.set(offset, false);
             self.sent = offset;
         }
     }
@@ -80,38 +101,44 @@ impl ReadBack {
     pub fn finish(mut self, len: u64, ticker: &mut dyn Ticker) -> Result<Sha256> {
         self.complete_to(len);
         // No more ranges: the thread ends once it has read the last one.
-        self.ranges = None;
+        self.complete.set(len, true);
         let progress = Progress {
             phase: "verify".into(),
             total: len,
             ..Progress::default()
         };
         loop {
-            match self.result.recv_timeout(TICK) {
-                Ok(Ok((read, hash))) if read == len => return Ok(hash),
-                Ok(Ok((read, _))) => {
+            match self.result.wait(TICK) {
+                Ok(Some(Ok((read, hash)))) if read == len => return Ok(hash),
+                Ok(Some(Ok((read, _)))) => {
                     return Err(Error::new(
                         Kind::Slot,
                         format!("the read-back stopped at byte {read} of {len}"),
                     ));
                 }
-                Ok(Err(e)) => return Err(e.wrap("reading the slot back")),
-                Err(RecvTimeoutError::Timeout) => ticker.tick(&progress)?,
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(Error::new(Kind::Io, "read-back thread ended unexpectedly"));
-                }
+                Ok(Some(Err(e))) => return Err(e.wrap("reading the slot back")),
+                Ok(None) => ticker.tick(&progress)?,
+                Err(e) => return Err(e.wrap("read-back")),
             }
         }
     }
 }
 
-/// The thread's side: hash each new range in order until the sender goes
-/// away; returns how far it read and the hash of it.
-fn read_ranges(reader: &SlotReader, ranges: &Receiver<u64>) -> Result<(u64, Sha256)> {
+impl Drop for ReadBack {
+    /// An install that failed or was stopped: the thread ends once it has
+    /// read what was handed over.
+    fn drop(&mut self) {
+        self.complete.set(self.sent, true);
+    }
+}
+
+/// The thread's side: hash each new range in order until no more come;
+/// returns how far it read and the hash of it.
+fn read_ranges(reader: &SlotReader, complete: &Watermark) -> Result<(u64, Sha256)> {
     let mut h = Hasher::new();
     let mut buf = AlignedBuf::new(BLOCK);
     let mut done = 0u64;
-    while let Ok(to) = ranges.recv() {
+    while let Some(to) = complete.past(done) {
         reader.hash_range(&mut h, &mut buf, done, to, &mut |_| Ok(()))?;
         done = to;
     }

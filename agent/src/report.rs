@@ -227,7 +227,8 @@ pub fn check_failed(device: &str, booted: SlotName, kind: &str, reason: &str) ->
 /// The JSON actually sent for an outbox row: the stored body plus the
 /// delivery fields.
 pub fn wire_body(e: &OutboxEntry) -> Vec<u8> {
-    let mut v: Value = serde_json::from_str(&e.body).unwrap_or_else(|_| json!({ "raw": e.body }));
+    let mut v: Value =
+        serde_json::from_slice(e.body.as_bytes()).unwrap_or_else(|_| json!({ "raw": e.body }));
     if let Value::Object(map) = &mut v {
         map.insert("idempotency_key".into(), json!(e.key));
         map.insert("sequence".into(), json!(e.seq));

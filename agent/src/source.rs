@@ -26,7 +26,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use crate::bundle::{self, Artifact, Entry, Index, ReadAt};
 use crate::error::{Context, Error, Kind, Result};
@@ -41,7 +41,7 @@ pub const BUNDLE_SUFFIX: &str = ".updraft";
 /// Marks an http(s) URL as a bundle whatever its path ends in (a fleet
 /// server's download link): `bundle+https://…`.
 pub const BUNDLE_URL_PREFIX: &str = "bundle+";
-/// Marks a list of links: `links:` and the JSON of `LinksArg`.
+/// Marks a list of links: `links:` and the JSON of [`Origin::Links`].
 pub const LINKS_PREFIX: &str = "links:";
 
 /// The first Range request of a remote bundle: its headers, the manifest
@@ -79,12 +79,37 @@ pub enum Origin {
     Invalid { arg: String, problem: String },
 }
 
-/// The JSON of a `links:` origin.
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LinksArg {
-    manifest: String,
-    files: BTreeMap<String, String>,
+/// The manifest's URL and the files' of a `links:` origin, from its JSON
+/// (`{"manifest":URL,"files":{NAME:URL,…}}`, nothing else in it).
+fn links_of(json: &str) -> std::result::Result<(String, BTreeMap<String, String>), String> {
+    let v: Value = serde_json::from_slice(json.as_bytes()).map_err(|e| e.to_string())?;
+    let Value::Object(fields) = v else {
+        return Err("expected an object".into());
+    };
+    if let Some(other) = fields.keys().find(|k| *k != "manifest" && *k != "files") {
+        return Err(format!(
+            "unknown field `{other}`, expected `manifest` or `files`"
+        ));
+    }
+    let manifest = match fields.get("manifest") {
+        Some(Value::String(m)) => m.clone(),
+        Some(_) => return Err("`manifest` is not a string".into()),
+        None => return Err("missing field `manifest`".into()),
+    };
+    let mut files = BTreeMap::new();
+    match fields.get("files") {
+        Some(Value::Object(listed)) => {
+            for (name, url) in listed {
+                let Value::String(url) = url else {
+                    return Err(format!("`files.{name}` is not a string"));
+                };
+                files.insert(name.clone(), url.clone());
+            }
+        }
+        Some(_) => return Err("`files` is not an object".into()),
+        None => return Err("missing field `files`".into()),
+    }
+    Ok((manifest, files))
 }
 
 /// An http(s) URL.
@@ -113,11 +138,8 @@ impl Origin {
     /// mirrors of a remote one being `mirrors`).
     pub fn parse(arg: &str, mirrors: &[String]) -> Origin {
         if let Some(json) = arg.strip_prefix(LINKS_PREFIX) {
-            return match serde_json::from_str::<LinksArg>(json) {
-                Ok(l) => Origin::Links {
-                    manifest: l.manifest,
-                    files: l.files,
-                },
+            return match links_of(json) {
+                Ok((manifest, files)) => Origin::Links { manifest, files },
                 Err(e) => Origin::Invalid {
                     arg: arg.to_string(),
                     problem: format!(
@@ -190,13 +212,14 @@ impl Origin {
                 }
             }
             Origin::Links { manifest, files } => {
-                let links = LinksArg {
-                    manifest: manifest.clone(),
-                    files: files.clone(),
-                };
-                // Strings and a map of strings always encode.
-                let json = serde_json::to_string(&links).unwrap_or_default();
-                format!("{LINKS_PREFIX}{json}")
+                let mut listed = Map::new();
+                for (name, url) in files {
+                    listed.insert(name.clone(), Value::String(url.clone()));
+                }
+                let mut json = Map::new();
+                json.insert("manifest".into(), Value::String(manifest.clone()));
+                json.insert("files".into(), Value::Object(listed));
+                format!("{LINKS_PREFIX}{}", Value::Object(json))
             }
             Origin::Invalid { arg, .. } => arg.clone(),
         }

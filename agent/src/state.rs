@@ -224,6 +224,67 @@ impl State {
         }
     }
 
+    /// A state as the store keeps it (the JSON its `Serialize` writes:
+    /// `{"state": NAME, ...job fields}` or `{"state": "failed", "reason":
+    /// ..., "job": {...}}`). The same documents as the derived
+    /// `Deserialize`, read without serde's buffering of internally tagged
+    /// enums: the job is read straight from the bytes, by the deserializer
+    /// `updraft status` reads the daemon's job with, so the binary holds
+    /// one of them rather than two.
+    pub fn from_json(bytes: &[u8]) -> serde_json::Result<State> {
+        use serde::de::Error as _;
+        /// The fields of `failed`.
+        #[derive(Deserialize)]
+        struct Failed {
+            reason: String,
+            #[serde(default)]
+            job: Option<Job>,
+        }
+        let tagged: serde_json::Value = serde_json::from_slice(bytes)?;
+        let Some(tag) = tagged.get("state") else {
+            return Err(serde_json::Error::missing_field("state"));
+        };
+        let Some(tag) = tag.as_str() else {
+            return Err(serde_json::Error::custom("`state` is not a string"));
+        };
+        let job = || serde_json::from_slice::<Job>(bytes);
+        Ok(match tag {
+            "idle" => State::Idle,
+            "checking" => State::Checking,
+            "downloading" => State::Downloading(job()?),
+            "installing" => State::Installing(job()?),
+            "installed" => State::Installed(job()?),
+            "rebooting" => State::Rebooting(job()?),
+            "testing" => State::Testing(job()?),
+            "committed" => State::Committed(job()?),
+            "rolled_back" => State::RolledBack(job()?),
+            "failed" => {
+                let f: Failed = serde_json::from_slice(bytes)?;
+                State::Failed {
+                    reason: f.reason,
+                    job: f.job,
+                }
+            }
+            other => {
+                return Err(serde_json::Error::unknown_variant(
+                    other,
+                    &[
+                        "idle",
+                        "checking",
+                        "downloading",
+                        "installing",
+                        "installed",
+                        "rebooting",
+                        "testing",
+                        "committed",
+                        "rolled_back",
+                        "failed",
+                    ],
+                ));
+            }
+        })
+    }
+
     pub fn job(&self) -> Option<&Job> {
         match self {
             State::Downloading(j)
@@ -287,5 +348,73 @@ impl State {
                 )
                 | (Rebooting(_) | Testing(_), Failed { .. })
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::job_into;
+
+    fn job() -> Job {
+        job_into(SlotName::B)
+    }
+
+    #[test]
+    fn from_json_reads_what_serialize_writes_as_the_derived_deserialize_does() {
+        let mut full = job();
+        full.boot_id = Some("b".into());
+        full.purpose = Some(RebootPurpose::Rollback);
+        full.reason = Some("r".into());
+        full.ddi = Some(crate::ddi::Action {
+            id: "5".into(),
+            href: "https://h/c/v1/d/deploymentBase/5?c=1".into(),
+            download: crate::ddi::Handling::Forced,
+            update: crate::ddi::Handling::Attempt,
+            maintenance_window: Some(crate::ddi::MaintenanceWindow::Available),
+        });
+        full.installed = Some(Timestamp(7));
+        full.method = Method::Delta {
+            url: "artifacts/d.zst".into(),
+            size: 9,
+        };
+        let states = [
+            State::Idle,
+            State::Checking,
+            State::Downloading(job()),
+            State::Installing(job()),
+            State::Installed(full.clone()),
+            State::Rebooting(full.clone()),
+            State::Testing(job()),
+            State::Committed(job()),
+            State::RolledBack(full.clone()),
+            State::Failed {
+                reason: "no space".into(),
+                job: None,
+            },
+            State::Failed {
+                reason: "bad".into(),
+                job: Some(full),
+            },
+        ];
+        for s in states {
+            let text = serde_json::to_string(&s).unwrap();
+            assert_eq!(State::from_json(text.as_bytes()).unwrap(), s, "{text}");
+            assert_eq!(serde_json::from_str::<State>(&text).unwrap(), s, "{text}");
+        }
+        // Older databases: a tag anywhere, unknown fields ignored.
+        let idle = State::from_json(br#"{"since":1,"state":"idle"}"#).unwrap();
+        assert_eq!(idle, State::Idle);
+        for bad in [
+            &br#"{"state":"sleeping"}"#[..],
+            br#"{"reason":"x"}"#,
+            br#"{"state":1}"#,
+            br#"{"state":"failed"}"#,
+            br#"{"state":"downloading","id":"j"}"#,
+            b"not json",
+        ] {
+            let e = State::from_json(bad).unwrap_err();
+            assert!(serde_json::from_slice::<State>(bad).is_err(), "{e}");
+        }
     }
 }

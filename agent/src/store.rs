@@ -463,7 +463,7 @@ impl Store {
         match row {
             None => Ok((State::Idle, Timestamp(0))),
             Some((body, since)) => {
-                let s = serde_json::from_str(&body)
+                let s = State::from_json(body.as_bytes())
                     .map_err(|e| err!(Store, "stored state is unreadable ({e}): {body}"))?;
                 Ok((s, Timestamp(since)))
             }

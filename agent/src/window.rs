@@ -172,13 +172,12 @@ fn instant_of(wall: i64, zone: &dyn Zone) -> i64 {
     // offsets: before and after any change near `wall`.
     let before = zone.offset_at(wall - DAY);
     let after = zone.offset_at(wall + DAY);
-    let mut valid: Vec<i64> = [before, after]
+    let earliest = [before, after]
         .into_iter()
         .map(|o| wall - o)
         .filter(|&t| wall - zone.offset_at(t) == t)
-        .collect();
-    valid.sort_unstable();
-    if let Some(&t) = valid.first() {
+        .min();
+    if let Some(t) = earliest {
         return t;
     }
     // A gap: find the first instant with the later offset between the two

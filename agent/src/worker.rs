@@ -21,8 +21,12 @@
 //! if the state machine gives up, a thread ends on its own when its read
 //! returns or fails, or when it finds nobody listening.
 
+use std::any::Any;
 use std::io::{self, Read};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::marker::PhantomData;
+use std::sync::mpsc::{
+    Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError, sync_channel,
+};
 use std::time::{Duration, Instant};
 
 use crate::artifact::{FrameDecoder, check_output};
@@ -54,7 +58,7 @@ enum Msg {
 
 /// A byte stream opened and read on a helper thread.
 pub struct Feed {
-    rx: Receiver<Msg>,
+    rx: Inbox<Msg>,
     chunk: Vec<u8>,
     pos: usize,
     ended: bool,
@@ -84,7 +88,7 @@ impl Feed {
         chunk: usize,
         opener: impl FnOnce() -> Result<(Box<dyn Read + Send>, usize)> + Send + 'static,
     ) -> Feed {
-        let (tx, rx): (SyncSender<Msg>, _) = sync_channel(DEPTH);
+        let (tx, rx) = channel::<Msg>(DEPTH);
         let spawned = std::thread::Builder::new()
             .name("updraft-fetch".into())
             .stack_size(256 * 1024)
@@ -125,7 +129,7 @@ impl Feed {
         let rx = match spawned {
             Ok(_) => rx,
             Err(e) => {
-                let (tx, rx) = sync_channel(1);
+                let (tx, rx) = channel(1);
                 let _ = tx.send(Msg::OpenFailed(Error::new(
                     Kind::Io,
                     format!("starting a transfer thread: {e}"),
@@ -250,8 +254,8 @@ enum FrameMsg {
 pub struct Frames {
     /// The signed frame table, to check each decoded frame's hash.
     frames: Vec<Frame>,
-    rx: Receiver<FrameMsg>,
-    spare: SyncSender<AlignedBuf>,
+    rx: Inbox<FrameMsg>,
+    spare: Outbox<AlignedBuf>,
     ended: bool,
 }
 
@@ -266,8 +270,8 @@ impl Frames {
         artifact_sha256: Option<Sha256>,
     ) -> Frames {
         let table = frames.clone();
-        let (tx, rx) = sync_channel(1);
-        let (spare, spare_rx) = sync_channel::<AlignedBuf>(2);
+        let (tx, rx) = channel::<FrameMsg>(1);
+        let (spare, spare_rx) = channel::<AlignedBuf>(2);
         // The second buffer; the decoder allocates the first itself.
         let _ = spare.try_send(AlignedBuf::default());
         let errors = tx.clone();
@@ -353,8 +357,8 @@ impl Frames {
 
 /// The decode thread's side of [`Frames`].
 struct DecodeStage<'a> {
-    tx: &'a SyncSender<FrameMsg>,
-    spare: &'a Receiver<AlignedBuf>,
+    tx: &'a Outbox<FrameMsg>,
+    spare: &'a Inbox<AlignedBuf>,
     /// Compressed bytes read but not yet reported.
     unreported: u64,
     last_report: Instant,
@@ -393,7 +397,7 @@ impl DecodeStage<'_> {
                 h.update(buf);
             }
             decoder.decode_unhashed(i, f, buf)?;
-            let Ok(spare) = self.spare.recv() else {
+            let Some(spare) = self.spare.recv() else {
                 return Ok(None);
             };
             let data = decoder.take_output(spare);
@@ -455,7 +459,7 @@ impl DecodeStage<'_> {
         } else {
             self.tx
                 .try_send(msg)
-                .map_err(|e| matches!(e, TrySendError::Full(_)))
+                .map_err(|e| matches!(e, TrySendError::Full(())))
         };
         match sent {
             Ok(()) => {
@@ -468,33 +472,162 @@ impl DecodeStage<'_> {
     }
 }
 
+/// What every channel of this module carries, boxed: a helper thread's
+/// message of any kind, or the result of a [`Background`] or [`offload`]
+/// call. std's channel code is generic over what it carries, and large;
+/// one type through all of them keeps one copy of it in the binary.
+/// [`channel`] gives each end its type back.
+type Boxed = Box<dyn Any + Send>;
+
+/// The sending end of a [`channel`] of `T`.
+struct Outbox<T> {
+    tx: SyncSender<Boxed>,
+    of: PhantomData<fn(T)>,
+}
+
+impl<T> Clone for Outbox<T> {
+    fn clone(&self) -> Self {
+        Outbox {
+            tx: self.tx.clone(),
+            of: PhantomData,
+        }
+    }
+}
+
+impl<T: Send + 'static> Outbox<T> {
+    /// Send `v`, waiting while the channel is full; `Err` when the
+    /// receiving end is gone.
+    fn send(&self, v: T) -> std::result::Result<(), ()> {
+        self.tx.send(Box::new(v)).map_err(|_| ())
+    }
+
+    /// Send `v` if there is room.
+    fn try_send(&self, v: T) -> std::result::Result<(), TrySendError<()>> {
+        self.tx.try_send(Box::new(v)).map_err(|e| match e {
+            TrySendError::Full(_) => TrySendError::Full(()),
+            TrySendError::Disconnected(_) => TrySendError::Disconnected(()),
+        })
+    }
+}
+
+/// The receiving end of a [`channel`] of `T` (only `T`s are ever sent on
+/// it; anything else would read as the sender gone).
+struct Inbox<T> {
+    rx: Receiver<Boxed>,
+    of: PhantomData<fn() -> T>,
+}
+
+impl<T: 'static> Inbox<T> {
+    fn of(rx: Receiver<Boxed>) -> Inbox<T> {
+        Inbox {
+            rx,
+            of: PhantomData,
+        }
+    }
+
+    fn take(v: Boxed) -> Option<T> {
+        v.downcast::<T>().ok().map(|v| *v)
+    }
+
+    /// The next value; `None` once the sending end is gone.
+    fn recv(&self) -> Option<T> {
+        self.rx.recv().ok().and_then(Self::take)
+    }
+
+    fn recv_timeout(&self, timeout: Duration) -> std::result::Result<T, RecvTimeoutError> {
+        Self::take(self.rx.recv_timeout(timeout)?).ok_or(RecvTimeoutError::Disconnected)
+    }
+
+    fn try_recv(&self) -> std::result::Result<T, TryRecvError> {
+        Self::take(self.rx.try_recv()?).ok_or(TryRecvError::Disconnected)
+    }
+}
+
+/// A channel of `T` holding at most `depth` values.
+fn channel<T: Send + 'static>(depth: usize) -> (Outbox<T>, Inbox<T>) {
+    let (tx, rx) = sync_channel(depth);
+    (
+        Outbox {
+            tx,
+            of: PhantomData,
+        },
+        Inbox::of(rx),
+    )
+}
+
+/// A call to run on a helper thread, its result boxed.
+type Call = Box<dyn FnOnce() -> Boxed + Send>;
+
+/// `f` as a [`Call`].
+fn boxed<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Call {
+    Box::new(move || Box::new(f()) as Boxed)
+}
+
+/// The value a [`Call`] returned, as the type its caller made it with.
+fn unbox<T: 'static>(v: Boxed, phase: &str) -> Result<T> {
+    v.downcast::<T>().map(|v| *v).map_err(|_| {
+        Error::new(
+            Kind::Io,
+            format!("{phase}: helper thread returned another type"),
+        )
+    })
+}
+
+/// Start `call` on a helper thread named `name`; its result arrives on
+/// the receiver.
+fn spawn_call(name: &str, call: Call) -> Result<Receiver<Boxed>> {
+    let (tx, rx) = sync_channel(1);
+    std::thread::Builder::new()
+        .name(name.into())
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            let _ = tx.send(call());
+        })
+        .map_err(|e| Error::new(Kind::Io, format!("starting thread {name}: {e}")))?;
+    Ok(rx)
+}
+
 /// One blocking call running on a helper thread (`updraft-call`) while the
 /// caller goes on with other work and looks for the result now and then
-/// ([`Background::result`]), never waiting for it. Dropping it abandons
-/// the call: the thread ends on its own when the call returns.
+/// ([`Background::result`]), never waiting for it, or waits for it a tick
+/// at a time ([`Background::wait`]). Dropping it abandons the call: the
+/// thread ends on its own when the call returns.
 pub struct Background<T> {
-    rx: Receiver<T>,
+    rx: Inbox<T>,
 }
 
 impl<T: Send + 'static> Background<T> {
     pub fn spawn(f: impl FnOnce() -> T + Send + 'static) -> Result<Background<T>> {
-        let (tx, rx) = sync_channel(1);
-        std::thread::Builder::new()
-            .name("updraft-call".into())
-            .stack_size(256 * 1024)
-            .spawn(move || {
-                let _ = tx.send(f());
-            })
-            .map_err(|e| Error::new(Kind::Io, format!("starting a helper thread: {e}")))?;
-        Ok(Background { rx })
+        Background::spawn_named("updraft-call", f)
+    }
+
+    /// [`Background::spawn`] on a thread named `name`.
+    pub fn spawn_named(
+        name: &str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<Background<T>> {
+        Ok(Background {
+            rx: Inbox::of(spawn_call(name, boxed(f))?),
+        })
     }
 
     /// The call's result once it returned, `Ok(None)` while it runs.
     pub fn result(&self) -> Result<Option<T>> {
         match self.rx.try_recv() {
             Ok(v) => Ok(Some(v)),
-            Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => {
+                Err(Error::new(Kind::Io, "helper thread ended without a result"))
+            }
+        }
+    }
+
+    /// The call's result if it returns within `timeout`, `Ok(None)` if not.
+    pub fn wait(&self, timeout: Duration) -> Result<Option<T>> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(v) => Ok(Some(v)),
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => {
                 Err(Error::new(Kind::Io, "helper thread ended without a result"))
             }
         }
@@ -507,7 +640,12 @@ pub fn offload<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
     ticker: &mut dyn Ticker,
 ) -> Result<T> {
-    let rx = Background::spawn(f)?.rx;
+    unbox(offload_call(phase, boxed(f), ticker)?, phase)
+}
+
+/// [`offload`] of a boxed call.
+fn offload_call(phase: &str, call: Call, ticker: &mut dyn Ticker) -> Result<Boxed> {
+    let rx = spawn_call("updraft-call", call)?;
     let progress = Progress {
         phase: phase.into(),
         ..Progress::default()

@@ -388,7 +388,7 @@ impl Machine {
                 "the manifest of the current job is missing from the database"
             )
         })?;
-        serde_json::from_str(&text)
+        serde_json::from_slice(text.as_bytes())
             .map_err(|e| err!(Store, "stored job manifest is unreadable: {e}"))
     }
 }
