@@ -16,16 +16,13 @@
 //! The first target builds in the foreground; the MSRV check and the other
 //! targets' builds run on a background thread at nice 15 while the tests
 //! run, taking only the CPU the emulated tests leave idle, with their
-//! output in log files under `target/` (printed when they fail). Each
-//! other target's tests start when its build is done, beside the first
-//! target's (emulated tests mostly wait), their output kept in a log file
-//! and printed whole when they end.
+//! output in log files under `target/` (printed when they fail).
 //!
 //! Tests that cannot run under emulation skip loudly; each target's skips
 //! are collected through `UPDRAFT_SKIP_LOG` and listed with their reasons
 //! in the summary, beside the number of tests run and the wall time.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -156,93 +153,60 @@ pub fn run(args: &[String]) -> Result {
     // background thread at a low CPU priority while tests run under the
     // emulator: the tests keep the CPU they need, and the compiler takes
     // what they leave idle (they spend much of their time waiting on
-    // timers, sockets and child processes). For the same reason each other
-    // target's tests start as soon as its build is done, beside the first
-    // target's, at the normal priority: two emulated suites side by side
-    // load the two cores about as much as one suite and a build. Their
-    // output goes to a log file, printed whole when they end; build output
-    // goes to log files too, printed when the build fails.
+    // timers, sockets and child processes). Background output goes to log
+    // files, printed when the build fails.
     let first = opts.targets[0];
-    let release = opts.release;
     let mut outcomes = Vec::new();
     let mut lead = new_outcome(first);
-    build_target(first, &newest, release, None, &mut lead);
+    build_target(first, &newest, opts.release, None, &mut lead);
     let same_compiler = oldest.version == newest.version;
-    let (msrv_outcome, others) = std::thread::scope(|s| {
-        let (built_tx, built_rx) = std::sync::mpsc::channel::<(&Target, Outcome)>();
-        let newest = &newest;
+    let msrv_outcome = std::thread::scope(|s| {
+        let (built_tx, built_rx) = std::sync::mpsc::channel::<Outcome>();
         let background = s.spawn(|| {
             lower_priority();
-            // The other targets first, so that their tests start early;
-            // the MSRV check, which nothing waits for, last.
+            // With only one version published the test build is the MSRV
+            // build.
+            let msrv = (!same_compiler).then(|| msrv_build(first, &oldest));
             for t in &opts.targets[1..] {
                 let mut o = new_outcome(t);
                 let log = build_log(t);
-                build_target(t, newest, release, Some(&log), &mut o);
-                if built_tx.send((t, o)).is_err() {
+                build_target(t, &newest, opts.release, Some(&log), &mut o);
+                if built_tx.send(o).is_err() {
                     break;
                 }
             }
             drop(built_tx);
-            // With only one version published the test build is the MSRV
-            // build.
-            (!same_compiler).then(|| msrv_build(first, &oldest))
-        });
-        let beside = s.spawn(move || {
-            let mut done = Vec::new();
-            for (t, mut o) in built_rx {
-                if o.error.is_none() {
-                    test_target(t, newest, release, Some(&tests_log(t)), &mut o);
-                }
-                done.push((t, o));
-            }
-            done
+            msrv
         });
         if lead.error.is_none() {
-            test_target(first, newest, release, None, &mut lead);
+            test_target(first, &newest, opts.release, &mut lead);
         }
-        let others = beside.join().unwrap_or_default();
-        let msrv = background.join().unwrap_or_else(|_| {
-            Some((0.0, Err("the background build thread panicked".to_string())))
-        });
-        (msrv, others)
-    });
-    outcomes.push(lead);
-    for (t, o) in others {
-        println!(
-            "\n== {}: built in the background in {:.1} s ({})",
-            t.triple,
-            o.build_secs,
-            build_log(t).display()
-        );
-        if o.error.is_some() && o.test_secs == 0.0 {
-            print_tail(&build_log(t), 80);
-        } else {
-            let log = tests_log(t);
+        outcomes.push(lead);
+        for t in &opts.targets[1..] {
+            let Ok(mut o) = built_rx.recv() else {
+                break;
+            };
+            let log = build_log(t);
             println!(
-                "== {}: its tests ran beside {}'s under {} in {:.1} s; their output ({}):",
+                "\n== {}: built in the background in {:.1} s ({})",
                 t.triple,
-                first.short,
-                t.qemu,
-                o.test_secs,
+                o.build_secs,
                 log.display()
             );
-            match std::fs::read_to_string(&log) {
-                Ok(text) => print!("{text}"),
-                Err(e) => println!("-- {} cannot be read: {e}", log.display()),
+            if o.error.is_some() {
+                print_tail(&log, 80);
+            } else {
+                test_target(t, &newest, opts.release, &mut o);
             }
+            outcomes.push(o);
         }
-        outcomes.push(o);
-    }
-    let missing = opts.targets.len() - outcomes.len();
-    if missing > 0 {
-        println!(
-            "cross-test: {missing} target(s) neither built nor tested (a helper thread ended early)"
-        );
-    }
+        background.join().unwrap_or_else(|_| {
+            Some((0.0, Err("the background build thread panicked".to_string())))
+        })
+    });
 
     println!("\ncross-test summary:");
-    let mut failed = missing > 0;
+    let mut failed = false;
     match &msrv_outcome {
         Some((secs, result)) => {
             println!(
@@ -320,12 +284,6 @@ fn msrv_build(t: &Target, tc: &Toolchain) -> (f64, Result) {
         format!("{}: {e}", t.short)
     });
     (start.elapsed().as_secs_f64(), result)
-}
-
-/// Where the tests of `t`, run beside the first target's, write their
-/// output.
-fn tests_log(t: &Target) -> PathBuf {
-    test_dir(t).join("tests.log")
 }
 
 /// Where a background build of `t` writes its output.
@@ -440,9 +398,8 @@ fn build_target(t: &Target, tc: &Toolchain, release: bool, log: Option<&Path>, o
     }
 }
 
-/// Run the tests of `t`, built by [`build_target`], under its emulator,
-/// their output echoed, or written to `log` when given.
-fn test_target(t: &Target, tc: &Toolchain, release: bool, log: Option<&Path>, o: &mut Outcome) {
+/// Run the tests of `t`, built by [`build_target`], under its emulator.
+fn test_target(t: &Target, tc: &Toolchain, release: bool, o: &mut Outcome) {
     let target_dir = test_dir(t);
     let profile_dir = target_dir
         .join(t.triple)
@@ -453,12 +410,6 @@ fn test_target(t: &Target, tc: &Toolchain, release: bool, log: Option<&Path>, o:
     let _ = std::fs::remove_file(&hang_log);
 
     println!("\n== {}: running the tests under {}", t.triple, t.qemu);
-    if let Some(log) = log {
-        println!(
-            "   (beside the other target's; output in {})",
-            log.display()
-        );
-    }
     let start = Instant::now();
     let mut test = test_cargo(t, tc, &target_dir, release);
     test.arg("--no-fail-fast");
@@ -473,7 +424,7 @@ fn test_target(t: &Target, tc: &Toolchain, release: bool, log: Option<&Path>, o:
     test.env("UPDRAFT_TEST_RUNNER", t.runner())
         .env("UPDRAFT_BIN_DIR", &profile_dir)
         .env("UPDRAFT_SKIP_LOG", &skip_log);
-    let result = run_counting(&mut test, log, o);
+    let result = run_counting(&mut test, o);
     o.test_secs = start.elapsed().as_secs_f64();
     o.hangs = std::fs::read_to_string(&hang_log)
         .map(|s| s.lines().map(|l| l.replace('\t', ": ")).collect())
@@ -490,10 +441,9 @@ fn test_target(t: &Target, tc: &Toolchain, release: bool, log: Option<&Path>, o:
 }
 
 /// Seconds a test binary may run under the emulator before it counts as
-/// hung: about three and a half times the slowest (about 100 s, with the
-/// other target's tests running beside it), while a hang, which costs the
-/// whole limit before the binary runs again, stays affordable.
-const HANG_LIMIT_SECS: u64 = 360;
+/// hung: about seven times the slowest (35 s), while a hang, which costs
+/// the whole limit before the binary runs again, stays cheap.
+const HANG_LIMIT_SECS: u64 = 240;
 
 /// `t`'s emulator command behind `xtask emulate` (cargo splits a runner on
 /// whitespace, so none of the paths may contain any).
@@ -676,22 +626,9 @@ pub(crate) fn previous_release_agent(t: &Target) -> Result<PathBuf> {
     Ok(exe)
 }
 
-/// Run `cmd`, echoing its stdout (or writing it and stderr to `log` when
-/// given), and add up libtest's result lines.
-fn run_counting(cmd: &mut Command, log: Option<&Path>, o: &mut Outcome) -> Result {
+/// Run `cmd`, echoing its stdout, and add up libtest's result lines.
+fn run_counting(cmd: &mut Command, o: &mut Outcome) -> Result {
     let shown = format!("{cmd:?}");
-    let mut sink = match log {
-        Some(log) => {
-            let f = std::fs::File::create(log)
-                .map_err(|e| format!("creating {}: {e}", log.display()))?;
-            let err = f
-                .try_clone()
-                .map_err(|e| format!("opening {}: {e}", log.display()))?;
-            cmd.stderr(err);
-            Some(f)
-        }
-        None => None,
-    };
     let mut child = cmd
         .stdout(Stdio::piped())
         .spawn()
@@ -699,12 +636,7 @@ fn run_counting(cmd: &mut Command, log: Option<&Path>, o: &mut Outcome) -> Resul
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines() {
             let line = line.map_err(|e| format!("reading test output: {e}"))?;
-            match sink.as_mut() {
-                Some(f) => {
-                    writeln!(f, "{line}").map_err(|e| format!("writing the test output: {e}"))?
-                }
-                None => println!("{line}"),
-            }
+            println!("{line}");
             if let Some((p, f, i)) = parse_result_line(&line) {
                 o.passed += p;
                 o.failed += f;

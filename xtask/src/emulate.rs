@@ -14,7 +14,7 @@
 //! result.
 //!
 //! The limit is far above any test binary's normal time under emulation
-//! (the slowest takes about 100 s), so a slow test is never mistaken for a
+//! (the slowest takes about 35 s), so a slow test is never mistaken for a
 //! hang.
 
 use std::io::Write;
