@@ -82,35 +82,54 @@ fn closed_with(server: &DdiServer, action: u64, finished: Finished) -> String {
 
 /// The n-th `PUT configData` request's position among all requests, and
 /// the position of the first closed feedback of `action`.
+///
+/// The server records a request once it has answered it, after its
+/// handler logged the body: the feedback and configData logs are read
+/// first, and again until every entry in them has its request recorded.
 fn request_positions(server: &DdiServer, action: u64) -> (Vec<(usize, Option<String>)>, usize) {
-    let reqs = server.requests();
-    let puts: Vec<usize> = reqs
-        .iter()
-        .filter(|r| r.method == "PUT" && r.path().ends_with("/configData"))
-        .map(|r| r.seq)
-        .collect();
-    let versions: Vec<Option<String>> = server
-        .config_data_log()
-        .iter()
-        .map(|c| c.data.get("sw_version").cloned().flatten())
-        .collect();
     let feedback_path = format!("/deploymentBase/{action}/feedback");
-    let posts: Vec<usize> = reqs
-        .iter()
-        .filter(|r| r.method == "POST" && r.path().ends_with(&feedback_path))
-        .map(|r| r.seq)
-        .collect();
-    let log: Vec<_> = server
-        .feedback_log()
-        .into_iter()
-        .filter(|f| f.action_id == Some(action) && f.channel == Channel::Deployment)
-        .collect();
-    let closed = log
-        .iter()
-        .position(|f| f.execution == Some(Execution::Closed))
-        .map(|i| posts[i])
-        .unwrap_or(usize::MAX);
-    (puts.into_iter().zip(versions).collect(), closed)
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let versions: Vec<Option<String>> = server
+            .config_data_log()
+            .iter()
+            .map(|c| c.data.get("sw_version").cloned().flatten())
+            .collect();
+        let log: Vec<_> = server
+            .feedback_log()
+            .into_iter()
+            .filter(|f| f.action_id == Some(action) && f.channel == Channel::Deployment)
+            .collect();
+        let reqs = server.requests();
+        let puts: Vec<usize> = reqs
+            .iter()
+            .filter(|r| r.method == "PUT" && r.path().ends_with("/configData"))
+            .map(|r| r.seq)
+            .collect();
+        let posts: Vec<usize> = reqs
+            .iter()
+            .filter(|r| r.method == "POST" && r.path().ends_with(&feedback_path))
+            .map(|r| r.seq)
+            .collect();
+        if posts.len() < log.len() || puts.len() < versions.len() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} feedback and {} configData logged, but only {} and {} requests recorded",
+                log.len(),
+                versions.len(),
+                posts.len(),
+                puts.len()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        let closed = log
+            .iter()
+            .position(|f| f.execution == Some(Execution::Closed))
+            .map(|i| posts[i])
+            .unwrap_or(usize::MAX);
+        return (puts.into_iter().zip(versions).collect(), closed);
+    }
 }
 
 fn deploy(server: &DdiServer, d: Deployment) {
