@@ -51,18 +51,7 @@ use crate::timestamp::Timestamp;
 
 /// The states of the update cycle, in the order they are written. A state
 /// name not listed here is still written (with 1) when it is current.
-pub const STATES: [&str; 10] = [
-    "idle",
-    "checking",
-    "downloading",
-    "installing",
-    "installed",
-    "rebooting",
-    "testing",
-    "committed",
-    "rolled_back",
-    "failed",
-];
+pub const STATES: [&str; 10] = crate::state::State::NAMES;
 
 /// Every error kind, in the order they are written.
 const KINDS: [Kind; 16] = [

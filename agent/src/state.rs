@@ -209,6 +209,21 @@ pub enum State {
 }
 
 impl State {
+    /// Every state's name as stored and reported, in the order of the
+    /// update cycle (what [`State::name`] returns).
+    pub const NAMES: [&'static str; 10] = [
+        "idle",
+        "checking",
+        "downloading",
+        "installing",
+        "installed",
+        "rebooting",
+        "testing",
+        "committed",
+        "rolled_back",
+        "failed",
+    ];
+
     pub fn name(&self) -> &'static str {
         match self {
             State::Idle => "idle",
@@ -266,21 +281,7 @@ impl State {
                 }
             }
             other => {
-                return Err(serde_json::Error::unknown_variant(
-                    other,
-                    &[
-                        "idle",
-                        "checking",
-                        "downloading",
-                        "installing",
-                        "installed",
-                        "rebooting",
-                        "testing",
-                        "committed",
-                        "rolled_back",
-                        "failed",
-                    ],
-                ));
+                return Err(serde_json::Error::unknown_variant(other, &State::NAMES));
             }
         })
     }
