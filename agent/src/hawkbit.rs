@@ -307,39 +307,27 @@ pub fn config_data(attributes: &[(&str, &str)]) -> Result<Pending> {
 /// configuration no longer has) are dropped with a warning. Returns how
 /// many went out.
 pub fn deliver(store: &Store, controller: &Controller, t: &mut dyn Ticker) -> Result<usize> {
-    let mut sent = 0;
-    loop {
-        let batch = store.outbox_peek(16)?;
-        if batch.is_empty() {
-            return Ok(sent);
-        }
-        for e in batch {
-            if !is_ddi_kind(&e.kind) {
-                log::warn!(
-                    "dropping queued {} report {}: it was queued for server.report_url, and this device now reports to a DDI server",
-                    e.kind,
-                    e.key
-                );
-                store.outbox_ack(e.seq)?;
-                continue;
-            }
+    crate::report::drain(
+        store,
+        is_ddi_kind,
+        ("server.report_url", "a DDI server"),
+        |e| {
             let c = controller.clone();
             let row = e.clone();
             match crate::worker::offload("report", move || c.send(&row), t)?? {
                 Sent::Delivered => {}
                 Sent::Gone => log::info!(
                     "{}: the DDI server answered 410 (the action is no longer active); counted as delivered",
-                    describe(&e)
+                    describe(e)
                 ),
                 Sent::Refused(status) => log::error!(
                     "{}: the DDI server refused it with {status}; dropped (sending it again cannot change that)",
-                    describe(&e)
+                    describe(e)
                 ),
             }
-            store.outbox_ack(e.seq)?;
-            sent += 1;
-        }
-    }
+            Ok(())
+        },
+    )
 }
 
 /// An outbox row for the log: its request.

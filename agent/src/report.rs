@@ -35,10 +35,6 @@ pub const CHECK_FAILED: &str = "check_failed";
 pub const WAITING: &str = "waiting";
 pub const RUNNING: &str = "running";
 
-/// The outbox kinds of DDI mode (`ddi_feedback`, `ddi_progress`,
-/// `ddi_config`, built by `crate::hawkbit`) all start with this.
-pub const DDI_KIND_PREFIX: &str = "ddi_";
-
 /// A queued report ready to hand to [`Store::transition`] or
 /// [`Store::push_report`].
 pub struct Pending {
@@ -247,6 +243,32 @@ pub fn deliver(
     url: &str,
     ticker: &mut dyn Ticker,
 ) -> Result<usize> {
+    drain(
+        store,
+        |kind| !crate::hawkbit::is_ddi_kind(kind),
+        ("a DDI server", "server.report_url"),
+        |e| {
+            let body = wire_body(e);
+            let f = fetcher.clone();
+            let u = url.to_string();
+            let key = e.key.clone();
+            crate::worker::offload("report", move || f.post_json(&u, &key, &body), ticker)??;
+            Ok(())
+        },
+    )
+}
+
+/// Hand queued rows to `send` in order, oldest first, acknowledging each it
+/// takes, until the outbox is empty or `send` fails. A row `ours` refuses
+/// was queued for the other kind of server (`servers`: that one, this one)
+/// before the configuration changed, and means nothing to this one: it is
+/// dropped with a warning. Returns how many rows `send` took.
+pub(crate) fn drain(
+    store: &Store,
+    ours: impl Fn(&str) -> bool,
+    servers: (&str, &str),
+    mut send: impl FnMut(&OutboxEntry) -> Result<()>,
+) -> Result<usize> {
     let mut sent = 0;
     loop {
         let batch = store.outbox_peek(16)?;
@@ -254,25 +276,19 @@ pub fn deliver(
             return Ok(sent);
         }
         for e in batch {
-            // Queued for a DDI server (`crate::hawkbit`'s kinds) before the
-            // configuration changed back to static mode: they mean nothing
-            // to a report server.
-            if e.kind.starts_with(DDI_KIND_PREFIX) {
+            if ours(&e.kind) {
+                send(&e)?;
+                sent += 1;
+            } else {
                 log::warn!(
-                    "dropping queued {} row {}: it was queued for a DDI server, and this device now reports to server.report_url",
+                    "dropping queued {} row {}: it was queued for {}, and this device now reports to {}",
                     e.kind,
-                    e.key
+                    e.key,
+                    servers.0,
+                    servers.1
                 );
-                store.outbox_ack(e.seq)?;
-                continue;
             }
-            let body = wire_body(&e);
-            let f = fetcher.clone();
-            let u = url.to_string();
-            let key = e.key.clone();
-            crate::worker::offload("report", move || f.post_json(&u, &key, &body), ticker)??;
             store.outbox_ack(e.seq)?;
-            sent += 1;
         }
     }
 }
