@@ -228,20 +228,12 @@ impl Store {
     /// an `updraft status` beside it) must not both find it empty and both
     /// write its version.
     fn migrate(&self) -> Result<()> {
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
-        match self.migrate_in_transaction() {
-            Ok(()) => {
-                self.conn.execute_batch("COMMIT")?;
-                Ok(())
-            }
-            Err(e) => {
-                let _ = self.conn.execute_batch("ROLLBACK");
-                Err(e)
-            }
-        }
-    }
-
-    fn migrate_in_transaction(&self) -> Result<()> {
+        // Rolled back when dropped uncommitted, as the other transactions
+        // here are; IMMEDIATE takes the write lock before the first read.
+        let tx = rusqlite::Transaction::new_unchecked(
+            &self.conn,
+            rusqlite::TransactionBehavior::Immediate,
+        )?;
         self.conn.execute_batch(SCHEMA_V1)?;
         let version: Option<String> = self
             .conn
@@ -270,6 +262,7 @@ impl Store {
             }
             Some(Err(_)) => bail!(Store, "database meta schema_version is not a number"),
         }
+        tx.commit()?;
         Ok(())
     }
 
