@@ -277,14 +277,18 @@ mod tests {
         assert!(Machine::by_name("armv7").is_none());
     }
 
-    #[test]
-    fn the_aarch64_machine_puts_its_disk_on_the_mmio_transport() {
-        let args: Vec<String> = AARCH64
-            .qemu_args(Path::new("/d.img"), Path::new("/f.img"))
+    /// `m`'s QEMU command line for a disk `/d.img` and a flash `/f.img`.
+    fn command_line(m: &Machine) -> String {
+        m.qemu_args(Path::new("/d.img"), Path::new("/f.img"))
             .into_iter()
             .map(|s| s.to_string_lossy().into_owned())
-            .collect();
-        let line = args.join(" ");
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn the_aarch64_machine_puts_its_disk_on_the_mmio_transport() {
+        let line = command_line(&AARCH64);
         assert!(
             line.contains("-M virt -cpu cortex-a57 -accel tcg"),
             "{line}"
@@ -297,24 +301,14 @@ mod tests {
             line.contains("if=pflash,unit=1,format=raw,file=/f.img"),
             "{line}"
         );
-        let x86 = X86_64
-            .qemu_args(Path::new("/d.img"), Path::new("/f.img"))
-            .into_iter()
-            .map(|s| s.to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-            .join(" ");
+        let x86 = command_line(&X86_64);
         assert!(!x86.contains("pflash"), "{x86}");
     }
 
     #[test]
     fn both_machines_reset_through_the_emulated_6300esb() {
         for m in MACHINES {
-            let line = m
-                .qemu_args(Path::new("/d.img"), Path::new("/f.img"))
-                .into_iter()
-                .map(|s| s.to_string_lossy().into_owned())
-                .collect::<Vec<_>>()
-                .join(" ");
+            let line = command_line(m);
             assert!(
                 line.contains("-device i6300esb -action watchdog=reset"),
                 "{line}"
