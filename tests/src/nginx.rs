@@ -310,7 +310,14 @@ impl Nginx {
                 ));
             }
         };
-        parse_access_log(&bytes)
+        // nginx appends each entry with one write(2), but a read can land
+        // while that write is under way: a last line without its newline
+        // is an entry still being written, not a malformed one.
+        let complete = bytes
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(&bytes[..0], |end| &bytes[..=end]);
+        parse_access_log(complete)
     }
 
     /// Wait until `done` holds for the access log, or `timeout` passes;

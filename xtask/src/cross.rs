@@ -1,11 +1,28 @@
-//! `cargo xtask cross-test [--target aarch64|armv7]... [--release]`: build
-//! the workspace for aarch64 and armv7 and run its tests under qemu-user.
+//! `cargo xtask cross-test [--target aarch64|armv7]... [--release] [--full]`:
+//! build the workspace for aarch64 and armv7 and run its tests under
+//! qemu-user.
+//!
+//! Which tests: the unit tests of the agent, the publisher and the test
+//! support on every target, and the integration test files that
+//! [`crate::pyramid`] places on that target (what the target can change:
+//! word size, `time_t`, ioctls, the bootloader environments, slot I/O,
+//! SQLite, the delta patcher, TLS); the rest is proven by the host run and,
+//! for aarch64, by real boots. Only the selected test binaries are built.
+//! The run prints one line naming what it left to the host; `--full`
+//! builds and runs every test file on every target.
+//!
+//! The tests run under cargo-nextest (a process per test, several at once:
+//! emulated tests mostly wait, on timers, sockets and child processes),
+//! with `cargo test` as the fallback where nextest is not installed.
 //!
 //! No Docker and no rustup targets are needed: the compilers are Debian's
-//! `rustc-web` builds, chosen and cached by toolchain.rs. Two are used:
-//! first the one of the workspace's `rust-version` builds the agent and the
-//! publisher for every target (the MSRV check), then the newest published
-//! one builds and runs the tests. The output names both versions.
+//! `rustc-web` builds, chosen and cached by toolchain.rs. Two are used,
+//! and each target is built once, by one of them, which then runs its
+//! tests: armv7 with the compiler of the workspace's `rust-version` (the
+//! MSRV check, a build that is also tested), aarch64 with the newest
+//! published one. Only when no target asked for is built by the MSRV
+//! compiler and the versions differ does a separate `cargo check` with it
+//! run. The output names both versions.
 //!
 //! Missing host tools (cross gcc, qemu-user-static) are installed with
 //! apt-get when running as root.
@@ -13,20 +30,20 @@
 //! `UPDRAFT_TEST_RUNNER` put `qemu-*-static -L <sysroot>` in front of every
 //! foreign executable explicitly.
 //!
-//! The first target builds in the foreground; the MSRV check and the other
-//! targets' builds run on a background thread at nice 15 while the tests
-//! run, taking only the CPU the emulated tests leave idle, with their
-//! output in log files under `target/` (printed when they fail).
+//! The targets build side by side, each in its own target directory with
+//! its output in a log file under `target/` (printed when it fails); then
+//! each target's tests run, one target after the other.
 //!
 //! Tests that cannot run under emulation skip loudly; each target's skips
 //! are collected through `UPDRAFT_SKIP_LOG` and listed with their reasons
 //! in the summary, beside the number of tests run and the wall time.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
+use crate::nextest::{self, Counts};
+use crate::pyramid;
 use crate::toolchain::{self, Pick, Toolchain, installed};
 use crate::util::{self, Result};
 
@@ -89,11 +106,14 @@ impl Target {
 struct Options {
     targets: Vec<&'static Target>,
     release: bool,
+    /// Every test file on every target, not only the pyramid's selection.
+    full: bool,
 }
 
 fn parse_args(args: &[String]) -> Result<Options> {
     let mut targets = Vec::new();
     let mut release = false;
+    let mut full = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -102,9 +122,10 @@ fn parse_args(args: &[String]) -> Result<Options> {
                 targets.push(Target::from_name(name)?);
             }
             "--release" => release = true,
+            "--full" => full = true,
             other => {
                 return Err(format!(
-                    "unknown argument {other:?}; usage: cargo xtask cross-test [--target aarch64|armv7]... [--release]"
+                    "unknown argument {other:?}; usage: cargo xtask cross-test [--target aarch64|armv7]... [--release] [--full]"
                 ));
             }
         }
@@ -112,7 +133,11 @@ fn parse_args(args: &[String]) -> Result<Options> {
     if targets.is_empty() {
         targets = TARGETS.iter().collect();
     }
-    Ok(Options { targets, release })
+    Ok(Options {
+        targets,
+        release,
+        full,
+    })
 }
 
 /// What one target's run produced, for the summary.
@@ -120,9 +145,7 @@ struct Outcome {
     target: &'static str,
     build_secs: f64,
     test_secs: f64,
-    passed: u64,
-    failed: u64,
-    ignored: u64,
+    counts: Counts,
     skips: Vec<String>,
     /// Test binaries killed after hanging in the emulator (and run again).
     hangs: Vec<String>,
@@ -138,70 +161,96 @@ pub fn run(args: &[String]) -> Result {
         return Err("the MSRV and the newest toolchain were not both picked".into());
     };
     println!(
-        "cross-test: MSRV check with rustc {} (Debian {}; rust-version {msrv})",
+        "cross-test: the MSRV compiler is rustc {} (Debian {}; rust-version {msrv})",
         oldest.release(),
         oldest.version
     );
     println!(
-        "cross-test: tests with rustc {} (Debian {}, the newest published for amd64, arm64 and armhf)",
+        "cross-test: the newest is rustc {} (Debian {}, the newest published for amd64, arm64 and armhf)",
         newest.release(),
         newest.version
     );
 
-    // The first target builds in the foreground. Everything else that
-    // only compiles (the MSRV check, the other targets' builds) runs on a
-    // background thread at a low CPU priority while tests run under the
-    // emulator: the tests keep the CPU they need, and the compiler takes
-    // what they leave idle (they spend much of their time waiting on
-    // timers, sockets and child processes). Background output goes to log
-    // files, printed when the build fails.
-    let first = opts.targets[0];
-    let mut outcomes = Vec::new();
-    let mut lead = new_outcome(first);
-    build_target(first, &newest, opts.release, None, &mut lead);
+    // Build once: each target is built by one compiler, which then runs
+    // its tests. armv7 is built with the MSRV compiler, so the MSRV check
+    // is a build that is also tested; the other targets with the newest.
+    // A separate MSRV check is made only when no target asked for is
+    // built by it and the two versions differ.
     let same_compiler = oldest.version == newest.version;
-    let msrv_outcome = std::thread::scope(|s| {
-        let (built_tx, built_rx) = std::sync::mpsc::channel::<Outcome>();
-        let background = s.spawn(|| {
-            lower_priority();
-            // With only one version published the test build is the MSRV
-            // build.
-            let msrv = (!same_compiler).then(|| msrv_build(first, &oldest));
-            for t in &opts.targets[1..] {
-                let mut o = new_outcome(t);
-                let log = build_log(t);
-                build_target(t, &newest, opts.release, Some(&log), &mut o);
-                if built_tx.send(o).is_err() {
-                    break;
-                }
-            }
-            drop(built_tx);
-            msrv
-        });
-        if lead.error.is_none() {
-            test_target(first, &newest, opts.release, &mut lead);
+    let compiler = |t: &Target| {
+        if builds_with_msrv(t.short) {
+            &oldest
+        } else {
+            &newest
         }
-        outcomes.push(lead);
-        for t in &opts.targets[1..] {
-            let Ok(mut o) = built_rx.recv() else {
-                break;
-            };
-            let log = build_log(t);
-            println!(
-                "\n== {}: built in the background in {:.1} s ({})",
-                t.triple,
-                o.build_secs,
-                log.display()
-            );
-            if o.error.is_some() {
-                print_tail(&log, 80);
+    };
+    let msrv_built = !same_compiler && opts.targets.iter().any(|t| builds_with_msrv(t.short));
+    for t in &opts.targets {
+        let tc = compiler(t);
+        println!(
+            "cross-test: {} built and tested with rustc {}{}",
+            t.short,
+            tc.release(),
+            if same_compiler || !builds_with_msrv(t.short) {
+                ""
             } else {
-                test_target(t, &newest, opts.release, &mut o);
+                " (the MSRV check)"
+            }
+        );
+    }
+
+    // The targets build side by side, each in its own target directory
+    // with its output in a log file (its tail printed when it fails): a
+    // build is a chain of single-crate steps (the agent, its test harness,
+    // the links) that leave a core idle, which the other target's build
+    // fills. Then each target's tests run, one target after the other.
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    let msrv_outcome = std::thread::scope(|s| {
+        let msrv_check = (!same_compiler && !msrv_built).then(|| {
+            let first = opts.targets[0];
+            let oldest = &oldest;
+            s.spawn(move || {
+                lower_priority();
+                msrv_build(first, oldest)
+            })
+        });
+        let builds: Vec<_> = opts
+            .targets
+            .iter()
+            .map(|t| {
+                let (opts, tc) = (&opts, compiler(t));
+                println!(
+                    "\n== {}: building updraft, updraft-publish and the tests ({})",
+                    t.triple,
+                    build_log(t).display()
+                );
+                s.spawn(move || {
+                    let mut o = new_outcome(t);
+                    build_target(t, tc, opts, Some(&build_log(t)), &mut o);
+                    o
+                })
+            })
+            .collect();
+        for (t, build) in opts.targets.iter().zip(builds) {
+            let o = build.join().unwrap_or_else(|_| {
+                let mut o = new_outcome(t);
+                o.error = Some("the build thread panicked".into());
+                o
+            });
+            println!("\n== {}: built in {:.1} s", t.triple, o.build_secs);
+            if o.error.is_some() {
+                print_tail(&build_log(t), 80);
             }
             outcomes.push(o);
         }
-        background.join().unwrap_or_else(|_| {
-            Some((0.0, Err("the background build thread panicked".to_string())))
+        for (t, o) in opts.targets.iter().zip(outcomes.iter_mut()) {
+            if o.error.is_none() {
+                test_target(t, compiler(t), &opts, o);
+            }
+        }
+        msrv_check.map(|h| {
+            h.join()
+                .unwrap_or_else(|_| (0.0, Err("the MSRV check's thread panicked".to_string())))
         })
     });
 
@@ -220,23 +269,33 @@ pub fn run(args: &[String]) -> Result {
             );
             failed |= result.is_err();
         }
+        None if msrv_built => println!(
+            "  MSRV     rustc {} (rust-version {msrv}) built and ran the armv7 tests below",
+            oldest.release()
+        ),
         None => println!(
             "  MSRV     rustc {} is also the newest published: the test build below is the MSRV build",
             oldest.release()
         ),
     }
     for o in &outcomes {
-        let run = o.passed.saturating_sub(o.skips.len() as u64) + o.failed;
+        let c = o.counts;
+        let rustc = if builds_with_msrv(o.target) {
+            oldest.release()
+        } else {
+            newest.release()
+        };
+        let run = c.passed.saturating_sub(o.skips.len() as u64) + c.failed;
         println!(
             "  {:8} build {:6.1}s  tests {:6.1}s  rustc {}  run {run}, passed {}, failed {}, skipped {}, ignored {}",
             o.target,
             o.build_secs,
             o.test_secs,
-            newest.release(),
-            o.passed.saturating_sub(o.skips.len() as u64),
-            o.failed,
+            rustc,
+            c.passed.saturating_sub(o.skips.len() as u64),
+            c.failed,
             o.skips.len(),
-            o.ignored
+            c.ignored
         );
         for s in &o.skips {
             println!("           skipped: {s}");
@@ -249,11 +308,22 @@ pub fn run(args: &[String]) -> Result {
             failed = true;
         }
     }
+    for t in &opts.targets {
+        println!("cross-test: {}", not_run_line(t, &opts));
+    }
     if failed {
         Err("cross-test failed (see above)".into())
     } else {
         Ok(())
     }
+}
+
+/// Whether the cross target `short` is built (and tested) with the MSRV
+/// compiler rather than the newest: armv7, the target most unlike the
+/// host, so the oldest supported compiler's code is also the one most
+/// exercised; aarch64 gets the newest, as its release builds do.
+fn builds_with_msrv(short: &str) -> bool {
+    short == "armv7"
 }
 
 /// The MSRV check: the agent and the publisher, type- and borrow-checked
@@ -345,9 +415,7 @@ fn new_outcome(t: &Target) -> Outcome {
         target: t.short,
         build_secs: 0.0,
         test_secs: 0.0,
-        passed: 0,
-        failed: 0,
-        ignored: 0,
+        counts: Counts::default(),
         skips: Vec::new(),
         hangs: Vec::new(),
         error: None,
@@ -355,7 +423,8 @@ fn new_outcome(t: &Target) -> Outcome {
 }
 
 /// Build the binaries and the tests of `t` (output to `log` when given).
-fn build_target(t: &Target, tc: &Toolchain, release: bool, log: Option<&Path>, o: &mut Outcome) {
+fn build_target(t: &Target, tc: &Toolchain, opts: &Options, log: Option<&Path>, o: &mut Outcome) {
+    let release = opts.release;
     let target_dir = test_dir(t);
     if log.is_none() {
         println!(
@@ -377,7 +446,7 @@ fn build_target(t: &Target, tc: &Toolchain, release: bool, log: Option<&Path>, o
         None => util::run(cmd),
     };
     let built = run(&mut build).and_then(|()| {
-        let mut tests = test_cargo(t, tc, &target_dir, release);
+        let mut tests = test_cargo(t, tc, &target_dir, opts);
         tests.arg("--no-run");
         if let Some(log) = log {
             // Appended to the build's log.
@@ -399,7 +468,8 @@ fn build_target(t: &Target, tc: &Toolchain, release: bool, log: Option<&Path>, o
 }
 
 /// Run the tests of `t`, built by [`build_target`], under its emulator.
-fn test_target(t: &Target, tc: &Toolchain, release: bool, o: &mut Outcome) {
+fn test_target(t: &Target, tc: &Toolchain, opts: &Options, o: &mut Outcome) {
+    let release = opts.release;
     let target_dir = test_dir(t);
     let profile_dir = target_dir
         .join(t.triple)
@@ -409,11 +479,25 @@ fn test_target(t: &Target, tc: &Toolchain, release: bool, o: &mut Outcome) {
     let hang_log = target_dir.join(format!("{}-hangs.log", t.short));
     let _ = std::fs::remove_file(&hang_log);
 
-    println!("\n== {}: running the tests under {}", t.triple, t.qemu);
+    let nextest = nextest::available();
+    println!(
+        "\n== {}: running the tests under {} ({})",
+        t.triple,
+        t.qemu,
+        if nextest {
+            "cargo-nextest, profile cross"
+        } else {
+            "cargo test: cargo-nextest is not installed"
+        }
+    );
     let start = Instant::now();
-    let mut test = test_cargo(t, tc, &target_dir, release);
+    let mut test = if nextest {
+        nextest_cargo(t, tc, &target_dir, opts)
+    } else {
+        test_cargo(t, tc, &target_dir, opts)
+    };
     test.arg("--no-fail-fast");
-    // Each test binary runs under `xtask emulate`, which ends and re-runs
+    // Each test process runs under `xtask emulate`, which ends and re-runs
     // one that hangs in the emulator (see emulate.rs).
     match supervised_runner(t, &hang_log) {
         Ok(r) => {
@@ -424,7 +508,7 @@ fn test_target(t: &Target, tc: &Toolchain, release: bool, o: &mut Outcome) {
     test.env("UPDRAFT_TEST_RUNNER", t.runner())
         .env("UPDRAFT_BIN_DIR", &profile_dir)
         .env("UPDRAFT_SKIP_LOG", &skip_log);
-    let result = run_counting(&mut test, o);
+    let result = nextest::run_counting(&mut test, &mut o.counts);
     o.test_secs = start.elapsed().as_secs_f64();
     o.hangs = std::fs::read_to_string(&hang_log)
         .map(|s| s.lines().map(|l| l.replace('\t', ": ")).collect())
@@ -479,10 +563,26 @@ pub(crate) fn target_flags(args: &[String], usage: &str) -> Result<Vec<String>> 
 
 /// `cargo test` of the workspace's crates for `t`. `--tests`: unit and
 /// integration tests; doc tests are about the documentation, and this
-/// cargo's rustdoc has no std for the target.
-fn test_cargo(t: &Target, tc: &Toolchain, target_dir: &Path, release: bool) -> Command {
+/// cargo's rustdoc has no std for the target. Without `--full`, only the
+/// unit tests and the integration test files [`pyramid`] places on `t`.
+fn test_cargo(t: &Target, tc: &Toolchain, target_dir: &Path, opts: &Options) -> Command {
     let mut c = cross_cargo(t, tc, target_dir);
-    c.args(["test", "--tests", "--target", t.triple]);
+    c.args(["test", "--target", t.triple]);
+    test_selection(&mut c, t, opts);
+    c
+}
+
+/// `cargo nextest run` of the same tests as [`test_cargo`], with the
+/// `cross` profile of `.config/nextest.toml`.
+fn nextest_cargo(t: &Target, tc: &Toolchain, target_dir: &Path, opts: &Options) -> Command {
+    let mut c = cross_cargo(t, tc, target_dir);
+    c.args(["nextest", "run", "--profile", "cross", "--target", t.triple]);
+    test_selection(&mut c, t, opts);
+    c
+}
+
+/// The packages, targets and profile a cross test run builds and runs.
+fn test_selection(c: &mut Command, t: &Target, opts: &Options) {
     c.args([
         "-p",
         "updraft",
@@ -491,10 +591,35 @@ fn test_cargo(t: &Target, tc: &Toolchain, target_dir: &Path, release: bool) -> C
         "-p",
         "updraft-tests",
     ]);
-    if release {
+    if opts.full {
+        c.arg("--tests");
+    } else {
+        c.args(["--lib", "--bins"]);
+        for f in pyramid::emulated_on(t.short) {
+            c.args(["--test", f.target()]);
+        }
+    }
+    if opts.release {
         c.arg("--release");
     }
-    c
+}
+
+/// The line that says which test files a run left to the host.
+fn not_run_line(t: &Target, opts: &Options) -> String {
+    if opts.full {
+        return format!("{}: every test file ran (--full)", t.short);
+    }
+    let left: Vec<&str> = pyramid::host_only_on(t.short)
+        .iter()
+        .map(|f| f.target())
+        .collect();
+    format!(
+        "{}: {} of {} test files not run under emulation (host only, docs/testing.md; --full runs them): {}",
+        t.short,
+        left.len(),
+        pyramid::FILES.len(),
+        left.join(" ")
+    )
 }
 
 /// A cargo command set up to cross-compile for `t` with the cached rustc.
@@ -626,57 +751,6 @@ pub(crate) fn previous_release_agent(t: &Target) -> Result<PathBuf> {
     Ok(exe)
 }
 
-/// Run `cmd`, echoing its stdout, and add up libtest's result lines.
-fn run_counting(cmd: &mut Command, o: &mut Outcome) -> Result {
-    let shown = format!("{cmd:?}");
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting {shown}: {e}"))?;
-    if let Some(out) = child.stdout.take() {
-        for line in BufReader::new(out).lines() {
-            let line = line.map_err(|e| format!("reading test output: {e}"))?;
-            println!("{line}");
-            if let Some((p, f, i)) = parse_result_line(&line) {
-                o.passed += p;
-                o.failed += f;
-                o.ignored += i;
-            }
-        }
-    }
-    let status = child
-        .wait()
-        .map_err(|e| format!("waiting for {shown}: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("{shown} failed: {status}"))
-    }
-}
-
-/// `test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; …`
-fn parse_result_line(line: &str) -> Option<(u64, u64, u64)> {
-    let rest = line.trim().strip_prefix("test result: ")?;
-    let mut passed = None;
-    let mut failed = None;
-    let mut ignored = None;
-    for part in rest.split(';') {
-        let words: Vec<&str> = part.split_whitespace().collect();
-        let n = words
-            .iter()
-            .rev()
-            .nth(1)
-            .and_then(|w| w.parse::<u64>().ok());
-        match words.last() {
-            Some(&"passed") => passed = n,
-            Some(&"failed") => failed = n,
-            Some(&"ignored") => ignored = n,
-            _ => {}
-        }
-    }
-    Some((passed?, failed?, ignored.unwrap_or(0)))
-}
-
 /// Cross gcc, its libc headers and qemu-user-static: installed with apt-get
 /// when missing. (The libraries the compiler runs on are the toolchain's
 /// business, see toolchain.rs.)
@@ -701,23 +775,6 @@ pub(crate) fn ensure_host_tools(targets: &[&Target]) -> Result {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn result_lines_are_counted() {
-        assert_eq!(
-            parse_result_line(
-                "test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s"
-            ),
-            Some((12, 0, 1))
-        );
-        assert_eq!(
-            parse_result_line(
-                "test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out"
-            ),
-            Some((3, 2, 0))
-        );
-        assert_eq!(parse_result_line("running 3 tests"), None);
-    }
 
     #[test]
     fn targets_have_cargo_env_names() {

@@ -10,7 +10,9 @@
 //!   Prometheus rules in `contrib/prometheus/` (also a stage of `test`).
 //! * `bench install|daemon|delta|size` — figures side by side with reference tools.
 //! * `fuzz [TARGET] [--seconds N]` — run the cargo-fuzz targets for a bounded time.
-//! * `cross-test` — build for aarch64 and armv7 and run the tests under qemu-user.
+//! * `cross-test [--full]` — build for aarch64 and armv7 and run the tests
+//!   the test pyramid places there (all with `--full`) under qemu-user.
+//! * `pyramid` — print where each integration test file runs (docs/testing.md).
 //! * `dist` — release tarballs with the binary, the systemd files and the docs.
 //! * `yocto-crates [--check]` — regenerate the Yocto recipe's crate list from Cargo.lock.
 //! * `vm-test [x86_64|aarch64|all]` — the update cycle on a full-system QEMU
@@ -23,6 +25,8 @@ mod demo;
 mod dist;
 mod emulate;
 mod fuzz;
+mod nextest;
+mod pyramid;
 mod rules;
 mod test;
 mod toolchain;
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
         "dist" => dist::run(rest),
         "yocto-crates" => yocto::run(rest),
         "vm-test" => vm::run(rest),
+        "pyramid" => pyramid::run(rest),
         // The runner cross-test hands to cargo; not for direct use.
         "emulate" => return emulate::main(rest),
         "-h" | "--help" | "help" => {
@@ -76,16 +81,19 @@ const USAGE: &str = "usage: cargo xtask <command>
                             S: auto (nginx if installed, else embedded; UPDRAFT_NGINX=/nonexistent hides nginx),
                             nginx or embedded
   demo --vm                 an update and a rollback on a QEMU x86_64 machine, its console shown
-  test [--no-install] [--strict] [CARGO TEST ARGS...]
-                            the whole test suite, then check-rules; as root on Debian/Ubuntu it first
-                            installs tests/prerequisites.txt (--no-install or UPDRAFT_NO_INSTALL=1: don't);
-                            --strict (on with CI=true): any unexpected skip fails the run
+  test [--no-install] [--strict] [--full] [TEST ARGS...]
+                            the whole test suite (cargo-nextest), then check-rules; as root on
+                            Debian/Ubuntu it first installs tests/prerequisites.txt (--no-install or
+                            UPDRAFT_NO_INSTALL=1: don't); --strict (on with CI=true): any unexpected
+                            skip fails the run; --full: then every other CI stage, nothing left out
   check-rules [--no-fetch]  promtool check rules and test rules on contrib/prometheus/ (a stage of test);
                             as root on Debian promtool is extracted from the prometheus package into
                             target/promtool/, never installed; without it: skipped, or failed with CI=true
   bench install|daemon|delta|size
   fuzz [TARGET] [--seconds N]
-  cross-test                build for aarch64 and armv7, run the tests under qemu-user
+  cross-test [--full]       build for aarch64 and armv7, run under qemu-user the tests the pyramid
+                            places there (docs/testing.md); --full: every test file
+  pyramid                   print where each integration test file runs, as docs/testing.md's table
   dist [--target T]...      release tarballs (x86_64, aarch64, armv7) in target/dist
   yocto-crates [--check]    regenerate the Yocto recipe's crate list from Cargo.lock
   vm-test [x86_64|aarch64|all] [--cuts N] [--seed S]

@@ -6,7 +6,15 @@
 //! pip and the venv's own pip, saying so (opt out with `--no-install` or
 //! `UPDRAFT_NO_INSTALL=1`); otherwise the one command that would install
 //! them is printed and the suite runs without them. Then the binaries the
-//! black-box tests run are built and every test in the workspace runs.
+//! black-box tests run are built and every test in the workspace runs:
+//! under cargo-nextest's `ci` profile (eight tests at once; see
+//! [`crate::nextest`] for why), or `cargo test` where nextest is missing,
+//! and then the doc tests, which nextest does not run.
+//!
+//! `--full` then runs every other stage CI runs, each with its whole
+//! scope: the demo with each server, `cross-test --full` (every test file
+//! on both emulated targets, where CI runs the pyramid's selection) and the
+//! real boots of both machines with eight power cuts each.
 //!
 //! A test that cannot run here skips and says why; the skips are collected
 //! through `UPDRAFT_SKIP_LOG` and listed at the end, one line each (`name —
@@ -27,13 +35,17 @@ use std::process::Command;
 use updraft_tests::prereq::{self, Kind, Prerequisite};
 use updraft_tests::skip::{self, Skip};
 
+use crate::nextest;
 use crate::rules;
 use crate::util::{self, Result, cargo, is_root};
 
-const USAGE: &str = "usage: cargo xtask test [--no-install] [--strict] [CARGO TEST ARGS...]
+const USAGE: &str = "usage: cargo xtask test [--no-install] [--strict] [--full] [TEST ARGS...]
   --no-install   do not install missing prerequisites (also UPDRAFT_NO_INSTALL=1)
   --strict       fail when a test skipped, except expected skips (on when CI=true)
-  other arguments go to `cargo test` (e.g. -p updraft-tests --test fleet)";
+  --full         then the demos, cross-test --full and vm-test of both machines with 8 power cuts:
+                 everything CI runs, and what it leaves out
+  other arguments go to `cargo nextest run` (or `cargo test` without nextest),
+  e.g. -p updraft-tests --test fleet";
 
 struct Options {
     install: bool,
@@ -41,6 +53,7 @@ struct Options {
     no_install_reason: Option<&'static str>,
     strict: bool,
     strict_reason: &'static str,
+    full: bool,
     cargo_args: Vec<String>,
 }
 
@@ -57,6 +70,7 @@ fn parse_args(args: &[String]) -> std::result::Result<Option<Options>, String> {
         no_install_reason: None,
         strict: false,
         strict_reason: "",
+        full: false,
         cargo_args: Vec::new(),
     };
     if truthy("UPDRAFT_NO_INSTALL") {
@@ -77,6 +91,7 @@ fn parse_args(args: &[String]) -> std::result::Result<Option<Options>, String> {
                 o.strict = true;
                 o.strict_reason = "--strict";
             }
+            "--full" => o.full = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(None);
@@ -95,11 +110,7 @@ pub fn run(args: &[String]) -> Result {
     let skip_log = util::target_dir().join("test-skips.log");
     let _ = std::fs::remove_file(&skip_log);
     util::run(cargo().args(["build", "--quiet", "-p", "updraft", "-p", "updraft-publish"]))?;
-    let mut test = cargo();
-    test.args(["test", "--workspace", "--quiet", "--no-fail-fast"])
-        .args(&opts.cargo_args)
-        .env("UPDRAFT_SKIP_LOG", &skip_log);
-    let result = util::run(&mut test);
+    let result = run_tests(&opts, &skip_log);
     let rules = check_rules(&opts, &skip_log);
     let skips = skip::read_log(&skip_log).map_err(|e| e.to_string())?;
     report_skips(&skips);
@@ -113,6 +124,103 @@ pub fn run(args: &[String]) -> Result {
              or run without --strict",
             opts.strict_reason
         ));
+    }
+    if opts.full {
+        full_stages()?;
+    }
+    Ok(())
+}
+
+/// The workspace's tests: nextest's `ci` profile when nextest is
+/// installed (then the doc tests, which it does not run), else `cargo test`.
+fn run_tests(opts: &Options, skip_log: &std::path::Path) -> Result {
+    let started = std::time::Instant::now();
+    let result = if nextest::available() {
+        println!(
+            "xtask test: the workspace's tests under cargo-nextest, profile ci (.config/nextest.toml)"
+        );
+        let mut test = cargo();
+        test.args([
+            "nextest",
+            "run",
+            "--workspace",
+            "--profile",
+            "ci",
+            "--no-fail-fast",
+        ])
+        .args(&opts.cargo_args)
+        .env("UPDRAFT_SKIP_LOG", skip_log);
+        util::run(&mut test).and_then(|()| doc_tests(skip_log))
+    } else {
+        println!(
+            "xtask test: cargo-nextest is not installed (cargo install cargo-nextest --locked): \
+             running the tests with cargo test, one test binary at a time"
+        );
+        let mut test = cargo();
+        test.args(["test", "--workspace", "--quiet", "--no-fail-fast"])
+            .args(&opts.cargo_args)
+            .env("UPDRAFT_SKIP_LOG", skip_log);
+        util::run(&mut test)
+    };
+    println!(
+        "xtask test: the tests took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    result
+}
+
+/// The doc tests (nextest runs none), summed up in one line; their whole
+/// output is shown only when they fail.
+fn doc_tests(skip_log: &std::path::Path) -> Result {
+    let mut doc = cargo();
+    doc.args(["test", "--workspace", "--doc", "--quiet"])
+        .env("UPDRAFT_SKIP_LOG", skip_log);
+    let out = doc
+        .output()
+        .map_err(|e| format!("running the doc tests: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut counts = nextest::Counts::default();
+    for line in text.lines() {
+        if let Some(c) = nextest::parse_line(line) {
+            counts.passed += c.passed;
+            counts.failed += c.failed;
+        }
+    }
+    if !out.status.success() {
+        print!("{text}");
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        return Err(format!("the doc tests failed: {}", out.status));
+    }
+    if counts.passed == 0 {
+        println!("xtask test: doc tests: the workspace's documentation has none");
+    } else {
+        println!("xtask test: doc tests: {} passed", counts.passed);
+    }
+    Ok(())
+}
+
+/// `--full`: every stage CI runs after the host suite, with nothing left
+/// out, each through its own `cargo xtask` command; each stage's time is
+/// printed, and the first failure ends the run.
+fn full_stages() -> Result {
+    let stages: [&[&str]; 5] = [
+        &["demo", "--server", "embedded"],
+        &["demo", "--server", "nginx"],
+        &["cross-test", "--full"],
+        &["vm-test", "x86_64", "--cuts", "8", "--seed", "3"],
+        &["vm-test", "aarch64", "--cuts", "8", "--seed", "3"],
+    ];
+    for args in stages {
+        let shown = args.join(" ");
+        println!("\nxtask test --full: cargo xtask {shown}");
+        let started = std::time::Instant::now();
+        let mut c = cargo();
+        c.args(["xtask"]).args(args);
+        util::run(&mut c).map_err(|e| format!("--full: cargo xtask {shown}: {e}"))?;
+        println!(
+            "xtask test --full: cargo xtask {shown} took {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
     }
     Ok(())
 }

@@ -186,6 +186,7 @@ impl Lab {
         println!("\n== {name}");
         let mut vm = Vm::start(
             self.machine,
+            self.accel,
             name,
             &disk_image,
             &self.flash,
