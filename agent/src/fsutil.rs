@@ -6,12 +6,22 @@
 //! the same directory, fsync it, rename it over the target, fsync the
 //! directory. After a power cut the target holds either the old or the new
 //! content, never a torn mix.
+//!
+//! The directory may be shared with other accounts (Debian's node-exporter
+//! textfile directory, where the metrics go, is written by other
+//! collectors), so the temporary file is never opened by a name someone
+//! else can have made: it gets a random name and is created with
+//! `O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK`. A symlink planted under
+//! that name is not followed and a FIFO does not block the open: either
+//! makes the create fail, and another random name is tried. The rename
+//! replaces a symlink at the target's own name rather than following it.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use crate::err;
 use crate::error::{Context, Result};
 
 /// Replace `path` with `data` atomically and durably. `mode` applies to a
@@ -25,16 +35,8 @@ pub fn atomic_write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "file".into());
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let (mut f, tmp) = create_temp(dir, &name, mode)?;
     let result = (|| -> Result<()> {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?;
         f.write_all(data)
             .with_context(|| format!("writing {}", tmp.display()))?;
         f.sync_all()
@@ -47,6 +49,45 @@ pub fn atomic_write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// How many random names [`create_temp`] tries before giving up: a name
+/// already taken is an accident or a plant, and 64 random bits make a
+/// second collision by accident impossible in practice.
+const TEMP_TRIES: usize = 8;
+
+/// Create a new temporary file for `name` in `dir`, never opening anything
+/// that was there before (see the module documentation).
+fn create_temp(dir: &Path, name: &str, mode: u32) -> Result<(File, std::path::PathBuf)> {
+    let mut last = None;
+    for _ in 0..TEMP_TRIES {
+        let suffix = u64::from_ne_bytes(crate::identity::random_bytes::<8>()?);
+        let tmp = dir.join(format!(".{name}.tmp.{suffix:016x}"));
+        match create_new(&tmp, mode) {
+            Ok(f) => return Ok((f, tmp)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e).with_context(|| format!("creating {}", tmp.display())),
+        }
+    }
+    let why = last.map_or_else(String::new, |e| format!(": {e}"));
+    Err(err!(
+        Io,
+        "creating a temporary file for {name} in {}: {TEMP_TRIES} random names were all taken{why}; \
+         is another account planting files in that directory?",
+        dir.display()
+    ))
+}
+
+/// `open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK |
+/// O_CLOEXEC, mode)`: a new regular file or an error, never an existing
+/// file, a symlink's target or a FIFO.
+fn create_new(path: &Path, mode: u32) -> std::io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
 }
 
 /// fsync a directory so a rename or create in it is durable.
@@ -72,6 +113,70 @@ pub fn ensure_dir(dir: &Path, mode: u32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("updraft-fsutil-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        ensure_dir(&dir, 0o700).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_planted_symlink_is_not_followed_and_the_file_it_names_is_untouched() {
+        let dir = scratch("symlink");
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let planted = dir.join(".x.tmp.planted");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let e = create_new(&planted, 0o644).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        // A dangling one is not followed either (it would create its target).
+        let dangling = dir.join(".y.tmp.planted");
+        std::os::unix::fs::symlink(dir.join("made-by-root"), &dangling).unwrap();
+        assert!(create_new(&dangling, 0o644).is_err());
+        assert!(!dir.join("made-by-root").exists());
+        // The target itself a symlink: the rename replaces the link.
+        let target = dir.join("metrics.prom");
+        std::os::unix::fs::symlink(&victim, &target).unwrap();
+        atomic_write(&target, b"metrics", 0o644).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(std::fs::read(&target).unwrap(), b"metrics");
+        assert!(
+            !std::fs::symlink_metadata(&target)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_planted_fifo_neither_blocks_nor_receives_the_data() {
+        let dir = scratch("fifo");
+        let fifo = dir.join(".x.tmp.planted");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo reads it only.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+        // Returns at once (no reader would ever come): the name is taken.
+        let e = create_new(&fifo, 0o644).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn temporary_names_are_random() {
+        let dir = scratch("names");
+        let (_, a) = create_temp(&dir, "x", 0o600).unwrap();
+        let (_, b) = create_temp(&dir, "x", 0o600).unwrap();
+        assert_ne!(a, b);
+        let a = a.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            a.starts_with(".x.tmp.") && a.len() == ".x.tmp.".len() + 16,
+            "{a}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn atomic_write_replaces_and_leaves_no_temp() {

@@ -383,6 +383,44 @@ impl Metrics {
     }
 }
 
+/// The warning for a metrics file whose directory other accounts can
+/// write (as Debian's node-exporter textfile directory is, for its other
+/// collectors), or `None`. Read at start; see [`shared_directory_warning`].
+pub fn shared_directory(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let meta = std::fs::metadata(dir).ok()?;
+    let me = nix::unistd::geteuid().as_raw();
+    shared_directory_warning(dir, meta.mode(), meta.uid(), me)
+}
+
+/// The warning for a metrics directory with permission bits `mode` owned
+/// by `owner`, for a daemon running as `me`: one that a group or everyone
+/// may write, or that another account (not root) owns. updraft's own
+/// writes there are safe (see [`crate::fsutil`]), but whoever can write
+/// the directory can replace or remove the metrics file.
+pub fn shared_directory_warning(dir: &Path, mode: u32, owner: u32, me: u32) -> Option<String> {
+    let writable = mode & 0o022 != 0;
+    let foreign = owner != me && owner != 0;
+    if !writable && !foreign {
+        return None;
+    }
+    let who = match (writable, foreign) {
+        (true, true) => format!("is mode {:04o} and owned by uid {owner}", mode & 0o7777),
+        (true, false) => format!("is mode {:04o}", mode & 0o7777),
+        _ => format!("is owned by uid {owner}"),
+    };
+    Some(format!(
+        "the metrics directory {} {who}: other accounts can write it, so they can replace or remove \
+         the metrics file; updraft creates its files there under random names and never opens one \
+         it did not make",
+        dir.display()
+    ))
+}
+
 /// Writes families into a string.
 struct Family<'a> {
     out: &'a mut String,
@@ -431,6 +469,38 @@ fn escape_label(v: &str) -> String {
 /// HELP text: backslash and line feed are escaped.
 fn escape_help(v: &str) -> String {
     v.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod shared_directory_tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_others_can_write_is_named_in_a_warning() {
+        let dir = Path::new("/var/lib/prometheus/node-exporter");
+        let rows: [(u32, u32, u32, Option<&str>); 7] = [
+            (0o40755, 0, 0, None),
+            (0o40700, 0, 0, None),
+            (0o40755, 1000, 1000, None),
+            (0o40775, 0, 0, Some("is mode 0775")),
+            (0o41777, 0, 0, Some("is mode 1777")),
+            (0o40755, 115, 0, Some("is owned by uid 115")),
+            (0o40775, 115, 0, Some("is mode 0775 and owned by uid 115")),
+        ];
+        for (mode, owner, me, expected) in rows {
+            let got = shared_directory_warning(dir, mode, owner, me);
+            match expected {
+                None => assert_eq!(got, None, "mode {mode:o} owner {owner} me {me}"),
+                Some(part) => {
+                    let w = got.unwrap_or_default();
+                    assert!(
+                        w.contains(part) && w.contains(dir.to_str().unwrap_or("")),
+                        "{w}"
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

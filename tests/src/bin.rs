@@ -8,6 +8,12 @@
 //!
 //! Binaries are found in `UPDRAFT_BIN_DIR` when set, else next to the test
 //! executable's target directory (`target/<triple>/<profile>/`).
+//!
+//! The publisher is a build-host tool: what a cross-target run checks is
+//! the device's agent, so when `UPDRAFT_HOST_BIN_DIR` names the host's own
+//! build, `updraft-publish` runs from there, natively, and only `updraft`
+//! runs under the emulator (the publisher's unit tests still run on every
+//! target).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -44,8 +50,23 @@ pub fn runner() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A `Command` for a built binary, through the runner when one is set.
+/// The build-host tool among the binaries (see the module documentation).
+const HOST_TOOL: &str = "updraft-publish";
+
+/// A `Command` for a built binary, through the runner when one is set;
+/// `updraft-publish` natively from `UPDRAFT_HOST_BIN_DIR` when that is set.
 pub fn command(name: &str) -> Command {
+    if name == HOST_TOOL {
+        if let Some(dir) = std::env::var_os("UPDRAFT_HOST_BIN_DIR") {
+            let exe = PathBuf::from(dir).join(name);
+            assert!(
+                exe.is_file(),
+                "UPDRAFT_HOST_BIN_DIR names no {name}: {} is missing (cargo build -p updraft-publish)",
+                exe.display()
+            );
+            return Command::new(exe);
+        }
+    }
     let exe = path(name);
     let mut runner = runner();
     if runner.is_empty() {

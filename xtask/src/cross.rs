@@ -155,6 +155,9 @@ struct Outcome {
 pub fn run(args: &[String]) -> Result {
     let opts = parse_args(args)?;
     ensure_host_tools(&opts.targets)?;
+    // The host's own publisher, which the emulated tests run natively
+    // (tests/src/bin.rs); built now, while this process has one thread.
+    let host_bins = util::build_binaries()?;
     let msrv = toolchain::workspace_msrv()?;
     let mut picked = Toolchain::ensure_each(&[Pick::Msrv, Pick::Newest])?.into_iter();
     let (Some(oldest), Some(newest)) = (picked.next(), picked.next()) else {
@@ -245,7 +248,7 @@ pub fn run(args: &[String]) -> Result {
         }
         for (t, o) in opts.targets.iter().zip(outcomes.iter_mut()) {
             if o.error.is_none() {
-                test_target(t, compiler(t), &opts, o);
+                test_target(t, compiler(t), &opts, &host_bins, o);
             }
         }
         msrv_check.map(|h| {
@@ -468,7 +471,7 @@ fn build_target(t: &Target, tc: &Toolchain, opts: &Options, log: Option<&Path>, 
 }
 
 /// Run the tests of `t`, built by [`build_target`], under its emulator.
-fn test_target(t: &Target, tc: &Toolchain, opts: &Options, o: &mut Outcome) {
+fn test_target(t: &Target, tc: &Toolchain, opts: &Options, host_bins: &Path, o: &mut Outcome) {
     let release = opts.release;
     let target_dir = test_dir(t);
     let profile_dir = target_dir
@@ -507,6 +510,7 @@ fn test_target(t: &Target, tc: &Toolchain, opts: &Options, o: &mut Outcome) {
     }
     test.env("UPDRAFT_TEST_RUNNER", t.runner())
         .env("UPDRAFT_BIN_DIR", &profile_dir)
+        .env("UPDRAFT_HOST_BIN_DIR", host_bins)
         .env("UPDRAFT_SKIP_LOG", &skip_log);
     let result = nextest::run_counting(&mut test, &mut o.counts);
     o.test_secs = start.elapsed().as_secs_f64();
@@ -702,6 +706,13 @@ fn release_build(t: &Target, tc: &Toolchain, target_dir: &Path) -> Command {
 /// boot); kept as
 /// `target/previous-release/<commit>/<triple>/updraft` for later runs.
 pub(crate) fn previous_release_agent(t: &Target) -> Result<PathBuf> {
+    // One build at a time in this process: `vm-test` starts it early on a
+    // thread of its own, and scenario 7 then waits here for that build
+    // rather than starting a second one.
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = BUILDING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let src = updraft_tests::previous::source()?;
     let dir = src
         .parent()

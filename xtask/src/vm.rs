@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use crate::toolchain;
 use crate::util::{self, Result};
-use machine::{Accel, Loader, Machine};
+use machine::{Loader, Machine};
 
 const USAGE: &str =
     "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--seed S] [--systemd-only|--previous-only|--prerequisites]
@@ -123,13 +123,48 @@ pub fn run(args: &[String]) -> Result {
         let Some(p) = prepare(m, "vm-test")? else {
             return Ok(());
         };
-        let (outcomes, cut) = util::guarded("vm-test", || scenarios(m, &p, cuts, seed, only))?;
+        let early = if matches!(only, Some(Only::Systemd)) {
+            None
+        } else {
+            build_previous_release_early(m)
+        };
+        let result = util::guarded("vm-test", || scenarios(m, &p, cuts, seed, only));
+        // Never leave the build running behind a failed run.
+        if let Some(build) = early {
+            let _ = build.join();
+        }
+        let (outcomes, cut) = result?;
         summary(m, &outcomes, total.elapsed(), &p.work);
         if cuts > 0 {
             cut_summary(&cut, seed);
         }
     }
     Ok(())
+}
+
+/// Start building the previous release for a machine that boots a cross
+/// build (aarch64), on a thread of its own at nice 15, so that the build
+/// overlaps the first scenarios: the emulated CPU keeps one core, the
+/// build takes the other. Scenario 7 waits for it (see
+/// [`crate::cross::previous_release_agent`]); a failure here is reported
+/// there, when the build is tried again.
+fn build_previous_release_early(m: &'static Machine) -> Option<std::thread::JoinHandle<()>> {
+    if m.loader != Loader::UBoot {
+        return None;
+    }
+    let t = crate::cross::TARGETS.iter().find(|t| t.short == m.name)?;
+    println!(
+        "vm-test {}: building the previous release for scenario 7 beside the first scenarios (nice 15)",
+        m.name
+    );
+    Some(std::thread::spawn(move || {
+        if let Err(e) = crate::cross::previous_release_agent(t) {
+            println!(
+                "vm-test {}: building the previous release early failed: {e}",
+                m.name
+            );
+        }
+    }))
 }
 
 /// One scenario run alone.
@@ -145,8 +180,6 @@ enum Only {
 /// and `updraft history` over the disk), the updraft binary for the guest,
 /// and the run's empty work directory.
 struct Prepared {
-    /// How QEMU runs this machine's guest.
-    accel: Accel,
     bin_dir: PathBuf,
     guest_updraft: PathBuf,
     work: PathBuf,
@@ -162,7 +195,7 @@ pub fn demo() -> Result {
     };
     console::show_console();
     let outcomes = util::guarded("demo --vm", || {
-        let mut lab = scenario::Lab::new(m, p.accel, &p.work, &p.bin_dir, &p.guest_updraft)?;
+        let mut lab = scenario::Lab::new(m, &p.work, &p.bin_dir, &p.guest_updraft)?;
         lab.full_update()?;
         lab.failed_health_check()?;
         Ok(std::mem::take(&mut lab.outcomes))
@@ -191,55 +224,11 @@ fn prepare(m: &'static Machine, dir: &str) -> Result<Option<Prepared>> {
     let work = util::target_dir().join(dir).join(m.name);
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
-    let forced = std::env::var("UPDRAFT_VM_ACCEL").ok();
-    let (accel, why) = Accel::choose(
-        m.name,
-        std::env::consts::ARCH,
-        kvm_usable(),
-        forced.as_deref(),
-    )?;
-    println!(
-        "{dir} {}: QEMU accelerator {} ({why}; UPDRAFT_VM_ACCEL=tcg|kvm chooses)",
-        m.name,
-        accel.name()
-    );
     Ok(Some(Prepared {
-        accel,
         bin_dir,
         guest_updraft,
         work,
     }))
-}
-
-/// Whether KVM can run a guest here: `/dev/kvm` opens for reading and
-/// writing, speaks the stable API (version 12) and makes a VM. The VM is
-/// closed again at once.
-fn kvm_usable() -> std::result::Result<(), String> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    const KVM_GET_API_VERSION: libc::c_ulong = 0xAE00;
-    const KVM_CREATE_VM: libc::c_ulong = 0xAE01;
-    let kvm = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .map_err(|e| format!("cannot open /dev/kvm: {e}"))?;
-    // SAFETY: both ioctls take an integer argument and no memory; the
-    // descriptor is open for the whole call.
-    let version = unsafe { libc::ioctl(kvm.as_raw_fd(), KVM_GET_API_VERSION as _, 0) };
-    if version != 12 {
-        return Err(format!("/dev/kvm speaks KVM API {version}, not 12"));
-    }
-    // SAFETY: as above.
-    let vm = unsafe { libc::ioctl(kvm.as_raw_fd(), KVM_CREATE_VM as _, 0) };
-    if vm < 0 {
-        return Err(format!(
-            "/dev/kvm cannot make a VM: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: KVM_CREATE_VM returned a new descriptor this function owns.
-    drop(unsafe { OwnedFd::from_raw_fd(vm) });
-    Ok(())
 }
 
 fn scenarios(
@@ -250,7 +239,7 @@ fn scenarios(
     only: Option<Only>,
 ) -> Result<(Vec<scenario::Outcome>, Vec<scenario::Cut>)> {
     let work = &p.work;
-    let mut lab = scenario::Lab::new(m, p.accel, work, &p.bin_dir, &p.guest_updraft)?;
+    let mut lab = scenario::Lab::new(m, work, &p.bin_dir, &p.guest_updraft)?;
     // Scenario 6 (a Debian systemd root, GRUB) runs on the x86_64
     // machine; 7 (the previous release) on both, built for each.
     let x86 = m.name == machine::X86_64.name;

@@ -207,6 +207,14 @@ impl Daemon {
         boot_view: BootView,
         snapshot: Status,
     ) -> Daemon {
+        if let Some(w) = cfg
+            .system
+            .metrics_file
+            .as_deref()
+            .and_then(crate::metrics::shared_directory)
+        {
+            log::warn!("{w}");
+        }
         let now = Instant::now();
         let s = &cfg.server;
         let next_poll = m

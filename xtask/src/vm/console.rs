@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::guest::{BOOTLOADER_MARK, USERSPACE_MARK};
-use super::machine::{Accel, Machine};
+use super::machine::Machine;
 use crate::util::Result;
 
 /// How many console lines an error shows.
@@ -166,7 +166,6 @@ impl Vm {
     /// environment's flash image), its console logged to `log`.
     pub fn start(
         machine: &Machine,
-        accel: Accel,
         name: &str,
         disk: &Path,
         flash: &Path,
@@ -180,7 +179,7 @@ impl Vm {
         ));
         let _ = std::fs::remove_file(&qmp);
         let mut cmd = Command::new(machine.qemu);
-        cmd.args(machine.qemu_args(accel, disk, flash))
+        cmd.args(machine.qemu_args(disk, flash))
             .arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", qmp.display()))
             .stdin(Stdio::piped())

@@ -25,64 +25,6 @@ pub enum Loader {
     UBoot,
 }
 
-/// How QEMU runs the guest's instructions.
-///
-/// TCG translates every guest instruction and works everywhere; KVM runs
-/// them on the host CPU, for a guest of the host's own architecture where
-/// `/dev/kvm` answers. Firmware, bootloader, kernel, devices and the
-/// watchdog are QEMU's either way; KVM only makes the x86_64 machine's
-/// boots several times shorter. The aarch64 machine on an x86_64 host is
-/// always TCG.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Accel {
-    Tcg,
-    Kvm,
-}
-
-impl Accel {
-    /// The accelerator for a guest of `guest_arch` on a host of
-    /// `host_arch`: KVM when the architectures match and `kvm_usable`,
-    /// unless `UPDRAFT_VM_ACCEL` (`forced`) says `tcg` or `kvm`. Returns
-    /// the choice and why, for the run's output; an unknown value or KVM
-    /// forced where it cannot work is an error.
-    pub fn choose(
-        guest_arch: &str,
-        host_arch: &str,
-        kvm_usable: Result<(), String>,
-        forced: Option<&str>,
-    ) -> Result<(Accel, String), String> {
-        let same_arch = guest_arch == host_arch;
-        match forced.map(str::trim) {
-            Some("tcg") => Ok((Accel::Tcg, "UPDRAFT_VM_ACCEL=tcg".into())),
-            Some("kvm") if !same_arch => Err(format!(
-                "UPDRAFT_VM_ACCEL=kvm: a {guest_arch} guest cannot run under KVM on this {host_arch} host"
-            )),
-            Some("kvm") => kvm_usable
-                .map(|()| (Accel::Kvm, "UPDRAFT_VM_ACCEL=kvm".into()))
-                .map_err(|why| format!("UPDRAFT_VM_ACCEL=kvm, but {why}")),
-            Some(other) if !other.is_empty() => {
-                Err(format!("UPDRAFT_VM_ACCEL={other:?}: expected tcg or kvm"))
-            }
-            _ if !same_arch => Ok((
-                Accel::Tcg,
-                format!("a {guest_arch} guest on a {host_arch} host"),
-            )),
-            _ => Ok(match kvm_usable {
-                Ok(()) => (Accel::Kvm, "/dev/kvm answers".into()),
-                Err(why) => (Accel::Tcg, why),
-            }),
-        }
-    }
-
-    /// QEMU's name for it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Accel::Tcg => "tcg",
-            Accel::Kvm => "kvm",
-        }
-    }
-}
-
 /// The emulated hardware watchdog a machine has, as QEMU and Linux name it.
 pub struct Watchdog {
     /// QEMU's device (`-device`); an expiry resets the machine
@@ -249,24 +191,15 @@ impl Machine {
     }
 
     /// QEMU's arguments for `disk` (and, for U-Boot, the flash image
-    /// holding its environment, `flash`) with `accel`: one CPU, the disk on
-    /// virtio, user networking, the hardware watchdog resetting the machine
-    /// when it expires, the serial console on stdio.
-    pub fn qemu_args(&self, accel: Accel, disk: &Path, flash: &Path) -> Vec<OsString> {
+    /// holding its environment, `flash`): TCG, one CPU, the disk on virtio,
+    /// user networking, the hardware watchdog resetting the machine when it
+    /// expires, the serial console on stdio.
+    pub fn qemu_args(&self, disk: &Path, flash: &Path) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |s: &str| a.push(s.into());
         match self.loader {
             Loader::Grub => {
-                // Under KVM the guest gets the host's CPU model (QEMU's
-                // default asks KVM for features some hosts lack).
-                let cpu: &[&str] = match accel {
-                    Accel::Kvm => &["-cpu", "host"],
-                    Accel::Tcg => &[],
-                };
-                for s in ["-accel", accel.name(), "-m", "512", "-smp", "1"] {
-                    push(s);
-                }
-                for s in cpu {
+                for s in ["-accel", "tcg", "-m", "512", "-smp", "1"] {
                     push(s);
                 }
             }
@@ -277,7 +210,7 @@ impl Machine {
                     "-cpu",
                     "cortex-a57",
                     "-accel",
-                    accel.name(),
+                    "tcg",
                     "-m",
                     "512",
                     "-smp",
@@ -346,54 +279,11 @@ mod tests {
 
     /// `m`'s QEMU command line for a disk `/d.img` and a flash `/f.img`.
     fn command_line(m: &Machine) -> String {
-        command_line_with(m, Accel::Tcg)
-    }
-
-    fn command_line_with(m: &Machine, accel: Accel) -> String {
-        m.qemu_args(accel, Path::new("/d.img"), Path::new("/f.img"))
+        m.qemu_args(Path::new("/d.img"), Path::new("/f.img"))
             .into_iter()
             .map(|s| s.to_string_lossy().into_owned())
             .collect::<Vec<_>>()
             .join(" ")
-    }
-
-    #[test]
-    fn kvm_runs_a_guest_of_the_hosts_architecture_where_dev_kvm_answers() {
-        let no_kvm = || Err("cannot open /dev/kvm: No such file or directory".to_string());
-        let rows: [(&str, Result<(), String>, Option<&str>, Result<Accel, ()>); 8] = [
-            ("x86_64", Ok(()), None, Ok(Accel::Kvm)),
-            ("x86_64", no_kvm(), None, Ok(Accel::Tcg)),
-            ("aarch64", Ok(()), None, Ok(Accel::Tcg)),
-            ("x86_64", Ok(()), Some("tcg"), Ok(Accel::Tcg)),
-            ("x86_64", Ok(()), Some(""), Ok(Accel::Kvm)),
-            ("x86_64", no_kvm(), Some("kvm"), Err(())),
-            ("aarch64", Ok(()), Some("kvm"), Err(())),
-            ("x86_64", Ok(()), Some("hvf"), Err(())),
-        ];
-        for (guest, kvm, forced, expected) in rows {
-            let got = Accel::choose(guest, "x86_64", kvm.clone(), forced);
-            assert_eq!(
-                got.as_ref().map(|(a, _)| *a).map_err(|_| ()),
-                expected,
-                "{guest} guest, kvm {kvm:?}, forced {forced:?}: {got:?}"
-            );
-        }
-        let (_, why) = Accel::choose("x86_64", "x86_64", no_kvm(), None).unwrap();
-        assert!(
-            why.contains("/dev/kvm"),
-            "the reason names the device: {why}"
-        );
-    }
-
-    #[test]
-    fn under_kvm_the_x86_64_guest_gets_the_host_cpu() {
-        let line = command_line_with(&X86_64, Accel::Kvm);
-        assert!(
-            line.contains("-accel kvm -m 512 -smp 1 -cpu host"),
-            "{line}"
-        );
-        assert!(!command_line(&X86_64).contains("-cpu"));
-        assert!(command_line_with(&AARCH64, Accel::Tcg).contains("-accel tcg"));
     }
 
     #[test]

@@ -56,7 +56,7 @@ use super::guest::{
     BOOTLOADER_MARK, Behaviour, Guest, HALT_MARK, HANG_MARK, Release, STATUS_MARK, Settings,
     USERSPACE_MARK, WATCHDOG_MARK, WATCHDOG_SECONDS, WatchdogLine,
 };
-use super::machine::{Accel, Loader, Machine, WDIOF_CARDRESET};
+use super::machine::{Loader, Machine, WDIOF_CARDRESET};
 use crate::util::{self, Result};
 
 // Scenario 6, the systemd guest: a child of this module so that it runs on
@@ -148,7 +148,6 @@ pub struct Outcome {
 /// The server, the keys, the guest files and the disk.
 pub struct Lab {
     machine: &'static Machine,
-    accel: Accel,
     work: PathBuf,
     disk: PathBuf,
     /// U-Boot's flash environment image (U-Boot machines).
@@ -171,7 +170,6 @@ impl Lab {
     /// slot B empty, GRUB with the shipped fragment.
     pub fn new(
         machine: &'static Machine,
-        accel: Accel,
         work: &Path,
         bin_dir: &Path,
         guest_updraft: &Path,
@@ -205,7 +203,6 @@ impl Lab {
         println!("kernel {}", guest.kernel.version);
         let mut lab = Lab {
             machine,
-            accel,
             work: work.to_path_buf(),
             disk: work.join("disk.img"),
             flash: work.join("flash.img"),
@@ -366,7 +363,6 @@ impl Lab {
         println!("\n== {name}");
         Vm::start(
             self.machine,
-            self.accel,
             name,
             &self.disk,
             &self.flash,

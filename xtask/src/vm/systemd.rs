@@ -186,7 +186,6 @@ impl Lab {
         println!("\n== {name}");
         let mut vm = Vm::start(
             self.machine,
-            self.accel,
             name,
             &disk_image,
             &self.flash,
