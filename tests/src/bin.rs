@@ -12,8 +12,7 @@
 //! The publisher is a build-host tool: what a cross-target run checks is
 //! the device's agent, so when `UPDRAFT_HOST_BIN_DIR` names the host's own
 //! build, `updraft-publish` runs from there, natively, and only `updraft`
-//! runs under the emulator (the publisher's unit tests still run on every
-//! target).
+//! runs under the emulator.
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -437,9 +437,14 @@ fn build_target(t: &Target, tc: &Toolchain, opts: &Options, log: Option<&Path>, 
     }
     let start = Instant::now();
     let mut build = cross_cargo(t, tc, &target_dir);
-    build
-        .args(["build", "--target", t.triple])
-        .args(BINARY_PACKAGES);
+    build.args(["build", "--target", t.triple]);
+    // The emulated tests run the target's agent and the host's publisher
+    // (tests/src/bin.rs); --full builds the target's publisher too.
+    if opts.full {
+        build.args(BINARY_PACKAGES);
+    } else {
+        build.args(["-p", "updraft"]);
+    }
     // The binaries are built with the profile the tests use, so the
     // workspace crates compile once for both (the test profile writes to
     // target/<triple>/debug, where the tests look for the binaries).
@@ -586,18 +591,23 @@ fn nextest_cargo(t: &Target, tc: &Toolchain, target_dir: &Path, opts: &Options) 
 }
 
 /// The packages, targets and profile a cross test run builds and runs.
+///
+/// The publisher is a build-host tool: its unit tests run on the host, and
+/// under `--full` on the targets too. Its library is compiled for every
+/// target all the same, since the test support links it.
 fn test_selection(c: &mut Command, t: &Target, opts: &Options) {
-    c.args([
-        "-p",
-        "updraft",
-        "-p",
-        "updraft-publish",
-        "-p",
-        "updraft-tests",
-    ]);
     if opts.full {
-        c.arg("--tests");
+        c.args([
+            "-p",
+            "updraft",
+            "-p",
+            "updraft-publish",
+            "-p",
+            "updraft-tests",
+            "--tests",
+        ]);
     } else {
+        c.args(["-p", "updraft", "-p", "updraft-tests"]);
         c.args(["--lib", "--bins"]);
         for f in pyramid::emulated_on(t.short) {
             c.args(["--test", f.target()]);
@@ -618,7 +628,7 @@ fn not_run_line(t: &Target, opts: &Options) -> String {
         .map(|f| f.target())
         .collect();
     format!(
-        "{}: {} of {} test files not run under emulation (host only, docs/testing.md; --full runs them): {}",
+        "{}: {} of {} test files and the publisher's unit tests not run under emulation (host only, docs/testing.md; --full runs them): {}",
         t.short,
         left.len(),
         pyramid::FILES.len(),

@@ -74,213 +74,62 @@ use Emulated::{Armv7, Both, No};
 
 /// Where each integration test file runs. The unit tests of the crates
 /// (`--lib --bins`) run on every target, always.
+#[rustfmt::skip]
 pub(crate) const FILES: &[Placement] = &[
     // Bytes the bootloader reads, and the locks around them.
-    p(
-        "tests/tests/bootenv_uboot.rs",
-        Both,
-        "U-Boot environment bytes and CRCs read back by fw_printenv",
-    ),
-    p(
-        "tests/tests/bootenv_grub.rs",
-        Both,
-        "grubenv block bytes read back by grub-editenv",
-    ),
-    p(
-        "tests/tests/bootenv_script.rs",
-        Both,
-        "the script bootloader's fw_env interop",
-    ),
-    p(
-        "tests/tests/uboot_lock.rs",
-        Both,
-        "flock and file modes through the target's syscalls",
-    ),
+    p("tests/tests/bootenv_uboot.rs", Both, "U-Boot environment bytes and CRCs read back by fw_printenv"),
+    p("tests/tests/bootenv_grub.rs", Both, "grubenv block bytes read back by grub-editenv"),
+    p("tests/tests/bootenv_script.rs", Both, "the script bootloader's fw_env interop"),
+    p("tests/tests/uboot_lock.rs", Both, "flock and file modes through the target's syscalls"),
     // Slot I/O and the image formats.
-    p(
-        "tests/tests/block_slots.rs",
-        Both,
-        "block-device ioctls and O_DIRECT alignment on loop devices",
-    ),
-    p(
-        "tests/tests/delta_install.rs",
-        Both,
-        "the delta patcher's arithmetic",
-    ),
-    p(
-        "tests/tests/bundle_install.rs",
-        Both,
-        "bundle offsets and sizes (usize is 32 bits on armv7)",
-    ),
+    p("tests/tests/block_slots.rs", Both, "block-device ioctls and O_DIRECT alignment on loop devices"),
+    p("tests/tests/delta_install.rs", Both, "the delta patcher's arithmetic"),
+    p("tests/tests/bundle_install.rs", Both, "bundle offsets and sizes (usize is 32 bits on armv7)"),
     // Structures crossing the kernel boundary with untrusted peers.
-    p(
-        "tests/tests/control_hostile.rs",
-        Both,
-        "SO_PEERCRED and a hostile local client on the socket",
-    ),
-    p(
-        "tests/tests/credentials.rs",
-        Both,
-        "file ownership and modes (stat) of credential files",
-    ),
+    p("tests/tests/control_hostile.rs", Both, "SO_PEERCRED and a hostile local client on the socket"),
+    p("tests/tests/credentials.rs", Both, "file ownership and modes (stat) of credential files"),
     // The whole cycle and its durability, on the target no machine boots.
-    p(
-        "tests/tests/update_cycle.rs",
-        Armv7,
-        "the update cycle; aarch64 boots it for real",
-    ),
-    p(
-        "tests/tests/power_cut.rs",
-        Armv7,
-        "SQLite and fsync under power cuts; aarch64 boots cuts for real",
-    ),
-    p(
-        "tests/tests/outbox.rs",
-        Armv7,
-        "SQLite outbox across restarts",
-    ),
-    p(
-        "tests/tests/hostile_install.rs",
-        Armv7,
-        "hostile sizes and lengths with a 32-bit usize",
-    ),
-    p(
-        "tests/tests/maintenance_windows.rs",
-        Armv7,
-        "local time and time zones with a 32-bit time_t",
-    ),
-    p(
-        "tests/tests/daemon_waits.rs",
-        Armv7,
-        "timers, poll(2) and child processes with a 32-bit time_t",
-    ),
-    p(
-        "tests/tests/network_faults.rs",
-        Armv7,
-        "TLS, timeouts and resume offsets",
-    ),
-    p(
-        "tests/tests/bundle_remote.rs",
-        Armv7,
-        "Range offsets of a remote bundle with a 32-bit usize",
-    ),
-    p(
-        "tests/tests/control_socket.rs",
-        Armv7,
-        "the control socket's framing",
-    ),
-    p(
-        "tests/tests/status_outcome.rs",
-        Armv7,
-        "64-bit counters and times in status JSON",
-    ),
-    p(
-        "tests/tests/metrics_format.rs",
-        Armv7,
-        "64-bit counters and times in the metrics file",
-    ),
+    p("tests/tests/update_cycle.rs", Armv7, "the update cycle; aarch64 boots it for real"),
+    p("tests/tests/power_cut.rs", Armv7, "SQLite and fsync under power cuts; aarch64 boots cuts for real"),
+    p("tests/tests/outbox.rs", Armv7, "SQLite outbox across restarts"),
+    p("tests/tests/hostile_install.rs", Armv7, "hostile sizes and lengths with a 32-bit usize"),
+    p("tests/tests/maintenance_windows.rs", Armv7, "local time and time zones with a 32-bit time_t"),
+    p("tests/tests/daemon_waits.rs", Armv7, "timers, poll(2) and child processes with a 32-bit time_t"),
+    p("tests/tests/network_faults.rs", Armv7, "TLS, timeouts and resume offsets"),
+    p("tests/tests/bundle_remote.rs", Armv7, "Range offsets of a remote bundle with a 32-bit usize"),
+    p("tests/tests/control_socket.rs", Armv7, "the control socket's framing"),
+    p("tests/tests/status_outcome.rs", Armv7, "64-bit counters and times in status JSON"),
+    p("tests/tests/metrics_format.rs", Armv7, "64-bit counters and times in the metrics file"),
     // Logic the target does not change: the host run proves it.
-    p(
-        "tests/tests/bandwidth_cap.rs",
-        No,
-        "rate arithmetic in u64; logic",
-    ),
+    p("tests/tests/bandwidth_cap.rs", No, "rate arithmetic in u64; logic"),
     p("tests/tests/channels.rs", No, "channel rules; logic"),
     p("tests/tests/cli_help.rs", No, "the CLI's text"),
-    p(
-        "tests/tests/ddi_client.rs",
-        No,
-        "the DDI conversation; ddi.rs's parser unit tests run emulated",
-    ),
-    p(
-        "tests/tests/fleet.rs",
-        No,
-        "poll jitter across a fleet; logic",
-    ),
+    p("tests/tests/ddi_client.rs", No, "the DDI conversation; ddi.rs's parser unit tests run emulated"),
+    p("tests/tests/fleet.rs", No, "poll jitter across a fleet; logic"),
     p("tests/tests/inhibitors.rs", No, "inhibitor rules; logic"),
-    p(
-        "tests/tests/key_rotation.rs",
-        No,
-        "key chain rules; signatures are unit-tested emulated",
-    ),
+    p("tests/tests/key_rotation.rs", No, "key chain rules; signatures are unit-tested emulated"),
     p("tests/tests/operator_cancel.rs", No, "cancel rules; logic"),
     p("tests/tests/polling.rs", No, "poll and retry rules; logic"),
     p("tests/tests/provisioned.rs", No, "first-boot rules; logic"),
-    p(
-        "tests/tests/slow_retrieval.rs",
-        No,
-        "deadlines and supersession; logic (daemon_waits covers timers)",
-    ),
-    p(
-        "tests/tests/goosebit.rs",
-        No,
-        "a real gooseBit; the DDI conversation is logic",
-    ),
+    p("tests/tests/slow_retrieval.rs", No, "deadlines and supersession; logic (daemon_waits covers timers)"),
+    p("tests/tests/goosebit.rs", No, "a real gooseBit; the DDI conversation is logic"),
     // The previous release is built for the host only.
-    p(
-        "tests/tests/previous_release.rs",
-        No,
-        "the previous release is built for the host only",
-    ),
-    p(
-        "tests/tests/status_compat.rs",
-        No,
-        "the previous release is built for the host only",
-    ),
+    p("tests/tests/previous_release.rs", No, "the previous release is built for the host only"),
+    p("tests/tests/status_compat.rs", No, "the previous release is built for the host only"),
     // Files updraft ships, checked by host tools.
-    p(
-        "tests/tests/grub_boot_script.rs",
-        No,
-        "the shipped GRUB script under grub-emu",
-    ),
-    p(
-        "tests/tests/uboot_boot_script.rs",
-        No,
-        "the shipped U-Boot script's logic",
-    ),
-    p(
-        "tests/tests/systemd_unit.rs",
-        No,
-        "the shipped unit, checked by systemd's tools",
-    ),
+    p("tests/tests/grub_boot_script.rs", No, "the shipped GRUB script under grub-emu"),
+    p("tests/tests/uboot_boot_script.rs", No, "the shipped U-Boot script's logic"),
+    p("tests/tests/systemd_unit.rs", No, "the shipped unit, checked by systemd's tools"),
     p("tests/tests/yocto_recipe.rs", No, "the Yocto layer's files"),
     // The publisher runs on build hosts.
-    p(
-        "tests/tests/publish_output.rs",
-        No,
-        "the publisher runs on build hosts",
-    ),
-    p(
-        "publish/tests/delta.rs",
-        No,
-        "the publisher runs on build hosts",
-    ),
+    p("tests/tests/publish_output.rs", No, "the publisher runs on build hosts"),
+    p("publish/tests/delta.rs", No, "the publisher runs on build hosts"),
     // Tests of the test support.
-    p(
-        "tests/tests/ddi_server.rs",
-        No,
-        "tests the test support's DDI server",
-    ),
-    p(
-        "tests/tests/goosebit_server.rs",
-        No,
-        "tests the test support's gooseBit harness",
-    ),
-    p(
-        "tests/tests/nethost.rs",
-        No,
-        "tests the test support's servers and proxy",
-    ),
-    p(
-        "tests/tests/powerfs.rs",
-        No,
-        "tests the test support's power-cut filesystem",
-    ),
-    p(
-        "tests/tests/static_server.rs",
-        No,
-        "tests the demo's embedded server",
-    ),
+    p("tests/tests/ddi_server.rs", No, "tests the test support's DDI server"),
+    p("tests/tests/goosebit_server.rs", No, "tests the test support's gooseBit harness"),
+    p("tests/tests/nethost.rs", No, "tests the test support's servers and proxy"),
+    p("tests/tests/powerfs.rs", No, "tests the test support's power-cut filesystem"),
+    p("tests/tests/static_server.rs", No, "tests the demo's embedded server"),
 ];
 
 const fn p(file: &'static str, emulated: Emulated, why: &'static str) -> Placement {
@@ -311,8 +160,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
 fn left_out_line() -> String {
     let count = |short: &str| host_only_on(short).len();
     format!(
-        "under emulation, {} of the {} integration test files on aarch64 and {} on armv7, which \
-         docs/testing.md's test pyramid leaves to the host run (cargo xtask cross-test --full runs them)",
+        "under emulation, {} of the {} integration test files on aarch64 and {} on armv7, and the \
+         publisher's unit tests, which docs/testing.md's test pyramid leaves to the host run \
+         (cargo xtask cross-test --full runs them)",
         count("aarch64"),
         FILES.len(),
         count("armv7")

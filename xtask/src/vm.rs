@@ -123,15 +123,21 @@ pub fn run(args: &[String]) -> Result {
         let Some(p) = prepare(m, "vm-test")? else {
             return Ok(());
         };
-        let early = if matches!(only, Some(Only::Systemd)) {
-            None
-        } else {
-            build_previous_release_early(m)
-        };
+        // What later scenarios need and takes minutes to make starts now,
+        // beside the first scenarios: the previous release for a machine
+        // booting a cross build (7), the Debian tree of the systemd guest
+        // on x86_64 (6).
+        let mut early = Vec::new();
+        if !matches!(only, Some(Only::Systemd)) {
+            early.extend(build_previous_release_early(m));
+        }
+        if m.name == machine::X86_64.name && !matches!(only, Some(Only::Previous)) {
+            early.extend(scenario::prepare_debian_tree());
+        }
         let result = util::guarded("vm-test", || scenarios(m, &p, cuts, seed, only));
-        // Never leave the build running behind a failed run.
-        if let Some(build) = early {
-            let _ = build.join();
+        // Never leave a build running behind a failed run.
+        for work in early {
+            let _ = work.join();
         }
         let (outcomes, cut) = result?;
         summary(m, &outcomes, total.elapsed(), &p.work);

@@ -569,7 +569,7 @@ impl Daemon {
                 let cap = Duration::from_secs(24 * 3600).max(interval);
                 let delay = backoff::poll_delay(interval, self.cfg.server.jitter())
                     + backoff::full_jitter(self.install_failures, interval, cap);
-                log::info!(
+                log::warn!(
                     "install attempt {} failed; next check in {}",
                     self.install_failures,
                     crate::timestamp::format_duration(delay)

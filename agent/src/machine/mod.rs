@@ -385,17 +385,25 @@ impl Machine {
         // Settling back to idle is reported but not worth a history line.
         let ev = (!event.is_empty()).then_some(&ev);
         self.store.transition(&next, ev, &refs)?;
+        let level = transition_level(next.name(), event);
         match (job, detail) {
-            (Some(j), Some(d)) => log::info!(
+            (Some(j), Some(d)) => log::log!(
+                level,
                 "{}: release {} slot {}: {d}",
                 next.name(),
                 j.version,
                 j.target
             ),
             (Some(j), None) => {
-                log::info!("{}: release {} slot {}", next.name(), j.version, j.target)
+                log::log!(
+                    level,
+                    "{}: release {} slot {}",
+                    next.name(),
+                    j.version,
+                    j.target
+                )
             }
-            (None, Some(d)) => log::info!("{}: {d}", next.name()),
+            (None, Some(d)) => log::log!(level, "{}: {d}", next.name()),
             (None, None) => log::debug!("{}", next.name()),
         }
         Ok(())
@@ -644,4 +652,43 @@ pub(crate) fn restore_trust(cfg: &Config, store: &Store) -> Result<Trust> {
         store.forget_key_document(d.version)?;
     }
     Ok(trust)
+}
+
+/// How loud the log line of a transition into the state named `next`, by
+/// `event`, is: what an operator must act on at WARNING (an attempt that
+/// failed, a rollback starting, retried or done), the rest of the cycle at
+/// INFO. An attempt superseded by a newer release or cancelled by an
+/// operator was decided on purpose and stays at INFO.
+pub(crate) fn transition_level(next: &str, event: &str) -> log::Level {
+    match (next, event) {
+        ("failed", "failed")
+        | ("rolled_back", _)
+        | ("rebooting", "rollback" | "rollback-retry") => log::Level::Warn,
+        _ => log::Level::Info,
+    }
+}
+
+#[cfg(test)]
+mod level_tests {
+    use super::transition_level;
+
+    #[test]
+    fn operators_see_failures_and_rollbacks_at_warning() {
+        use log::Level::{Info, Warn};
+        let rows = [
+            ("failed", "failed", Warn),
+            ("failed", "superseded", Info),
+            ("failed", "cancelled", Info),
+            ("rolled_back", "rolled-back", Warn),
+            ("rebooting", "rollback", Warn),
+            ("rebooting", "rollback-retry", Warn),
+            ("rebooting", "reboot", Info),
+            ("committed", "committed", Info),
+            ("downloading", "download", Info),
+            ("testing", "trial-boot", Info),
+        ];
+        for (next, event, level) in rows {
+            assert_eq!(transition_level(next, event), level, "{next} by {event}");
+        }
+    }
 }

@@ -64,6 +64,8 @@ use crate::util::{self, Result};
 #[path = "systemd.rs"]
 mod systemd;
 
+pub use systemd::prepare_debian_tree;
+
 /// A boot under TCG takes 5–12 s; an install of a slot image about a
 /// minute. These bound each wait generously for a loaded machine.
 const BOOT_WAIT: Duration = Duration::from_secs(120);

@@ -423,9 +423,32 @@ impl Lab {
     }
 }
 
+/// Make the Debian tree of scenario 6 on a thread of its own (as root;
+/// otherwise scenario 6 says why it cannot run), so that `mmdebstrap`, a
+/// minute or more of downloading and unpacking, overlaps the first
+/// scenarios instead of preceding scenario 6. Scenario 6 waits for it
+/// (see [`base_tarball`]); a failure here is reported there, when it is
+/// tried again.
+pub fn prepare_debian_tree() -> Option<std::thread::JoinHandle<()>> {
+    if !util::is_root() {
+        return None;
+    }
+    println!("vm-test: making the systemd guest's Debian tree beside the first scenarios");
+    Some(std::thread::spawn(|| {
+        if let Err(e) = base_tarball() {
+            println!("vm-test: making the Debian tree early failed: {e}");
+        }
+    }))
+}
+
 /// The Debian tree as a tarball, made by `mmdebstrap` once and reused while
 /// its command line stays the same.
 fn base_tarball() -> Result<PathBuf> {
+    // One at a time: [`prepare_debian_tree`] may be making it already.
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = MAKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cache = util::target_dir().join("vm-cache");
     mkdir(&cache)?;
     let tarball = cache.join(format!("debian-{SUITE}-systemd.tar"));
