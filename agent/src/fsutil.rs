@@ -27,10 +27,7 @@ use crate::error::{Context, Result};
 /// Replace `path` with `data` atomically and durably. `mode` applies to a
 /// newly created file.
 pub fn atomic_write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = parent_dir(path);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -88,6 +85,14 @@ fn create_new(path: &Path, mode: u32) -> std::io::Result<File> {
         .mode(mode)
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
+}
+
+/// The directory `path` is in: its parent, or `.` for a bare file name.
+pub fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
 }
 
 /// fsync a directory so a rename or create in it is durable.

@@ -388,10 +388,7 @@ impl Metrics {
 /// collectors), or `None`. Read at start; see [`shared_directory_warning`].
 pub fn shared_directory(path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = crate::fsutil::parent_dir(path);
     let meta = std::fs::metadata(dir).ok()?;
     let me = nix::unistd::geteuid().as_raw();
     shared_directory_warning(dir, meta.mode(), meta.uid(), me)

@@ -33,7 +33,11 @@ pub fn bin_dir() -> PathBuf {
 
 /// Path of a built binary; panics with a hint when it was not built.
 pub fn path(name: &str) -> PathBuf {
-    let p = bin_dir().join(name);
+    built(bin_dir().join(name))
+}
+
+/// `p`, which must be a built binary.
+fn built(p: PathBuf) -> PathBuf {
     assert!(
         p.is_file(),
         "{} is missing: build it first (cargo build -p updraft -p updraft-publish, or cargo xtask test)",
@@ -57,13 +61,7 @@ const HOST_TOOL: &str = "updraft-publish";
 pub fn command(name: &str) -> Command {
     if name == HOST_TOOL {
         if let Some(dir) = std::env::var_os("UPDRAFT_HOST_BIN_DIR") {
-            let exe = PathBuf::from(dir).join(name);
-            assert!(
-                exe.is_file(),
-                "UPDRAFT_HOST_BIN_DIR names no {name}: {} is missing (cargo build -p updraft-publish)",
-                exe.display()
-            );
-            return Command::new(exe);
+            return Command::new(built(PathBuf::from(dir).join(name)));
         }
     }
     let exe = path(name);

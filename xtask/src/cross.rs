@@ -223,13 +223,13 @@ pub fn run(args: &[String]) -> Result {
             .map(|t| {
                 let (opts, tc) = (&opts, compiler(t));
                 println!(
-                    "\n== {}: building updraft, updraft-publish and the tests ({})",
+                    "\n== {}: building the agent and the tests ({})",
                     t.triple,
                     build_log(t).display()
                 );
                 s.spawn(move || {
                     let mut o = new_outcome(t);
-                    build_target(t, tc, opts, Some(&build_log(t)), &mut o);
+                    build_target(t, tc, opts, &build_log(t), &mut o);
                     o
                 })
             })
@@ -246,9 +246,10 @@ pub fn run(args: &[String]) -> Result {
             }
             outcomes.push(o);
         }
+        let nextest = nextest::available();
         for (t, o) in opts.targets.iter().zip(outcomes.iter_mut()) {
             if o.error.is_none() {
-                test_target(t, compiler(t), &opts, &host_bins, o);
+                test_target(t, compiler(t), &opts, &host_bins, nextest, o);
             }
         }
         msrv_check.map(|h| {
@@ -425,16 +426,10 @@ fn new_outcome(t: &Target) -> Outcome {
     }
 }
 
-/// Build the binaries and the tests of `t` (output to `log` when given).
-fn build_target(t: &Target, tc: &Toolchain, opts: &Options, log: Option<&Path>, o: &mut Outcome) {
+/// Build the binaries and the tests of `t`, their output going to `log`.
+fn build_target(t: &Target, tc: &Toolchain, opts: &Options, log: &Path, o: &mut Outcome) {
     let release = opts.release;
     let target_dir = test_dir(t);
-    if log.is_none() {
-        println!(
-            "\n== {}: building updraft, updraft-publish and the tests",
-            t.triple
-        );
-    }
     let start = Instant::now();
     let mut build = cross_cargo(t, tc, &target_dir);
     build.args(["build", "--target", t.triple]);
@@ -449,24 +444,18 @@ fn build_target(t: &Target, tc: &Toolchain, opts: &Options, log: Option<&Path>, 
     // workspace crates compile once for both (the test profile writes to
     // target/<triple>/debug, where the tests look for the binaries).
     build.args(["--profile", if release { "release" } else { "test" }]);
-    let run = |cmd: &mut Command| match log {
-        Some(log) => run_logged(cmd, log),
-        None => util::run(cmd),
-    };
-    let built = run(&mut build).and_then(|()| {
+    let built = run_logged(&mut build, log).and_then(|()| {
         let mut tests = test_cargo(t, tc, &target_dir, opts);
         tests.arg("--no-run");
-        if let Some(log) = log {
-            // Appended to the build's log.
-            let out = std::fs::OpenOptions::new()
-                .append(true)
-                .open(log)
-                .map_err(|e| format!("opening {}: {e}", log.display()))?;
-            let err = out
-                .try_clone()
-                .map_err(|e| format!("opening {}: {e}", log.display()))?;
-            tests.stdout(out).stderr(err);
-        }
+        // Appended to the build's log.
+        let out = std::fs::OpenOptions::new()
+            .append(true)
+            .open(log)
+            .map_err(|e| format!("opening {}: {e}", log.display()))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| format!("opening {}: {e}", log.display()))?;
+        tests.stdout(out).stderr(err);
         util::run(&mut tests)
     });
     o.build_secs = start.elapsed().as_secs_f64();
@@ -476,7 +465,14 @@ fn build_target(t: &Target, tc: &Toolchain, opts: &Options, log: Option<&Path>, 
 }
 
 /// Run the tests of `t`, built by [`build_target`], under its emulator.
-fn test_target(t: &Target, tc: &Toolchain, opts: &Options, host_bins: &Path, o: &mut Outcome) {
+fn test_target(
+    t: &Target,
+    tc: &Toolchain,
+    opts: &Options,
+    host_bins: &Path,
+    nextest: bool,
+    o: &mut Outcome,
+) {
     let release = opts.release;
     let target_dir = test_dir(t);
     let profile_dir = target_dir
@@ -487,7 +483,6 @@ fn test_target(t: &Target, tc: &Toolchain, opts: &Options, host_bins: &Path, o: 
     let hang_log = target_dir.join(format!("{}-hangs.log", t.short));
     let _ = std::fs::remove_file(&hang_log);
 
-    let nextest = nextest::available();
     println!(
         "\n== {}: running the tests under {} ({})",
         t.triple,

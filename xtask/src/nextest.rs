@@ -86,7 +86,8 @@ pub(crate) fn run_counting(cmd: &mut Command, counts: &mut Counts) -> Result {
 }
 
 impl Counts {
-    fn add(&mut self, other: Option<Counts>) {
+    /// Add a result line's counts, if the line was one.
+    pub(crate) fn add(&mut self, other: Option<Counts>) {
         if let Some(o) = other {
             self.passed += o.passed;
             self.failed += o.failed;

@@ -207,10 +207,7 @@ fn doc_tests(skip_log: &std::path::Path) -> Result {
     let text = String::from_utf8_lossy(&out.stdout);
     let mut counts = nextest::Counts::default();
     for line in text.lines() {
-        if let Some(c) = nextest::parse_line(line) {
-            counts.passed += c.passed;
-            counts.failed += c.failed;
-        }
+        counts.add(nextest::parse_line(line));
     }
     if !out.status.success() {
         print!("{text}");
