@@ -791,6 +791,7 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         next_check: None,
         last_error,
         outbox: store.outbox_len()?,
+        outbox_dropped: store.outbox_dropped()?,
         last_install: status::last_install(&store)?,
         policy: {
             // Without a daemon, what the job waits for is read from the
@@ -944,7 +945,17 @@ pub(crate) fn render_status(st: &Status, now: Timestamp) -> String {
         );
     }
     line("device id:", st.device_id.clone());
-    line("outbox:", format!("{} report(s) queued", st.outbox));
+    line(
+        "outbox:",
+        if st.outbox_dropped > 0 {
+            format!(
+                "{} report(s) queued, {} dropped while it was full",
+                st.outbox, st.outbox_dropped
+            )
+        } else {
+            format!("{} report(s) queued", st.outbox)
+        },
+    );
     out
 }
 
@@ -1128,6 +1139,7 @@ mod tests {
             next_check: None,
             last_error: None,
             outbox: 0,
+            outbox_dropped: 0,
             last_install: Some(LastInstall {
                 release: "2.0".into(),
                 result: "committed".into(),

@@ -691,7 +691,16 @@ impl Config {
                     &[("auto", RebootMode::Auto), ("manual", RebootMode::Manual)],
                 )?
                 .unwrap_or(d.reboot),
-            reboot_command: s.strings("reboot_command")?.unwrap_or(d.reboot_command),
+            // The `file` bootloader is for development and demos, run on
+            // workstations: it has no default reboot command, so trying it
+            // never reboots the machine it is tried on.
+            reboot_command: s.strings("reboot_command")?.unwrap_or_else(|| {
+                if bootloader.kind == BootloaderKind::File {
+                    Vec::new()
+                } else {
+                    d.reboot_command
+                }
+            }),
             boot_id_file: s.path("boot_id_file")?.unwrap_or(d.boot_id_file),
             state_dir: s.path("state_dir")?.unwrap_or(d.state_dir),
             socket: s.path("socket")?.unwrap_or(d.socket),
@@ -996,7 +1005,11 @@ impl Config {
         if self.system.reboot == RebootMode::Auto && self.system.reboot_command.is_empty() {
             return bad(
                 "system.reboot_command",
-                "is empty but reboot = \"auto\"".into(),
+                if b.kind == BootloaderKind::File {
+                    "is required with bootloader.kind = \"file\" (a development bootloader has no default reboot command: name the command that restarts this device, or set system.reboot = \"manual\")".into()
+                } else {
+                    "is empty but reboot = \"auto\"".into()
+                },
             );
         }
         if self.system.sync_bytes < 1024 * 1024 {
@@ -1306,7 +1319,33 @@ keys = ["/k.pub"]
 [slots]
 a = "/dev/a"
 b = "/dev/b"
+[system]
+reboot_command = ["/sbin/reboot"]
 "#;
+
+    #[test]
+    fn the_file_bootloader_asks_for_a_reboot_command() {
+        let without = MINIMAL.replace("reboot_command = [\"/sbin/reboot\"]\n", "");
+        let e = Config::parse(&without).unwrap_err().to_string();
+        assert!(
+            e.contains("system.reboot_command") && e.contains("bootloader.kind = \"file\""),
+            "{e}"
+        );
+        let manual = without.replace("[system]\n", "[system]\nreboot = \"manual\"\n");
+        assert!(
+            Config::parse(&manual)
+                .unwrap()
+                .system
+                .reboot_command
+                .is_empty()
+        );
+        // Every other bootloader keeps the system's reboot.
+        let grub = format!("{without}[bootloader]\nkind = \"grub\"\n");
+        assert_eq!(
+            Config::parse(&grub).unwrap().system.reboot_command,
+            ["systemctl", "reboot"]
+        );
+    }
 
     #[test]
     fn minimal_config_takes_defaults() {
@@ -1321,7 +1360,8 @@ b = "/dev/b"
     fn a_ddi_server_takes_its_keys_and_a_token_on_the_data_partition() {
         let c = Config::parse(&format!(
             "[server]\nkind = \"hawkbit\"\nddi_url = \"https://ddi.example:8443/\"\ntenant = \"acme\"\n\
-             [system]\nstate_dir = \"/data/updraft\"\n{MINIMAL}"
+             {}",
+            MINIMAL.replace("[system]\n", "[system]\nstate_dir = \"/data/updraft\"\n")
         ))
         .unwrap();
         let s = &c.server;
@@ -1403,7 +1443,8 @@ b = "/dev/b"
 
     #[test]
     fn unknown_key_is_named() {
-        let e = Config::parse(&format!("{MINIMAL}\n[system]\nstate_dri = \"/x\"\n")).unwrap_err();
+        let e = Config::parse(&MINIMAL.replace("[system]\n", "[system]\nstate_dri = \"/x\"\n"))
+            .unwrap_err();
         assert!(e.to_string().contains("state_dri"), "{e}");
         assert_eq!(e.kind(), Kind::Config);
     }

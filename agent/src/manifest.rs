@@ -419,15 +419,11 @@ impl Manifest {
         }
     }
 
-    /// The device's rules for a verified manifest. `stored_serial` is the
-    /// floor of the manifest's channel under the key document in force
-    /// (None when nothing was accepted there yet).
-    pub fn check_policy(
-        &self,
-        now: Timestamp,
-        stored_serial: Option<u64>,
-        compatible: &str,
-    ) -> Result<Freshness> {
+    /// Refuse a manifest whose validity ended: a frozen mirror replaying an
+    /// old answer. Checked before anything else about the manifest's place
+    /// in the sequence (key epoch, serial), so an expired manifest is
+    /// refused and reported whatever epoch it was signed under.
+    pub fn check_expiry(&self, now: Timestamp) -> Result<()> {
         if now >= self.expires {
             return Err(Error::new(
                 Kind::Policy,
@@ -437,6 +433,19 @@ impl Manifest {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The device's rules for a verified manifest. `stored_serial` is the
+    /// floor of the manifest's channel under the key document in force
+    /// (None when nothing was accepted there yet).
+    pub fn check_policy(
+        &self,
+        now: Timestamp,
+        stored_serial: Option<u64>,
+        compatible: &str,
+    ) -> Result<Freshness> {
+        self.check_expiry(now)?;
         let freshness = match stored_serial {
             Some(s) if self.serial < s => {
                 return Err(Error::new(

@@ -157,6 +157,10 @@ impl Poller<'_> {
         // document, so a manifest of another channel or epoch must not move
         // one.
         m.check_channel(self.channel)?;
+        // Expiry before staleness: a frozen mirror replaying month-old
+        // manifests of the previous key epoch is refused (and reported),
+        // not waited out as a lagging edge.
+        m.check_expiry(now)?;
         let epoch = self.trust.version();
         let trusted = (!self.trust.is_simple()).then_some(epoch);
         if let KeyEpoch::Stale { manifest, trusted } = m.check_keys_version(trusted)? {

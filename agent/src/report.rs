@@ -35,6 +35,82 @@ pub const CHECK_FAILED: &str = "check_failed";
 pub const WAITING: &str = "waiting";
 pub const RUNNING: &str = "running";
 
+/// The outbox's bounds: a device offline for months must not fill its
+/// state partition with reports. Past either bound the oldest rows that
+/// are not results are dropped and counted ([`bound_outbox`]).
+pub const OUTBOX_MAX_ROWS: u64 = 1000;
+pub const OUTBOX_MAX_BYTES: u64 = 1024 * 1024;
+
+/// Whether rows of `kind` carry a job's outcome — an install result, a
+/// DDI feedback (the one that closes the server's action among them) —
+/// and are therefore never dropped from a full outbox. There are a few
+/// per job, so they stay few whatever the outage.
+pub fn is_result(kind: &str) -> bool {
+    kind == INSTALL || kind == crate::hawkbit::FEEDBACK
+}
+
+/// One queued row as the bound sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queued {
+    pub seq: i64,
+    pub kind: String,
+    pub bytes: u64,
+}
+
+/// The rows to drop (by `seq`) so that `rows` (oldest first) fit
+/// `max_rows` and `max_bytes`: the oldest rows that are not results, as
+/// few as will do. Results are kept even when they alone exceed a bound.
+pub fn outbox_excess(rows: &[Queued], max_rows: u64, max_bytes: u64) -> Vec<i64> {
+    let mut count = rows.len() as u64;
+    let mut bytes: u64 = rows.iter().map(|r| r.bytes).sum();
+    let mut drop = Vec::new();
+    for r in rows.iter().filter(|r| !is_result(&r.kind)) {
+        if count <= max_rows && bytes <= max_bytes {
+            break;
+        }
+        drop.push(r.seq);
+        count -= 1;
+        bytes = bytes.saturating_sub(r.bytes);
+    }
+    drop
+}
+
+/// Rows dropped from a full outbox by [`bound_outbox`].
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Dropped {
+    pub rows: u64,
+    /// The kinds dropped, each once, oldest first.
+    pub kinds: Vec<String>,
+    /// All rows dropped since the database was made.
+    pub total: u64,
+}
+
+/// Keep the outbox within [`OUTBOX_MAX_ROWS`] and [`OUTBOX_MAX_BYTES`].
+/// `None` when nothing had to go (the common case costs one query).
+pub fn bound_outbox(store: &Store) -> Result<Option<Dropped>> {
+    let (rows, bytes) = store.outbox_usage()?;
+    if rows <= OUTBOX_MAX_ROWS && bytes <= OUTBOX_MAX_BYTES {
+        return Ok(None);
+    }
+    let queued = store.outbox_sizes()?;
+    let excess = outbox_excess(&queued, OUTBOX_MAX_ROWS, OUTBOX_MAX_BYTES);
+    if excess.is_empty() {
+        return Ok(None);
+    }
+    let mut kinds: Vec<String> = Vec::new();
+    for q in queued.iter().filter(|q| excess.contains(&q.seq)) {
+        if !kinds.contains(&q.kind) {
+            kinds.push(q.kind.clone());
+        }
+    }
+    let total = store.outbox_drop(&excess)?;
+    Ok(Some(Dropped {
+        rows: excess.len() as u64,
+        kinds,
+        total,
+    }))
+}
+
 /// A queued report ready to hand to [`Store::transition`] or
 /// [`Store::push_report`].
 pub struct Pending {
@@ -290,5 +366,84 @@ pub(crate) fn drain(
             }
             store.outbox_ack(e.seq)?;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(seq: i64, kind: &str, bytes: u64) -> Queued {
+        Queued {
+            seq,
+            kind: kind.to_string(),
+            bytes,
+        }
+    }
+
+    #[test]
+    fn a_full_outbox_drops_the_oldest_rows_that_are_not_results() {
+        let rows = [
+            q(1, INSTALL, 10),
+            q(2, HEARTBEAT, 10),
+            q(3, STATE, 10),
+            q(4, crate::hawkbit::FEEDBACK, 10),
+            q(5, CHECK_FAILED, 10),
+            q(6, crate::hawkbit::PROGRESS, 10),
+        ];
+        // (max rows, max bytes) → the rows dropped
+        let cases: [(u64, u64, &[i64]); 6] = [
+            (6, 60, &[]),
+            (5, 60, &[2]),
+            (4, 60, &[2, 3]),
+            (6, 35, &[2, 3, 5]),
+            // Only results would be left: they stay, over the bound.
+            (1, 60, &[2, 3, 5, 6]),
+            (0, 0, &[2, 3, 5, 6]),
+        ];
+        for (max_rows, max_bytes, want) in cases {
+            assert_eq!(
+                outbox_excess(&rows, max_rows, max_bytes),
+                want,
+                "max {max_rows} rows, {max_bytes} bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn a_real_outbox_past_its_bound_keeps_its_results_and_counts_the_drops() {
+        let dir = crate::test_support::scratch_dir("report", "outbox-bound");
+        let store = Store::open(&dir.join("updraft.db")).unwrap();
+        let job = crate::test_support::job_into(SlotName::B);
+        let result = install_result("dev", SlotName::A, "committed", &job, None);
+        store.push_report(&result.as_report()).unwrap();
+        for _ in 0..OUTBOX_MAX_ROWS + 10 {
+            let s = state_change("dev", SlotName::A, &State::Idle);
+            store.push_report(&s.as_report()).unwrap();
+        }
+        assert_eq!(store.outbox_len().unwrap(), OUTBOX_MAX_ROWS + 11);
+        let dropped = bound_outbox(&store).unwrap().unwrap();
+        assert_eq!(dropped.rows, 11);
+        assert_eq!(dropped.kinds, [STATE]);
+        assert_eq!(dropped.total, 11);
+        assert_eq!(store.outbox_len().unwrap(), OUTBOX_MAX_ROWS);
+        // The result is still the oldest row.
+        assert_eq!(store.outbox_peek(1).unwrap()[0].kind, INSTALL);
+        assert_eq!(bound_outbox(&store).unwrap(), None);
+        // Large rows: the byte bound holds too, and the count goes on.
+        let big = "x".repeat(200 * 1024);
+        for _ in 0..6 {
+            let r = Report {
+                key: &new_key(),
+                kind: HEARTBEAT,
+                foldable: false,
+                body: &big,
+            };
+            store.push_report(&r).unwrap();
+        }
+        let dropped = bound_outbox(&store).unwrap().unwrap();
+        assert!(store.outbox_usage().unwrap().1 <= OUTBOX_MAX_BYTES);
+        assert_eq!(dropped.total, 11 + dropped.rows);
+        assert_eq!(store.outbox_peek(1).unwrap()[0].kind, INSTALL);
     }
 }

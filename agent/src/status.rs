@@ -77,6 +77,10 @@ pub struct Status {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     pub outbox: u64,
+    /// Reports dropped from a full outbox since the database was made
+    /// (install results never are); absent while none was.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub outbox_dropped: u64,
     /// How the newest finished install ended; absent before the first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_install: Option<LastInstall>,
@@ -236,6 +240,10 @@ pub(crate) fn slots(
             })
         })
         .collect()
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

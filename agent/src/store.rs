@@ -696,6 +696,68 @@ impl Store {
         Ok(())
     }
 
+    /// Rows queued and the bytes of their bodies.
+    pub fn outbox_usage(&self) -> Result<(u64, u64)> {
+        let (rows, bytes): (i64, i64) = self.conn.query_row(
+            "SELECT COUNT(*), COALESCE(SUM(length(body)), 0) FROM outbox",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok((rows.max(0) as u64, bytes.max(0) as u64))
+    }
+
+    /// Every queued row's sequence number, kind and body size, oldest
+    /// first.
+    pub fn outbox_sizes(&self) -> Result<Vec<crate::report::Queued>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT seq, kind, length(body) FROM outbox ORDER BY seq")?;
+        let rows = stmt.query_map([], |r| {
+            Ok(crate::report::Queued {
+                seq: r.get(0)?,
+                kind: r.get(1)?,
+                bytes: r.get::<_, i64>(2)?.max(0) as u64,
+            })
+        })?;
+        rows.collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(Error::from)
+    }
+
+    /// Drop undelivered rows `seqs` and add them to the count of dropped
+    /// reports (`meta` key `outbox_dropped`), in one transaction. Returns
+    /// the new count.
+    pub fn outbox_drop(&self, seqs: &[i64]) -> Result<u64> {
+        let tx = self.conn.unchecked_transaction()?;
+        for seq in seqs {
+            tx.execute("DELETE FROM outbox WHERE seq = ?1", params![seq])?;
+        }
+        let before: u64 = tx
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'outbox_dropped'",
+                [],
+                |r| r.get::<_, String>(0),
+            )
+            .optional()?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let total = before.saturating_add(seqs.len() as u64);
+        tx.execute(
+            "INSERT INTO meta (key, value) VALUES ('outbox_dropped', ?1)
+             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            params![total.to_string()],
+        )?;
+        tx.commit()?;
+        Ok(total)
+    }
+
+    /// Reports dropped from a full outbox since the database was made.
+    pub fn outbox_dropped(&self) -> Result<u64> {
+        Ok(self
+            .get("outbox_dropped")?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
+    }
+
     pub fn outbox_len(&self) -> Result<u64> {
         Ok(self
             .conn

@@ -684,10 +684,14 @@ fn a_release_the_device_runs_already_is_closed_with_success_and_nothing_is_writt
     );
 }
 
-#[test]
-fn feedback_made_while_the_server_was_unreachable_arrives_complete_and_in_order() {
+/// Action 1 (release 1.1) installed and committed while the DDI API
+/// answers nothing but `429` (with `Retry-After: retry_after` seconds
+/// when given); its artifacts come from another origin, so the download
+/// goes on. Returns with the device idle on 1.1 and at least three
+/// feedback rows queued that the server has not heard.
+fn commit_while_the_api_refuses(name: &str, retry_after: Option<u32>) -> (DdiServer, Rig) {
     let server = server();
-    let mut rig = device("ddi-offline", &server, DdiAuth::TargetToken, TOKEN);
+    let mut rig = device(name, &server, DdiAuth::TargetToken, TOKEN);
     let rel = rig.publish("1.1", 25, IMAGE, &[]);
     // The artifacts come from another origin, so the download goes on
     // while the DDI server itself answers nothing but 429.
@@ -706,7 +710,7 @@ fn feedback_made_while_the_server_was_unreachable_arrives_complete_and_in_order(
     rig.dev.wait_for("downloading", WAIT, |s| {
         s["state"] == json!("downloading") || s["state"] == json!("rebooting")
     });
-    server.throttle_origin(Origin::Ddi, u32::MAX, None);
+    server.throttle_origin(Origin::Ddi, u32::MAX, retry_after);
     rig.dev.wait_reboot_requested(WAIT);
     // Power is cut instead of the reboot: nothing queued is lost.
     rig.dev.kill_daemon();
@@ -719,6 +723,12 @@ fn feedback_made_while_the_server_was_unreachable_arrives_complete_and_in_order(
     let queued = rig.dev.status()["outbox"].as_u64().unwrap_or(0);
     assert!(queued >= 3, "{queued} rows queued while offline");
     assert!(server.action(1).active, "the server heard nothing yet");
+    (server, rig)
+}
+
+#[test]
+fn feedback_made_while_the_server_was_unreachable_arrives_complete_and_in_order() {
+    let (server, rig) = commit_while_the_api_refuses("ddi-offline", None);
     server.throttle_origin(Origin::Ddi, 0, None);
     let action = server.wait_for_closed(1, WAIT);
     assert!(action.finished(), "{action:#?}");
@@ -753,6 +763,30 @@ fn feedback_made_while_the_server_was_unreachable_arrives_complete_and_in_order(
             .iter()
             .any(|d| d.contains("booted slot B, running health checks")),
         "{details:#?}"
+    );
+    assert_conforming(&server);
+}
+
+/// A server back from an outage in which it asked for an hour's pause
+/// (`Retry-After: 3600`): once it answers a poll, the feedback queued
+/// meanwhile follows at once, not an hour later.
+#[test]
+fn queued_feedback_follows_the_first_poll_the_server_answers() {
+    let (server, rig) = commit_while_the_api_refuses("ddi-returns", Some(3600));
+    server.throttle_origin(Origin::Ddi, 0, None);
+    // The device's own poll timer waits out the hour too: an operator's
+    // check is the poll that finds the server back.
+    rig.dev.ok(&["check"]);
+    let action = server.wait_for_closed(1, Duration::from_secs(20));
+    assert!(action.finished(), "{action:#?}");
+    rig.dev
+        .wait_for("the outbox drained", WAIT, |s| s["outbox"] == json!(0));
+    assert!(
+        rig.dev
+            .log()
+            .contains("the server answered a poll: delivering the queued reports now"),
+        "{}",
+        rig.dev.log_tail()
     );
     assert_conforming(&server);
 }

@@ -251,6 +251,77 @@ fn a_manifest_from_before_a_known_rotation_is_stale_not_a_failure() {
     assert_eq!(dev.reboot(), SlotName::B);
 }
 
+/// A frozen mirror replaying an expired manifest of the previous key epoch:
+/// expiry is checked before the epoch, so it is refused and reported as a
+/// failed check (a lagging edge's manifest is waited out only while it is
+/// still valid), and nothing is stored or installed.
+#[test]
+fn an_expired_manifest_of_the_previous_epoch_is_refused_not_stale() {
+    updraft_tests::require!("nginx");
+    let keys = TempDir::new("expired-epoch-keys");
+    let root = keygen(keys.path(), "root");
+    let release = keygen(keys.path(), "release");
+    let added = keygen(keys.path(), "added");
+    let server = UpdateServer::start(&keys.join("site"), true);
+    server.repo.key_document(&[&root], &[&release], 1, &[]);
+    let img = keys.join("2.0.img");
+    image(&img, IMAGE, 2);
+    server.repo.release(&[&release], "2.0", &img, &[]);
+    server.repo.resign(&[&release], |p| {
+        p["issued"] = json!("2020-01-01T00:00:00Z");
+        p["expires"] = json!("2020-02-01T00:00:00Z");
+    });
+    assert_eq!(server.repo.payload()["keys_version"], json!(1));
+    server
+        .repo
+        .key_document(&[&root], &[&release, &added], 2, &[]);
+    let mut spec = DeviceSpec::simple(&release);
+    spec.trust = TrustSpec::Root(vec![root.public.clone()], 1, 0);
+    spec.server = server.server_toml("1s", "200ms");
+    let mut dev = Device::new("expired-epoch", spec);
+    dev.init();
+    dev.start_daemon();
+    let st = dev.wait_for("the expired manifest refused", WAIT, |s| {
+        s["keys_version"] == json!(2) && !s["last_error"].is_null()
+    });
+    let error = st["last_error"].to_string();
+    assert!(error.contains("expired at 2020-02-01T00:00:00Z"), "{st:#}");
+    assert_eq!(
+        st["serial"],
+        json!(null),
+        "the expired serial was recorded: {st:#}"
+    );
+    let collector = server.collector.as_ref().expect("a report collector");
+    let t = std::time::Instant::now();
+    let reason = loop {
+        let failed = collector
+            .reports()
+            .iter()
+            .filter_map(|r| r.json().ok())
+            .find(|r| r["kind"] == json!("check_failed"));
+        if let Some(r) = failed {
+            break r["reason"].as_str().unwrap_or_default().to_string();
+        }
+        assert!(
+            t.elapsed() < WAIT,
+            "no check_failed report:\n{}",
+            dev.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(reason.contains("expired at 2020-02-01"), "{reason}");
+    assert!(
+        !dev.log().contains("older than the v2 this device trusts"),
+        "the expired manifest was taken for a stale one:\n{}",
+        dev.log_tail()
+    );
+    assert!(
+        !dev.reboot_marker.exists(),
+        "the expired release was installed"
+    );
+    dev.stop_daemon();
+}
+
 /// After a rollback to the previous release of updraft, the state the
 /// recovery left is read correctly: the previous release trusts key
 /// document 2 and refuses the thief's manifest, as the current one does.

@@ -431,19 +431,26 @@ fn build_target(t: &Target, tc: &Toolchain, opts: &Options, log: &Path, o: &mut 
     let release = opts.release;
     let target_dir = test_dir(t);
     let start = Instant::now();
+    // One feature resolution for both steps: the binaries are built in an
+    // invocation with the same packages and test targets as the test build
+    // below, since cargo's resolver unifies dev-dependency features only
+    // where a test target is built. Built with `-p updraft` alone, the
+    // proc macros and everything above them (serde, the agent itself)
+    // came out with other features and compiled twice (about two minutes
+    // of each target's build). The binaries use the tests' profile, which
+    // writes to target/<triple>/debug, where the tests look for them.
     let mut build = cross_cargo(t, tc, &target_dir);
     build.args(["build", "--target", t.triple]);
+    test_selection(&mut build, t, opts);
     // The emulated tests run the target's agent and the host's publisher
-    // (tests/src/bin.rs); --full builds the target's publisher too.
+    // (tests/src/bin.rs); --full selects the publisher's package too, and
+    // its selection (`--tests`) names no binaries.
     if opts.full {
-        build.args(BINARY_PACKAGES);
-    } else {
-        build.args(["-p", "updraft"]);
+        build.arg("--bins");
     }
-    // The binaries are built with the profile the tests use, so the
-    // workspace crates compile once for both (the test profile writes to
-    // target/<triple>/debug, where the tests look for the binaries).
-    build.args(["--profile", if release { "release" } else { "test" }]);
+    if !release {
+        build.args(["--profile", "test"]);
+    }
     let built = run_logged(&mut build, log).and_then(|()| {
         let mut tests = test_cargo(t, tc, &target_dir, opts);
         tests.arg("--no-run");

@@ -53,8 +53,10 @@ use crate::source::Origin;
 use crate::state::State;
 use crate::status::{BootView, Status};
 use crate::timestamp::Timestamp;
+use delivery::Delivery;
 use front::{Front, Interrupt, Queued, Tick, Verdict, Watchdog, sleep_until_event};
 
+mod delivery;
 mod front;
 
 /// Run the daemon until SIGTERM.
@@ -180,13 +182,12 @@ struct Daemon {
     /// meanwhile, so its cancelAction is answered.
     rebooting: bool,
     next_heartbeat: Instant,
-    /// Reports are not sent before this instant: it moves only when
-    /// delivery fails (backoff). Whatever is queued — a transition's
-    /// reports, a heartbeat, a failed check — goes out at the next turn of
-    /// the loop once it has passed.
-    next_delivery: Instant,
+    /// When reports are sent ([`delivery`]): whatever is queued — a
+    /// transition's reports, a heartbeat, a failed check — goes out at the
+    /// next turn of the loop once its time has come; a failed delivery
+    /// backs off, a successful poll may end that wait.
+    delivery: Delivery,
     next_step: Instant,
-    delivery_backoff: Backoff,
     /// Install attempts that failed in a row: the next poll (which would
     /// start the same release again) waits longer each time.
     install_failures: u32,
@@ -236,10 +237,9 @@ impl Daemon {
             rebooting: false,
             next_heartbeat: now
                 + backoff::poll_delay(s.heartbeat_interval.0, s.heartbeat_interval.0 / 10),
-            next_delivery: now,
+            delivery: Delivery::new(now, retry_base, s.retry_max.0),
             next_step: now,
             install_failures: 0,
-            delivery_backoff: Backoff::new(retry_base, s.retry_max.0),
             machine_active: true,
             metrics: Metrics::new(),
             downloaded_seen: 0,
@@ -299,7 +299,8 @@ impl Daemon {
                 let hb = self.cfg.server.heartbeat_interval.0;
                 self.next_heartbeat = Instant::now() + backoff::poll_delay(hb, hb / 10);
             }
-            if Instant::now() >= self.next_delivery {
+            self.m.bound_outbox();
+            if Instant::now() >= self.delivery.next {
                 // Anything queued since the last turn, heartbeats included.
                 self.deliver();
             }
@@ -384,7 +385,7 @@ impl Daemon {
             deadline = deadline.min(self.next_step);
         }
         if !pending && self.outbox_pending() {
-            deadline = deadline.min(self.next_delivery);
+            deadline = deadline.min(self.delivery.next);
         }
         if let Some(w) = self.front.watchdog.next() {
             deadline = deadline.min(w);
@@ -734,6 +735,16 @@ impl Daemon {
         };
         self.follow_server_sleep();
         self.polls.after(result.as_ref().err());
+        // The configured server answered: reports queued during an outage
+        // follow now, not at the end of a backoff that grew meanwhile.
+        if result.is_ok() && !operator && self.outbox_pending() {
+            let rule = self
+                .delivery
+                .poll_answered(self.m.reports_go_to_the_polled_server());
+            if rule != delivery::AfterPoll::Keep {
+                log::info!("the server answered a poll: delivering the queued reports now");
+            }
+        }
         // A held job may be let through by what the poll learnt (a DDI
         // action's window opened), and a job may have been ended by it (a
         // DDI cancelAction): the machine steps again now.
@@ -780,7 +791,7 @@ impl Daemon {
         self.release_due = true;
         if let Err(e) = self.status() {
             log::warn!("report delivery postponed: reading the status: {e}");
-            self.next_delivery = Instant::now() + Duration::from_secs(30);
+            self.delivery.postpone(Duration::from_secs(30));
             return;
         }
         let mut tick = Tick::new(&mut self.front, Interrupt::Never);
@@ -789,17 +800,16 @@ impl Daemon {
                 if n > 0 {
                     log::info!("delivered {n} report(s)");
                 }
-                self.delivery_backoff.succeed();
+                self.delivery.succeeded();
             }
             Err(e) if e.kind() == Kind::Stopped => {}
             Err(e) => {
-                let d = self.delivery_backoff.fail(e.retry_after());
+                let d = self.delivery.failed(e.retry_after());
                 log::warn!(
                     "report delivery failed ({e}); {} report(s) kept, next attempt in {}",
                     self.m.store().outbox_len().unwrap_or(0),
                     crate::timestamp::format_duration(d)
                 );
-                self.next_delivery = Instant::now() + d;
             }
         }
     }

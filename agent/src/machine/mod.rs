@@ -334,6 +334,41 @@ impl Machine {
         Ok(self.store.state()?.0)
     }
 
+    /// Keep the outbox within its bounds ([`report::bound_outbox`]); what
+    /// had to be dropped is logged for the operator.
+    pub fn bound_outbox(&self) {
+        match report::bound_outbox(&self.store) {
+            Ok(None) => {}
+            Ok(Some(d)) => log::warn!(
+                "outbox full (more than {} reports or {} bytes): dropped the {} oldest undelivered report(s) ({}), {} in all; install results are kept",
+                report::OUTBOX_MAX_ROWS,
+                report::OUTBOX_MAX_BYTES,
+                d.rows,
+                d.kinds.join(", "),
+                d.total
+            ),
+            Err(e) => log::warn!("bounding the outbox: {e}"),
+        }
+    }
+
+    /// Whether the reports go to the server a poll talks to: a DDI server
+    /// takes both, and a static report URL may share the scheme, host and
+    /// port of the manifest URL or a mirror.
+    pub fn reports_go_to_the_polled_server(&self) -> bool {
+        if self.fleet.is_some() {
+            return true;
+        }
+        let s = &self.cfg.server;
+        // `{channel}` is not a valid URI character; it only ever names a path.
+        let origin = |u: &str| crate::fetch::UrlOrigin::of(&u.replace("{channel}", "channel"));
+        let Some(reports) = origin(&s.report_url) else {
+            return false;
+        };
+        std::iter::once(&s.manifest_url)
+            .chain(&s.mirrors)
+            .any(|u| origin(u).as_ref() == Some(&reports))
+    }
+
     /// Reports are queued only when there is somewhere to send them.
     fn reports_enabled(&self) -> bool {
         !self.cfg.server.report_url.is_empty()

@@ -328,6 +328,7 @@ impl Machine {
             next_check: self.next_check,
             last_error: self.last_error.clone(),
             outbox: self.store.outbox_len()?,
+            outbox_dropped: self.store.outbox_dropped()?,
             last_install: status::last_install(&self.store)?,
             policy: {
                 let job = state.job();
