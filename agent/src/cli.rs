@@ -389,7 +389,7 @@ pub fn run(args: Args) -> i32 {
             print!("{}", PROGRAM.bash_completion());
             return 0;
         }
-        Command::Daemon => Config::load(&args.config).and_then(crate::daemon::run),
+        Command::Daemon => crate::daemon::serve(&args.config),
         Command::Status { json } => Config::load(&args.config).and_then(|c| status(&c, json)),
         Command::History { json } => Config::load(&args.config).and_then(|c| history(&c, json)),
         Command::Check => Config::load(&args.config).and_then(|c| check(&c)),
@@ -409,7 +409,12 @@ pub fn run(args: Args) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("updraft: {e}");
-            if e.kind() == Kind::Usage { 2 } else { 1 }
+            match e.kind() {
+                Kind::Usage => 2,
+                // The daemon runs but could not start its work.
+                Kind::Degraded => 3,
+                _ => 1,
+            }
         }
     }
 }
@@ -548,6 +553,8 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
     m.on_boot()?;
     let mut t = CliTicker::new();
     let outcome = m.check(Some(origin), true, &mut t);
+    // A verified manifest raised a floor: the protected copy follows.
+    m.protect();
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
@@ -585,6 +592,7 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
                 }
             }
             t.done();
+            m.protect();
             if let Ok(State::Installed(job)) = m.state() {
                 if job.held.is_some() {
                     let (gate, key) = m.cfg.policy.switch_gate();
@@ -686,6 +694,7 @@ fn mark(cfg: Config, good: bool) -> Result<()> {
     };
     // Settle follow-up states (committed → idle; rollback marks the slots).
     while let Next::Continue = m.step(&mut NoTick)? {}
+    m.protect();
     println!("{msg}");
     Ok(())
 }
@@ -701,6 +710,7 @@ fn apply(cfg: Config) -> Result<()> {
     m.on_boot()?;
     let msg = m.apply()?;
     while let Next::Continue = m.step(&mut NoTick)? {}
+    m.protect();
     match m.state()? {
         State::Installed(job) if job.held.is_none() => println!(
             "{msg}: slot {} boots next for a trial; reboot to try it (no daemon is running)",
@@ -722,6 +732,7 @@ fn cancel(cfg: Config) -> Result<()> {
     m.on_boot()?;
     let msg = m.cancel(&mut NoTick)?;
     while let Next::Continue = m.step(&mut NoTick)? {}
+    m.protect();
     println!("{msg}");
     Ok(())
 }

@@ -194,7 +194,7 @@ fn kind_from_str(s: &str) -> Kind {
     use Kind::*;
     [
         Config, Usage, Signature, Policy, Integrity, Malformed, Clock, Network, Slot, Bootloader,
-        Store, Busy, Io, Health, Stopped, Denied,
+        Store, Busy, Io, Health, Stopped, Denied, Degraded,
     ]
     .into_iter()
     .find(|k| k.as_str() == s)

@@ -49,6 +49,9 @@ pub enum Kind {
     Stopped,
     /// The caller may not do this (control socket permissions).
     Denied,
+    /// The daemon could not start and runs degraded: it answers, feeds the
+    /// watchdog and retries its start, but updates nothing.
+    Degraded,
 }
 
 impl Kind {
@@ -71,6 +74,7 @@ impl Kind {
             Kind::Health => "health",
             Kind::Stopped => "stopped",
             Kind::Denied => "denied",
+            Kind::Degraded => "degraded",
         }
     }
 }

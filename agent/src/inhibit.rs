@@ -357,6 +357,18 @@ impl Inhibitors {
                 return None;
             }
         };
+        // A hard link to a file of root's would pass the owner check
+        // (possible where `fs.protected_hardlinks` is off).
+        if meta.nlink() > 1 {
+            self.warn_once(warned, path, meta.mtime(), || {
+                format!(
+                    "inhibit: ignoring {}: it has {} hard links (another file's name too)",
+                    path.display(),
+                    meta.nlink()
+                )
+            });
+            return None;
+        }
         let (uid, gid) = (meta.uid(), meta.gid());
         let by_group = self.group.as_ref().is_some_and(|(_, g)| *g == gid);
         if uid != 0 && uid != self.euid && !by_group {
@@ -603,11 +615,12 @@ fn scan_logind(dir: &Path, euid: u32, out: &mut Vec<Inhibitor>) {
                 continue;
             }
         };
-        if meta.uid() != 0 && meta.uid() != euid {
+        if (meta.uid() != 0 && meta.uid() != euid) || meta.nlink() > 1 {
             log::debug!(
-                "inhibit: ignoring {}: owned by uid {}",
+                "inhibit: ignoring {}: owned by uid {} with {} hard link(s)",
                 path.display(),
-                meta.uid()
+                meta.uid(),
+                meta.nlink()
             );
             continue;
         }
@@ -850,6 +863,21 @@ mod tests {
             "quiet (file, since 2027-01-15T08:01:40Z)"
         );
         assert!(inh.warned.is_empty());
+        std::fs::remove_dir_all(base).unwrap();
+    }
+
+    #[test]
+    fn an_entry_with_another_name_does_not_inhibit() {
+        let (base, policy) = setup("hardlink");
+        let dir = &policy.inhibit_dir;
+        // A file of root's (or ours) linked into the directory by someone
+        // who may not write an entry there: the owner check alone passes it.
+        let elsewhere = base.join("root-owned");
+        write(&elsewhere, b"not an inhibitor\n", 1_800_000_000);
+        std::fs::hard_link(&elsewhere, dir.join("planted")).unwrap();
+        let mut inh = Inhibitors::new(&policy).unwrap();
+        assert_eq!(inh.scan(), vec![]);
+        assert_eq!(inh.warned.len(), 1);
         std::fs::remove_dir_all(base).unwrap();
     }
 

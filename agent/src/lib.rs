@@ -41,6 +41,7 @@ pub mod metrics;
 mod notify;
 mod poll;
 mod progress;
+mod protect;
 pub mod provision;
 mod readback;
 mod reconcile;

@@ -54,7 +54,7 @@ use crate::timestamp::Timestamp;
 pub const STATES: [&str; 10] = crate::state::State::NAMES;
 
 /// Every error kind, in the order they are written.
-const KINDS: [Kind; 16] = [
+const KINDS: [Kind; 17] = [
     Kind::Config,
     Kind::Usage,
     Kind::Signature,
@@ -71,6 +71,7 @@ const KINDS: [Kind; 16] = [
     Kind::Health,
     Kind::Stopped,
     Kind::Denied,
+    Kind::Degraded,
 ];
 
 /// Position of `kind` in [`KINDS`]. Exhaustive on purpose: a new kind does
@@ -93,6 +94,7 @@ fn kind_index(kind: Kind) -> usize {
         Kind::Health => 13,
         Kind::Stopped => 14,
         Kind::Denied => 15,
+        Kind::Degraded => 16,
     }
 }
 

@@ -34,6 +34,8 @@ pub const HEARTBEAT: &str = "heartbeat";
 pub const CHECK_FAILED: &str = "check_failed";
 pub const WAITING: &str = "waiting";
 pub const RUNNING: &str = "running";
+pub const DEGRADED: &str = "degraded";
+pub const DATABASE_RECOVERED: &str = "database_recovered";
 
 /// The outbox's bounds: a device offline for months must not fill its
 /// state partition with reports. Past either bound the oldest rows that
@@ -260,6 +262,43 @@ pub fn running(
             "release": version,
             "image_sha256": image_sha256,
             "evidence": how,
+        }),
+    )
+}
+
+/// The daemon could not start and runs degraded (`daemon::degraded`):
+/// `reason` names what failed. Sent straight to the report server, never
+/// queued: the database may be what failed. `device` is `None` when the
+/// id file cannot be read.
+pub fn degraded(device: Option<&str>, error: &crate::error::Error, since: Timestamp) -> Pending {
+    pending(
+        DEGRADED,
+        false,
+        json!({
+            "kind": DEGRADED,
+            "device_id": device,
+            "time": Timestamp::now(),
+            "since": since,
+            "error_kind": error.kind().as_str(),
+            "reason": error.to_string(),
+            "version": env!("CARGO_PKG_VERSION"),
+        }),
+    )
+}
+
+/// The database could not be used at start and was rebuilt
+/// ([`crate::protect`]): `what` says why, where the damaged file went and
+/// what was restored.
+pub fn database_recovered(device: &str, booted: SlotName, what: &str) -> Pending {
+    pending(
+        DATABASE_RECOVERED,
+        false,
+        json!({
+            "kind": DATABASE_RECOVERED,
+            "device_id": device,
+            "time": Timestamp::now(),
+            "booted_slot": booted.as_str(),
+            "reason": what,
         }),
     )
 }

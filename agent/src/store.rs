@@ -141,6 +141,37 @@ pub struct Store {
     conn: Connection,
 }
 
+/// What must outlive the database file ([`crate::protect`] keeps a copy of
+/// it beside the database): the serial floors, the all-time serial and the
+/// clock floor, the operator's channel, the key documents accepted, the
+/// images rejected and what each slot holds. As raw values: restoring
+/// them makes the database say what it said.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Protected {
+    /// `meta` rows: every `floor.<channel>`, `serial`, `serial_epoch`,
+    /// `time_floor`, `channel`.
+    pub meta: std::collections::BTreeMap<String, String>,
+    /// (version, envelope in base64)
+    pub key_documents: Vec<(u64, String)>,
+    /// (sha256, version, reason, time)
+    pub rejected: Vec<(String, String, String, i64)>,
+    /// (slot, version, sha256, size, installed)
+    pub slots: Vec<(String, String, String, u64, i64)>,
+}
+
+/// The `meta` keys [`Protected`] keeps.
+fn protected_meta(key: &str) -> bool {
+    key.starts_with("floor.") || matches!(key, "serial" | "serial_epoch" | "time_floor" | "channel")
+}
+
+/// A database file found on open.
+pub enum Opened {
+    /// Usable: it opened, passed SQLite's `quick_check` and has the schema.
+    Usable(Store),
+    /// It cannot be used as it is: why, in SQLite's words.
+    Damaged(String),
+}
+
 impl Store {
     /// Open (creating if needed) the database read-write.
     pub fn open(path: &Path) -> Result<Store> {
@@ -157,6 +188,192 @@ impl Store {
             .migrate()
             .with_context(|| format!("preparing database {}", path.display()))?;
         Ok(store)
+    }
+
+    /// Open the daemon's database, telling a damaged file (not a database,
+    /// malformed, failing SQLite's `quick_check`) from other failures,
+    /// which are errors. `quick_check` reads every page of a file of at
+    /// most a few hundred kilobytes: milliseconds at each start.
+    pub fn open_checked(path: &Path) -> Result<Opened> {
+        let damaged = |e: &rusqlite::Error| {
+            matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+            )
+        };
+        let conn = match Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        ) {
+            Ok(c) => c,
+            Err(e) if damaged(&e) => return Ok(Opened::Damaged(e.to_string())),
+            Err(e) => {
+                return Err(Error::from(e).wrap(format!("opening database {}", path.display())));
+            }
+        };
+        let store = Store { conn };
+        let checked = store.configure().and_then(|()| {
+            let mut stmt = store.conn.prepare("PRAGMA quick_check")?;
+            let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+            rows.collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(Error::from)
+        });
+        match checked {
+            Ok(rows) if rows == ["ok"] => {}
+            Ok(rows) => return Ok(Opened::Damaged(rows.join("; "))),
+            Err(e) => {
+                let text = e.to_string();
+                // configure() and the check report SQLite's words.
+                if text.contains("malformed") || text.contains("not a database") {
+                    return Ok(Opened::Damaged(text));
+                }
+                return Err(e.wrap(format!("opening database {}", path.display())));
+            }
+        }
+        match store.migrate() {
+            Ok(()) => Ok(Opened::Usable(store)),
+            Err(e)
+                if e.to_string().contains("malformed")
+                    || e.to_string().contains("not a database") =>
+            {
+                Ok(Opened::Damaged(e.to_string()))
+            }
+            Err(e) => Err(e.wrap(format!("preparing database {}", path.display()))),
+        }
+    }
+
+    /// Whether the database holds nothing yet: no state, no floor, no key
+    /// document, no slot record (a file just made, or one that was empty).
+    pub fn is_blank(&self) -> Result<bool> {
+        let n: i64 = self.conn.query_row(
+            "SELECT (SELECT COUNT(*) FROM state) + (SELECT COUNT(*) FROM slots)
+                  + (SELECT COUNT(*) FROM key_documents) + (SELECT COUNT(*) FROM rejected)
+                  + (SELECT COUNT(*) FROM meta WHERE key <> 'schema_version')",
+            [],
+            |r| r.get(0),
+        )?;
+        Ok(n == 0)
+    }
+
+    /// What must outlive this file ([`Protected`]).
+    pub fn protected(&self) -> Result<Protected> {
+        let mut p = Protected::default();
+        let mut stmt = self
+            .conn
+            .prepare("SELECT key, value FROM meta ORDER BY key")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        for row in rows {
+            let (k, v) = row?;
+            if protected_meta(&k) {
+                p.meta.insert(k, v);
+            }
+        }
+        p.key_documents = self
+            .key_documents()?
+            .into_iter()
+            .map(|(v, raw)| (v, crate::keys::encode_base64(&raw)))
+            .collect();
+        let mut stmt = self
+            .conn
+            .prepare("SELECT sha256, version, reason, time FROM rejected ORDER BY sha256")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        p.rejected = rows.collect::<std::result::Result<Vec<_>, _>>()?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT name, version, sha256, size, installed FROM slots ORDER BY name")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get::<_, i64>(3)?.max(0) as u64,
+                r.get(4)?,
+            ))
+        })?;
+        p.slots = rows.collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(p)
+    }
+
+    /// Read everything the daemon reads to start (the state, the slot
+    /// records, the floors) and fail if any of it does not parse: a flipped
+    /// byte inside a value is no damage to SQLite.
+    pub fn validate(&self) -> Result<()> {
+        self.state()?;
+        for slot in [SlotName::A, SlotName::B] {
+            self.slot_record(slot)?;
+        }
+        self.serial()?;
+        self.time_floor()?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT key FROM meta WHERE key LIKE 'floor.%'")?;
+        let keys = stmt
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        for k in keys {
+            if let Some(channel) = k.strip_prefix("floor.") {
+                self.channel_floor(channel)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Merge `p` into this database, in one transaction, without undoing
+    /// anything newer the database holds: floors (`serial`, `time_floor`,
+    /// each `floor.<channel>` within its epoch) are only raised; the
+    /// channel, key documents, rejected images and slot records are added
+    /// where the database has none. Safe at every start: a copy that is
+    /// older than the database (a power cut between the two writes) changes
+    /// nothing, a floor a flipped byte lowered is raised back.
+    pub fn restore(&self, p: &Protected) -> Result<()> {
+        self.atomically(|s| {
+            for (k, v) in &p.meta {
+                if !protected_meta(k) {
+                    continue;
+                }
+                let keep_ours = match (k.as_str(), s.get(k)?) {
+                    (_, None) => false,
+                    // The operator's channel choice is the database's.
+                    ("channel" | "serial_epoch", Some(_)) => true,
+                    ("serial" | "time_floor", Some(ours)) => {
+                        ours.parse::<i64>().ok() >= v.parse::<i64>().ok()
+                    }
+                    (f, Some(ours)) if f.starts_with("floor.") => {
+                        let parse = |t: &str| {
+                            t.split_once(' ')
+                                .and_then(|(e, n)| Some((e.parse::<u64>().ok()?, n.parse::<u64>().ok()?)))
+                        };
+                        parse(&ours) >= parse(v)
+                    }
+                    _ => false,
+                };
+                if !keep_ours {
+                    s.set(k, v)?;
+                }
+            }
+            let have: Vec<u64> = s.key_documents()?.into_iter().map(|(v, _)| v).collect();
+            for (version, b64) in &p.key_documents {
+                if !have.contains(version) {
+                    let raw = crate::keys::decode_base64(b64, "a protected key document")?;
+                    s.put_key_document(*version, &raw)?;
+                }
+            }
+            for (sha, version, reason, time) in &p.rejected {
+                s.conn.execute(
+                    "INSERT OR IGNORE INTO rejected (sha256, version, reason, time) VALUES (?1, ?2, ?3, ?4)",
+                    params![sha, version, reason, time],
+                )?;
+            }
+            for (name, version, sha, size, installed) in &p.slots {
+                s.conn.execute(
+                    "INSERT OR IGNORE INTO slots (name, version, sha256, size, installed) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![name, version, sha, *size as i64, installed],
+                )?;
+            }
+            Ok(())
+        })
     }
 
     /// Open an existing database to read it (status and history without a

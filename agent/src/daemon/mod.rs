@@ -35,6 +35,7 @@
 //! does: that is [`crate::machine`].
 
 use std::collections::VecDeque;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -53,61 +54,128 @@ use crate::source::Origin;
 use crate::state::State;
 use crate::status::{BootView, Status};
 use crate::timestamp::Timestamp;
+use degraded::{Degraded, Failure};
 use delivery::Delivery;
 use front::{Front, Interrupt, Queued, Tick, Verdict, Watchdog, sleep_until_event};
 
+mod degraded;
 mod delivery;
 mod front;
 
-/// Run the daemon until SIGTERM.
-pub fn run(cfg: Config) -> Result<()> {
+/// Run the daemon with the configuration at `config` until SIGTERM. A
+/// start that fails leaves it degraded ([`degraded`]): it answers, feeds
+/// the watchdog, reports, and starts again after a backoff, so no start
+/// failure becomes a restart loop.
+pub fn serve(config: &Path) -> Result<()> {
     // Before any thread exists (see crate::memory).
     memory::tune_allocator();
-    let _lock = StateLock::acquire(&cfg.lock_path())?;
     signals::install()?;
-    let mut machine = Machine::open(cfg.clone(), Mode::Daemon)?;
-    let ctl = ControlServer::bind(&cfg.system.socket, cfg.system.socket_group.as_deref())?;
-    // Applications must find the inhibit directory; without it nothing can
-    // inhibit, which is no reason not to update.
-    if let Err(e) = crate::inhibit::prepare_dir(&cfg.policy) {
-        log::warn!("{e}; inhibitor files cannot be placed there");
+    let mut attempts: u32 = 0;
+    let mut degraded: Option<Degraded> = None;
+    loop {
+        let started = Config::load(config).map_err(|e| Failure {
+            error: e,
+            cfg: None,
+            lock_held: false,
+        });
+        let failure = match started.and_then(start) {
+            Ok((lock, mut d)) => {
+                if degraded.is_some() {
+                    log::warn!("started after {attempts} failed attempt(s): no longer degraded");
+                }
+                log::info!(
+                    "updraft {} started: booted slot {}, device {}, state {}",
+                    env!("CARGO_PKG_VERSION"),
+                    d.m.booted(),
+                    d.m.device_id(),
+                    d.m.state()?.name()
+                );
+                notify::ready();
+                notify::status("running");
+                let r = d.run();
+                notify::stopping();
+                log::info!("updraft stopped");
+                drop(lock);
+                return r;
+            }
+            Err(f) => f,
+        };
+        if !degraded::degrades(&failure.error) {
+            return Err(failure.error);
+        }
+        attempts = attempts.saturating_add(1);
+        let base = failure.cfg.as_ref().map_or_else(
+            || crate::config::System::default().degraded_retry.0,
+            |c| c.system.degraded_retry.0,
+        );
+        let delay = degraded::retry_delay(attempts, base);
+        log::error!(
+            "updraft {} cannot start: {}; running degraded (status answers, nothing is updated), starting again in {}",
+            env!("CARGO_PKG_VERSION"),
+            failure.error,
+            crate::timestamp::format_duration(delay)
+        );
+        let d = degraded.get_or_insert_with(Degraded::new);
+        if d.wait(&failure, Instant::now() + delay) == degraded::Ended::Stop {
+            log::info!("updraft stopped (degraded)");
+            return Ok(());
+        }
     }
-    // Before the daemon serves: reconciliation and the first status may
-    // wait for the bootloader (within its own timeouts); clients that
-    // connect meanwhile are answered once it is done, and systemd hears
-    // READY=1 only then.
-    //
-    // A busy bootloader (its lock held by someone else) is not a reason
-    // to exit: under systemd that is a restart loop any user holding the
-    // lock could keep going. The daemon starts, serves its socket, and
-    // tries again with a backoff; nothing else runs until it succeeded.
-    let boot_pending = match machine.on_boot() {
-        Ok(()) => None,
-        Err(e) if e.kind() == Kind::Busy => Some(e),
-        Err(e) => return Err(e),
+}
+
+/// Everything before the loop: the state lock, the machine, the control
+/// socket, this boot's reconciliation. What fails here degrades the
+/// daemon.
+fn start(cfg: Config) -> std::result::Result<(StateLock, Daemon), Failure> {
+    let fail = |error: Error, cfg: &Config| Failure {
+        lock_held: error.kind() == Kind::Busy,
+        error,
+        cfg: Some(Box::new(cfg.clone())),
     };
-    // A bootloader just found busy is not waited for a second time.
-    let boot_view = match &boot_pending {
-        Some(e) => Err(e.to_string()),
-        None => machine.read_boot(&mut progress::NoTick),
-    };
-    let snapshot = machine.status(&boot_view)?;
-    let mut d = Daemon::new(machine, ctl, cfg, boot_view, snapshot);
-    if let Some(e) = &boot_pending {
-        d.postpone_boot(e);
+    let lock = StateLock::acquire(&cfg.lock_path()).map_err(|e| fail(e, &cfg))?;
+    let started = (|| {
+        let mut machine = Machine::open(cfg.clone(), Mode::Daemon)?;
+        let ctl = ControlServer::bind(&cfg.system.socket, cfg.system.socket_group.as_deref())?;
+        // Applications must find the inhibit directory; without it nothing
+        // can inhibit, which is no reason not to update.
+        if let Err(e) = crate::inhibit::prepare_dir(&cfg.policy) {
+            log::warn!("{e}; inhibitor files cannot be placed there");
+        }
+        // Before the daemon serves: reconciliation and the first status may
+        // wait for the bootloader (within its own timeouts); clients that
+        // connect meanwhile are answered once it is done, and systemd hears
+        // READY=1 only then.
+        //
+        // A busy bootloader (its lock held by someone else) is not a reason
+        // to stop: any user holding the lock could keep that going. The
+        // daemon starts, serves its socket, and tries again with a backoff;
+        // nothing else runs until it succeeded.
+        let boot_pending = match machine.on_boot() {
+            Ok(()) => None,
+            Err(e) if e.kind() == Kind::Busy => Some(e),
+            Err(e) => return Err(e),
+        };
+        // A bootloader just found busy is not waited for a second time.
+        let boot_view = match &boot_pending {
+            Some(e) => Err(e.to_string()),
+            None => machine.read_boot(&mut progress::NoTick),
+        };
+        let snapshot = machine.status(&boot_view)?;
+        let mut d = Daemon::new(machine, ctl, cfg.clone(), boot_view, snapshot);
+        if let Some(e) = &boot_pending {
+            d.postpone_boot(e);
+        }
+        Ok(d)
+    })();
+    match started {
+        Ok(d) => Ok((lock, d)),
+        // The lock was ours: the socket is free for degraded mode.
+        Err(e) => Err(Failure {
+            error: e,
+            cfg: Some(Box::new(cfg)),
+            lock_held: false,
+        }),
     }
-    log::info!(
-        "updraft {} started: booted slot {}, device {}, state {}",
-        env!("CARGO_PKG_VERSION"),
-        d.m.booted(),
-        d.m.device_id(),
-        d.m.state()?.name()
-    );
-    notify::ready();
-    let r = d.run();
-    notify::stopping();
-    log::info!("updraft stopped");
-    r
 }
 
 /// When the configured server is polled next, and the backoff after failed
@@ -300,6 +368,7 @@ impl Daemon {
                 self.next_heartbeat = Instant::now() + backoff::poll_delay(hb, hb / 10);
             }
             self.m.bound_outbox();
+            self.m.protect();
             if Instant::now() >= self.delivery.next {
                 // Anything queued since the last turn, heartbeats included.
                 self.deliver();

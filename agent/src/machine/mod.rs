@@ -209,6 +209,8 @@ pub struct Machine {
     stopping: Option<crate::ddi::Cancel>,
     /// The deployment last read that waits (not started), by its link.
     fleet_seen: Option<fleet::Seen>,
+    /// The copy of what must outlive the database ([`crate::protect`]).
+    protection: crate::protect::Keeper,
 }
 
 impl Machine {
@@ -216,7 +218,7 @@ impl Machine {
     /// state lock.
     pub fn open(mut cfg: Config, mode: Mode) -> Result<Machine> {
         ensure_dir(&cfg.system.state_dir, 0o755)?;
-        let store = Store::open(&cfg.db_path())?;
+        let (store, recovered) = crate::protect::open_store(&cfg.db_path())?;
         let trust = restore_trust(&cfg, &store)?;
         store.adopt_legacy_floor(trust.version())?;
         let server_template = cfg.server.clone();
@@ -252,7 +254,26 @@ impl Machine {
             .get("preferred_mirror")?
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
+        if let Some(r) = &recovered {
+            let what = r.describe(&cfg.db_path());
+            log::error!("{what}");
+            let report = report::database_recovered(&device_id, booted, &what);
+            store.atomically(|s| {
+                s.add_history(&Event {
+                    event: "database-recovered",
+                    slot: Some(booted),
+                    detail: Some(&what),
+                    ..Event::default()
+                })?;
+                if !cfg.server.report_url.is_empty() {
+                    s.push_report(&report.as_report())?;
+                }
+                Ok(())
+            })?;
+        }
+        let protection = crate::protect::Keeper::new(&cfg.db_path());
         Ok(Machine {
+            protection,
             cfg,
             mode,
             store,
@@ -332,6 +353,14 @@ impl Machine {
 
     pub fn state(&self) -> Result<State> {
         Ok(self.store.state()?.0)
+    }
+
+    /// Bring the protected copy of the floors, key documents, rejected
+    /// images and slot records up to date (written only when they changed).
+    pub fn protect(&mut self) {
+        if let Err(e) = self.protection.save(&self.store) {
+            log::warn!("keeping the protected copy of the database's floors: {e}");
+        }
     }
 
     /// Keep the outbox within its bounds ([`report::bound_outbox`]); what

@@ -53,8 +53,19 @@ pub(super) struct EnvLock {
     _file: Option<File>,
 }
 
-/// Refuse a lock file that does not belong to the daemon's user.
+/// Refuse a lock file that does not belong to the daemon's user, or that
+/// has other names: where `fs.protected_hardlinks` is off, anyone may link
+/// a file of root's (the database, a key) into the lock directory, and the
+/// owner check alone would pass it to the `chmod` below.
 fn check_owner(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    if meta.nlink() > 1 {
+        bail!(
+            Busy,
+            "the U-Boot environment lock {} has {} hard links: it is another file's name too; refusing to use it (remove it; updraft's tmpfiles.d entry creates it at boot)",
+            path.display(),
+            meta.nlink()
+        );
+    }
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if meta.uid() != me {
@@ -378,6 +389,46 @@ pub(super) fn write_copy(loc: &EnvLocation, image: &[u8]) -> Result<u64> {
 mod tests {
     use super::*;
     use crate::test_support::scratch_dir;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_lock_file_with_another_name_is_refused_and_left_alone() {
+        let dir = scratch_dir("uboot-device", "hardlink");
+        // A file of ours someone linked into the lock directory.
+        let precious = dir.join("updraft.db");
+        std::fs::write(&precious, b"database").unwrap();
+        std::fs::set_permissions(&precious, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let lock = dir.join("fw_printenv.lock");
+        std::fs::hard_link(&precious, &lock).unwrap();
+        let e = match take_lock(
+            &lock,
+            Duration::from_millis(100),
+            &mut crate::progress::NoTick,
+        ) {
+            Ok(_) => panic!("a hard-linked lock file was taken"),
+            Err(e) => e,
+        };
+        assert_eq!(e.kind(), Kind::Busy);
+        assert!(e.to_string().contains("has 2 hard links"), "{e}");
+        let meta = std::fs::metadata(&precious).unwrap();
+        assert_eq!(
+            meta.mode() & 0o7777,
+            0o644,
+            "the linked file's mode changed"
+        );
+        assert_eq!(std::fs::read(&precious).unwrap(), b"database");
+        // Once the extra name is gone, the lock is taken as usual.
+        std::fs::remove_file(&lock).unwrap();
+        assert!(
+            take_lock(
+                &lock,
+                Duration::from_millis(100),
+                &mut crate::progress::NoTick
+            )
+            .is_ok()
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     #[test]
     fn emmc_boot_partitions_are_recognised() {

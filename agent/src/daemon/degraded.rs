@@ -1,0 +1,260 @@
+//! Degraded mode: what the daemon does when it cannot start.
+//!
+//! Some start failures are not cured by a restart: a configuration that
+//! does not parse, a key file that is missing, a boot environment that
+//! cannot be read, an empty device-id file. Exiting would hand them to the
+//! service manager, which restarts the daemon every 30 s for ever: a device
+//! that never polls or reports again and says why only in its journal. So
+//! the daemon stays up, degraded, until the start succeeds:
+//!
+//! - every control request is answered with an error of kind `degraded`
+//!   that names the reason (`updraft status` prints it and exits 3);
+//! - systemd hears `READY=1` and `STATUS=degraded: …`, and the watchdog is
+//!   fed, so neither a start timeout nor the watchdog turns the failure
+//!   into a restart loop;
+//! - a `degraded` report goes straight to `server.report_url` when the
+//!   configuration could be read and names one (not through the outbox: the
+//!   database may be what failed), when the reason changes and every
+//!   `heartbeat_interval`;
+//! - the start is tried again after a backoff (`system.degraded_retry`, one
+//!   minute by default, doubling up to a quarter of an hour), the
+//!   configuration read afresh, so a fix takes effect without a restart.
+//!
+//! This module never writes: not a slot, not the bootloader, not the
+//! database, not the configuration. Whatever failed is left as it is for
+//! the operator ([docs/operations.md](../../docs/operations.md), "Recovering
+//! a device"); nor does it mark anything good, so a trial boot whose daemon
+//! cannot start is never committed.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::front::{Watchdog, sleep_until_event};
+use crate::config::{Config, System};
+use crate::control::{ControlServer, Reply};
+use crate::error::{Error, Kind};
+use crate::fetch::Fetcher;
+use crate::notify;
+use crate::report;
+use crate::signals;
+use crate::timestamp::Timestamp;
+
+/// How long a degraded daemon waits before it tries to start again.
+pub(super) const RETRY_CAP: Duration = Duration::from_secs(15 * 60);
+
+/// A start that failed, and what is known of the configuration.
+pub(super) struct Failure {
+    pub(super) error: Error,
+    /// The configuration, when it could be read.
+    pub(super) cfg: Option<Box<Config>>,
+    /// Another process holds the state lock: the control socket is its.
+    pub(super) lock_held: bool,
+}
+
+/// How degraded mode ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// Time to try the start again.
+    Retry,
+    /// SIGTERM or SIGINT.
+    Stop,
+}
+
+/// The delay before start attempt `attempt + 1` after `attempt` failed
+/// ones: `base`, doubling, at most [`RETRY_CAP`] (and never below a
+/// second).
+pub(super) fn retry_delay(attempt: u32, base: Duration) -> Duration {
+    crate::backoff::ceiling(attempt, base.max(Duration::from_secs(1)), RETRY_CAP)
+}
+
+/// Whether a degraded report is due: the reason changed, or a heartbeat
+/// interval passed since the last one was sent.
+pub(super) fn report_due(
+    last: Option<(&str, Instant)>,
+    reason: &str,
+    now: Instant,
+    every: Duration,
+) -> bool {
+    match last {
+        None => true,
+        Some((sent, at)) => sent != reason || now.saturating_duration_since(at) >= every,
+    }
+}
+
+/// Degraded-mode state kept across start attempts.
+pub(super) struct Degraded {
+    since: Timestamp,
+    last_report: Option<(String, Instant)>,
+}
+
+impl Degraded {
+    pub(super) fn new() -> Degraded {
+        Degraded {
+            since: Timestamp::now(),
+            last_report: None,
+        }
+    }
+
+    /// Serve degraded until `until`, or until a signal asks the daemon to
+    /// stop.
+    pub(super) fn wait(&mut self, f: &Failure, until: Instant) -> Ended {
+        let reason = f.error.to_string();
+        let defaults = System::default();
+        let system = f.cfg.as_ref().map_or(&defaults, |c| &c.system);
+        notify::ready();
+        notify::status(&format!("degraded: {reason}"));
+        let mut ctl = if f.lock_held {
+            None
+        } else {
+            match ControlServer::bind(&system.socket, system.socket_group.as_deref()) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    log::error!(
+                        "degraded: the control socket {} cannot be served either: {e}",
+                        system.socket.display()
+                    );
+                    None
+                }
+            }
+        };
+        if let Some(cfg) = &f.cfg {
+            self.report(cfg, &f.error);
+        }
+        let mut watchdog = Watchdog::new();
+        loop {
+            watchdog.ping_if_due();
+            if signals::stop_requested() {
+                return Ended::Stop;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return Ended::Retry;
+            }
+            let mut wake = until;
+            if let Some(w) = watchdog.next() {
+                wake = wake.min(w);
+            }
+            let timeout = wake.saturating_duration_since(now);
+            match ctl.as_mut() {
+                Some(c) => {
+                    if sleep_until_event(c, &[], timeout) {
+                        for client in c.accept_all() {
+                            client.reply(&Reply::error(&Error::new(
+                                Kind::Degraded,
+                                format!(
+                                    "degraded since {}: {reason}; starting again at the latest {}",
+                                    self.since,
+                                    next_start(until)
+                                ),
+                            )));
+                        }
+                    }
+                }
+                None => sleep_until_signal(timeout),
+            }
+        }
+    }
+
+    /// Send a `degraded` report straight to the report server, on a thread
+    /// of its own (the loop must go on answering and feeding the
+    /// watchdog), when one is due.
+    fn report(&mut self, cfg: &Config, error: &Error) {
+        let reason = error.to_string();
+        let now = Instant::now();
+        let last = self.last_report.as_ref().map(|(r, at)| (r.as_str(), *at));
+        if cfg.server.report_url.is_empty()
+            || !report_due(last, &reason, now, cfg.server.heartbeat_interval.0)
+        {
+            return;
+        }
+        let fetcher = match Fetcher::new(cfg) {
+            Ok(f) => f,
+            Err(e) => {
+                log::warn!("degraded: no report can be sent: {e}");
+                return;
+            }
+        };
+        self.last_report = Some((reason.clone(), now));
+        let device = read_device_id(&cfg.device.id_file);
+        let body = report::degraded(device.as_deref(), error, self.since);
+        let url = cfg.server.report_url.clone();
+        let spawned = std::thread::Builder::new()
+            .name("degraded-report".into())
+            .spawn(
+                move || match fetcher.post_json(&url, &body.key, body.body.as_bytes()) {
+                    Ok(_) => log::info!("degraded: reported to {url}"),
+                    Err(e) => log::warn!("degraded: reporting to {url}: {e}"),
+                },
+            );
+        if let Err(e) = spawned {
+            log::warn!("degraded: no report can be sent: {e}");
+        }
+    }
+}
+
+/// The device id as the id file holds it, without creating one.
+fn read_device_id(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let id = text.trim();
+    (!id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_graphic()))
+        .then(|| id.to_string())
+}
+
+/// When the next start is tried, for the operator.
+fn next_start(until: Instant) -> Timestamp {
+    let left = until.saturating_duration_since(Instant::now());
+    Timestamp(Timestamp::now().0 + left.as_secs() as i64)
+}
+
+/// Sleep without a control socket, waking for signals.
+fn sleep_until_signal(timeout: Duration) {
+    let Ok(wake) = signals::wake_pipe() else {
+        std::thread::sleep(timeout.min(Duration::from_secs(1)));
+        return;
+    };
+    let mut fds = [nix::poll::PollFd::new(wake, nix::poll::PollFlags::POLLIN)];
+    let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+    let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms));
+    signals::drain_wake_pipe(wake);
+}
+
+/// Whether `e` leaves the daemon degraded rather than ending it.
+pub(super) fn degrades(e: &Error) -> bool {
+    e.kind() != Kind::Stopped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_is_tried_again_ever_later_up_to_a_quarter_hour() {
+        let base = Duration::from_secs(60);
+        let d: Vec<u64> = (1..=6).map(|a| retry_delay(a, base).as_secs()).collect();
+        assert_eq!(d, [60, 120, 240, 480, 900, 900]);
+        // A zero base (a test configuration) still waits a second.
+        assert_eq!(retry_delay(1, Duration::ZERO), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_report_goes_when_the_reason_changes_or_a_heartbeat_interval_passed() {
+        let t0 = Instant::now();
+        let hour = Duration::from_secs(3600);
+        // (last report, reason now, seconds since) → due
+        let rows: [(Option<&str>, &str, u64, bool); 5] = [
+            (None, "a", 0, true),
+            (Some("a"), "a", 10, false),
+            (Some("a"), "a", 3600, true),
+            (Some("a"), "b", 10, true),
+            (Some("a"), "a", 3599, false),
+        ];
+        for (last, reason, after, want) in rows {
+            let now = t0 + Duration::from_secs(after);
+            assert_eq!(
+                report_due(last.map(|r| (r, t0)), reason, now, hour),
+                want,
+                "last {last:?}, reason {reason}, {after} s later"
+            );
+        }
+    }
+}

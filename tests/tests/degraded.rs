@@ -1,0 +1,143 @@
+//! A daemon that cannot start stays up, degraded, instead of exiting into a
+//! restart loop: it answers `status` with the reason (exit status 3),
+//! reports it, and starts for real once the cause is mended, without a
+//! restart. One test per cause a restart cannot cure: a missing key file,
+//! a boot environment that cannot be read, an empty device-id file.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use updraft_tests::device::{Device, DeviceSpec};
+use updraft_tests::publisher::{KeyPair, keygen};
+use updraft_tests::server::UpdateServer;
+use updraft_tests::tmp::TempDir;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// What breaks the device before its daemon starts, what the reason must
+/// name, and what mends it.
+struct Cause {
+    name: &'static str,
+    break_it: fn(&Device, &KeyPair),
+    names: fn(&Device, &KeyPair) -> String,
+    mend: fn(&Device, &KeyPair),
+}
+
+fn degraded_then_mended(cause: Cause) {
+    updraft_tests::require!("nginx");
+    let keys = TempDir::new(&format!("{}-keys", cause.name));
+    let key = keygen(keys.path(), "release");
+    let server = UpdateServer::start(&keys.join("site"), true);
+    let collector = server.collector.as_ref().expect("a report collector");
+    let mut spec = DeviceSpec::simple(&key);
+    spec.server = server.server_toml("1s", "200ms");
+    spec.system = "degraded_retry = \"1s\"\n".into();
+    let mut dev = Device::new(cause.name, spec);
+    dev.init();
+    (cause.break_it)(&dev, &key);
+    let named = (cause.names)(&dev, &key);
+
+    dev.start_daemon();
+    // Several start attempts later, the daemon is still the same process.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(dev.daemon_running(), "{}", dev.log_tail());
+    let out = dev.updraft(&["status"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}\n{}", dev.log_tail());
+    assert!(err.contains("degraded since"), "{err}");
+    assert!(
+        err.contains(&named),
+        "the reason does not name {named}: {err}"
+    );
+    // The reason reaches the report server, though the outbox is never
+    // opened.
+    let t = Instant::now();
+    let report: Value = loop {
+        let found = collector
+            .reports()
+            .iter()
+            .filter_map(|r| r.json().ok())
+            .find(|r| r["kind"] == json!("degraded"));
+        if let Some(r) = found {
+            break r;
+        }
+        assert!(
+            t.elapsed() < WAIT,
+            "no degraded report:\n{}",
+            dev.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let reason = report["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains(&named), "{report:#}");
+    assert!(report["version"].is_string(), "{report:#}");
+    let log = dev.log();
+    assert!(log.contains("cannot start:"), "{log}");
+
+    // Mended: the daemon starts at its next attempt, no restart needed.
+    (cause.mend)(&dev, &key);
+    let t = Instant::now();
+    loop {
+        let out = dev.updraft(&["status", "--json"]);
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            t.elapsed() < WAIT,
+            "still degraded after the cause was mended:\n{}",
+            dev.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(dev.status()["state"], json!("idle"));
+    assert!(dev.daemon_running(), "{}", dev.log_tail());
+    assert!(
+        dev.log().contains("no longer degraded"),
+        "{}",
+        dev.log_tail()
+    );
+    dev.stop_daemon();
+}
+
+#[test]
+fn a_missing_key_file_degrades_until_it_is_back() {
+    fn aside(k: &KeyPair) -> std::path::PathBuf {
+        k.public.with_extension("aside")
+    }
+    degraded_then_mended(Cause {
+        name: "degraded-key",
+        break_it: |_, k| std::fs::rename(&k.public, aside(k)).expect("moving the key aside"),
+        names: |_, k| k.public.display().to_string(),
+        mend: |_, k| std::fs::rename(aside(k), &k.public).expect("putting the key back"),
+    });
+}
+
+#[test]
+fn an_unreadable_boot_environment_degrades_until_it_is_repaired() {
+    fn aside(d: &Device) -> std::path::PathBuf {
+        d.boot_state.with_extension("good")
+    }
+    degraded_then_mended(Cause {
+        name: "degraded-bootenv",
+        break_it: |d, _| {
+            std::fs::copy(&d.boot_state, aside(d)).expect("keeping the boot state");
+            std::fs::write(&d.boot_state, "BOOT_ORDER=A B\nBOOT_A_LEFT=lots\n")
+                .expect("damaging the boot state");
+        },
+        names: |d, _| d.boot_state.display().to_string(),
+        mend: |d, _| std::fs::rename(aside(d), &d.boot_state).expect("restoring the boot state"),
+    });
+}
+
+#[test]
+fn an_empty_device_id_file_degrades_until_it_holds_an_id() {
+    fn id_file(d: &Device) -> std::path::PathBuf {
+        d.state_dir.join("device-id")
+    }
+    degraded_then_mended(Cause {
+        name: "degraded-id",
+        break_it: |d, _| std::fs::write(id_file(d), "").expect("emptying the id file"),
+        names: |d, _| id_file(d).display().to_string(),
+        mend: |d, _| std::fs::write(id_file(d), "gateway-7\n").expect("writing an id"),
+    });
+}
