@@ -515,6 +515,15 @@ impl Config {
         Config::parse(&text).map_err(|e| e.wrap(format!("config {}", path.display())))
     }
 
+    /// The configuration at `path` as far as it parses, without the checks
+    /// across keys: what a daemon that cannot start because of them still
+    /// needs (its socket, where reports go). `None` when it does not parse.
+    pub fn load_unchecked(path: &Path) -> Option<Config> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let tables = toml_subset::parse(&text).ok()?;
+        Config::from_tables(&tables).ok()
+    }
+
     /// Parse and check configuration text. Relative paths are kept as
     /// written (resolved against the working directory when used).
     pub fn parse(text: &str) -> Result<Config> {

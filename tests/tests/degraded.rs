@@ -2,7 +2,8 @@
 //! restart loop: it answers `status` with the reason (exit status 3),
 //! reports it, and starts for real once the cause is mended, without a
 //! restart. One test per cause a restart cannot cure: a missing key file,
-//! a boot environment that cannot be read, an empty device-id file.
+//! a boot environment that cannot be read, an empty device-id file, a slot
+//! path that does not exist.
 
 use std::time::{Duration, Instant};
 
@@ -139,5 +140,18 @@ fn an_empty_device_id_file_degrades_until_it_holds_an_id() {
         break_it: |d, _| std::fs::write(id_file(d), "").expect("emptying the id file"),
         names: |d, _| id_file(d).display().to_string(),
         mend: |d, _| std::fs::write(id_file(d), "gateway-7\n").expect("writing an id"),
+    });
+}
+
+#[test]
+fn a_slot_path_that_does_not_exist_degrades_naming_its_key() {
+    fn aside(d: &Device) -> std::path::PathBuf {
+        d.slot_b.with_extension("aside")
+    }
+    degraded_then_mended(Cause {
+        name: "degraded-slot",
+        break_it: |d, _| std::fs::rename(&d.slot_b, aside(d)).expect("moving slot B aside"),
+        names: |d, _| format!("slots.b: {}", d.slot_b.display()),
+        mend: |d, _| std::fs::rename(aside(d), &d.slot_b).expect("putting slot B back"),
     });
 }

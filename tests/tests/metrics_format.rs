@@ -190,7 +190,7 @@ fn the_metrics_file_parses_with_prometheus_client_and_carries_every_value() {
         );
     }
     let kinds = fams["updraft_errors"].samples.len();
-    assert_eq!(kinds, 16, "every error kind is exposed from zero");
+    assert_eq!(kinds, 17, "every error kind is exposed from zero");
     assert_eq!(
         value(
             &fams,

@@ -73,9 +73,11 @@ pub fn serve(config: &Path) -> Result<()> {
     let mut attempts: u32 = 0;
     let mut degraded: Option<Degraded> = None;
     loop {
+        // A configuration refused by its checks still says where the
+        // socket is and where reports go.
         let started = Config::load(config).map_err(|e| Failure {
             error: e,
-            cfg: None,
+            cfg: Config::load_unchecked(config).map(Box::new),
             lock_held: false,
         });
         let failure = match started.and_then(start) {

@@ -217,7 +217,14 @@ impl Machine {
     /// Open the store, trust, bootloader and identity. The caller holds the
     /// state lock.
     pub fn open(mut cfg: Config, mode: Mode) -> Result<Machine> {
-        ensure_dir(&cfg.system.state_dir, 0o755)?;
+        ensure_dir(&cfg.system.state_dir, 0o755).map_err(|e| e.wrap("system.state_dir"))?;
+        // Found now, not when the first release arrives: a slot path that
+        // does not exist is named with its key.
+        for (key, path) in [("slots.a", &cfg.slots.a), ("slots.b", &cfg.slots.b)] {
+            if let Err(e) = std::fs::metadata(path) {
+                bail!(Config, "{key}: {}: {e}", path.display());
+            }
+        }
         let (store, recovered) = crate::protect::open_store(&cfg.db_path())?;
         let trust = restore_trust(&cfg, &store)?;
         store.adopt_legacy_floor(trust.version())?;
