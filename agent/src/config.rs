@@ -453,6 +453,9 @@ pub struct System {
     /// Read the slot back and hash it after writing (always done after a
     /// resumed download).
     pub readback: bool,
+    /// How long a reboot the reboot command accepted may take to come
+    /// before it is warned about, reported and asked again.
+    pub reboot_timeout: Dur,
     /// How long a daemon that could not start waits before it tries again
     /// (doubling up to 15 minutes; `daemon::degraded`).
     pub degraded_retry: Dur,
@@ -470,6 +473,7 @@ impl Default for System {
             metrics_file: None,
             sync_bytes: 32 * 1024 * 1024,
             readback: true,
+            reboot_timeout: Dur(Duration::from_secs(600)),
             degraded_retry: Dur(Duration::from_secs(60)),
         }
     }
@@ -721,6 +725,7 @@ impl Config {
             metrics_file: s.path("metrics_file")?,
             sync_bytes: s.unsigned("sync_bytes")?.unwrap_or(d.sync_bytes),
             readback: s.boolean("readback")?.unwrap_or(d.readback),
+            reboot_timeout: s.duration("reboot_timeout")?.unwrap_or(d.reboot_timeout),
             degraded_retry: s.duration("degraded_retry")?.unwrap_or(d.degraded_retry),
         };
         s.finish()?;

@@ -132,3 +132,84 @@ fn a_failed_install_is_retried_with_the_same_manifest() {
     );
     assert_eq!(dev.status()["serial"], json!(1));
 }
+
+/// A reboot command that exits 0 without rebooting (a blocked `systemctl
+/// reboot`, a shutdown inhibitor, a broken script): once
+/// `system.reboot_timeout` has passed, the daemon warns, reports that it
+/// waits for the reboot, asks again, and polls meanwhile, so the server
+/// sees a device alive and stuck rather than silence.
+#[test]
+fn a_reboot_that_does_not_come_is_warned_about_reported_and_asked_again() {
+    updraft_tests::require!("nginx");
+    let keys = TempDir::new("no-reboot-keys");
+    let key = keygen(keys.path(), "release");
+    let server = UpdateServer::start(&keys.join("site"), true);
+    let collector = server.collector.as_ref().expect("a report collector");
+    let mut spec = DeviceSpec::simple(&key);
+    spec.server = server.server_toml("1s", "200ms");
+    spec.system = "reboot_timeout = \"2s\"\n".into();
+    let marker = keys.join("asked");
+    spec.reboot_command = Some(format!(
+        "[\"sh\", \"-c\", \"echo asked >> '{}'\"]",
+        marker.display()
+    ));
+    let mut dev = Device::new("no-reboot", spec);
+    dev.init();
+    let img = keys.join("1.0.img");
+    image(&img, 2 * 1024 * 1024 + 5, 9);
+    server.repo.release(&[&key], "1.0", &img, &[]);
+    dev.start_daemon();
+    dev.wait_for("the reboot asked", WAIT, |s| {
+        s["state"] == json!("rebooting")
+    });
+    let t = std::time::Instant::now();
+    while !dev.log().contains("has not come") {
+        assert!(t.elapsed() < WAIT, "no warning:\n{}", dev.log_tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let warned_at = std::time::SystemTime::now();
+    let log = dev.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("has not come"))
+        .unwrap_or_default();
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("release 1.0 slot B"), "{line}");
+    // Reported: the device waits for its reboot.
+    let t = std::time::Instant::now();
+    loop {
+        let waiting = collector
+            .reports()
+            .iter()
+            .filter_map(|r| r.json().ok())
+            .any(|r| r["kind"] == json!("waiting") && r["waiting_for"] == json!("reboot"));
+        if waiting {
+            break;
+        }
+        assert!(t.elapsed() < WAIT, "no waiting report:\n{}", dev.log_tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Asked again, and polled meanwhile.
+    std::thread::sleep(Duration::from_secs(3));
+    let asked = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert!(
+        asked.lines().count() >= 2,
+        "asked {} time(s)",
+        asked.lines().count()
+    );
+    let polls_after = server
+        .nginx
+        .access_log()
+        .expect("the access log")
+        .iter()
+        .filter(|e| e.request.contains("manifest.json") && e.time > warned_at)
+        .count();
+    assert!(
+        polls_after >= 1,
+        "no poll after the warning:\n{}",
+        dev.log_tail()
+    );
+    let st = dev.status();
+    assert_eq!(st["state"], json!("rebooting"), "{st:#}");
+    dev.stop_daemon();
+}

@@ -661,7 +661,13 @@ impl Daemon {
             Next::Continue => self.next_step = Instant::now(),
             Next::Idle => self.machine_active = false,
             Next::Done => self.machine_active = false,
-            Next::WaitReboot => self.next_step = Instant::now() + Duration::from_secs(300),
+            Next::WaitReboot => {
+                let mut at = Instant::now() + Duration::from_secs(300);
+                if let Some(overdue) = self.m.reboot_recheck_at() {
+                    at = at.min(overdue.max(Instant::now()));
+                }
+                self.next_step = at;
+            }
             Next::Retry(d) => {
                 log::info!("retrying in {}", crate::timestamp::format_duration(d));
                 self.next_step = Instant::now() + d;

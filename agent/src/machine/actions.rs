@@ -353,7 +353,41 @@ impl Machine {
             _ => job.target,
         };
         match self.cfg.system.reboot {
-            RebootMode::Auto if !self.reboot_requested => {
+            RebootMode::Auto
+                if self.reboot_requested.is_some_and(|a| {
+                    std::time::Instant::now()
+                        >= reboot_overdue_at(a, self.cfg.system.reboot_timeout.0)
+                }) =>
+            {
+                let asked = self.reboot_requested.map(|a| a.asks).unwrap_or(0);
+                let since = self
+                    .reboot_requested
+                    .map(|a| a.at.elapsed())
+                    .unwrap_or_default();
+                let why = format!(
+                    "the reboot into slot {into} asked {} ago has not come (the reboot command exited 0; asked {asked} time(s)): asking again",
+                    crate::timestamp::format_duration(Duration::from_secs(since.as_secs()))
+                );
+                log::warn!("release {} slot {}: {why}", job.version, job.target);
+                self.last_error = Some(why.clone());
+                if self.reports_enabled() {
+                    let r = report::waiting(&self.device_id, self.booted, &job, "reboot", &why);
+                    self.store.push_report(&r.as_report())?;
+                }
+                match run_reboot(&self.cfg.system.reboot_command, t) {
+                    Ok(()) => {
+                        self.reboot_requested = Some(RebootAsked {
+                            at: std::time::Instant::now(),
+                            asks: asked.saturating_add(1),
+                        })
+                    }
+                    Err(e) => {
+                        log::error!("release {} slot {}: {e}", job.version, job.target);
+                        self.last_error = Some(e.to_string());
+                    }
+                }
+            }
+            RebootMode::Auto if self.reboot_requested.is_none() => {
                 // An application may have become busy since the switch (a
                 // logind lock, a file): the trial reboot waits for it. A
                 // rollback reboot never does.
@@ -372,7 +406,12 @@ impl Machine {
                     job.target
                 );
                 match run_reboot(&self.cfg.system.reboot_command, t) {
-                    Ok(()) => self.reboot_requested = true,
+                    Ok(()) => {
+                        self.reboot_requested = Some(RebootAsked {
+                            at: std::time::Instant::now(),
+                            asks: 1,
+                        })
+                    }
                     // Asked again at the next step (the daemon steps a
                     // waiting reboot every few minutes).
                     Err(e) => {

@@ -171,7 +171,10 @@ pub struct Machine {
     device_id: String,
     preferred: usize,
     health: Option<HealthRun>,
-    reboot_requested: bool,
+    /// The reboot command succeeded: when it was last run and how often.
+    /// A reboot that does not come within `system.reboot_timeout` (doubled
+    /// at each further ask) is warned about, reported and asked again.
+    reboot_requested: Option<RebootAsked>,
     waiting_logged: bool,
     /// `updraft apply` came for this job: its hold lets the switch through
     /// (until it switches; a superseding job is not applied with it).
@@ -211,6 +214,21 @@ pub struct Machine {
     fleet_seen: Option<fleet::Seen>,
     /// The copy of what must outlive the database ([`crate::protect`]).
     protection: crate::protect::Keeper,
+}
+
+/// A reboot the reboot command accepted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RebootAsked {
+    pub(crate) at: std::time::Instant,
+    pub(crate) asks: u32,
+}
+
+/// When a reboot asked `asks` times, last at `at`, is overdue: after
+/// `timeout`, doubling with each ask, at most an hour between asks (never
+/// sooner than `timeout`).
+pub(crate) fn reboot_overdue_at(asked: RebootAsked, timeout: Duration) -> std::time::Instant {
+    let wait = crate::backoff::ceiling(asked.asks, timeout, Duration::from_secs(3600).max(timeout));
+    asked.at + wait
 }
 
 impl Machine {
@@ -295,7 +313,7 @@ impl Machine {
             device_id,
             preferred,
             health: None,
-            reboot_requested: false,
+            reboot_requested: None,
             waiting_logged: false,
             apply_requested: None,
             write_waiting: None,
@@ -332,9 +350,27 @@ impl Machine {
 
     /// Whether the server is polled while a reboot is awaited: a DDI
     /// server's cancelAction is answered then (accepted before the reboot
-    /// was requested, rejected after).
+    /// was requested, rejected after); and any server once the reboot is
+    /// overdue, so that it sees the device alive and stuck (a poll starts
+    /// no new work while a job is past its switch).
     pub fn polls_while_rebooting(&self) -> bool {
-        self.fleet.is_some()
+        self.fleet.is_some() || self.reboot_overdue()
+    }
+
+    /// Whether the reboot the command accepted has not come in time.
+    pub fn reboot_overdue(&self) -> bool {
+        self.reboot_requested.is_some_and(|a| {
+            a.asks > 1
+                || std::time::Instant::now()
+                    >= reboot_overdue_at(a, self.cfg.system.reboot_timeout.0)
+        })
+    }
+
+    /// When the daemon must step a waiting reboot again: the moment it
+    /// becomes overdue (`None`: nothing asked yet or no bound).
+    pub fn reboot_recheck_at(&self) -> Option<std::time::Instant> {
+        self.reboot_requested
+            .map(|a| reboot_overdue_at(a, self.cfg.system.reboot_timeout.0))
     }
 
     /// Whether reports wait to be delivered somewhere.

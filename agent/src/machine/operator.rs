@@ -124,7 +124,7 @@ impl Machine {
                 )
             }
             State::Rebooting(job) if job.purpose != Some(RebootPurpose::Rollback) => {
-                if self.reboot_requested {
+                if self.reboot_requested.is_some() {
                     bail!(
                         Busy,
                         "release {} slot {}: the reboot into it is under way; after the reboot, `updraft cancel` rejects it (mark-bad)",
