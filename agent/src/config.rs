@@ -266,6 +266,9 @@ pub struct Policy {
     /// overridden. Written as a duration (`24h`); `"0"` or `"0s"` reads as
     /// `None`: inhibitors may hold it forever.
     pub max_deferral: Option<Dur>,
+    /// Whether a DDI server's `forced` passes a `manual` gate too. Off: a
+    /// server may skip maintenance windows, never the local operator.
+    pub server_may_force: bool,
 }
 
 impl Default for Policy {
@@ -284,6 +287,7 @@ impl Default for Policy {
             logind_dir: PathBuf::from("/run/systemd/inhibit"),
             inhibit_command: None,
             max_deferral: Some(Dur(Duration::from_secs(24 * 3600))),
+            server_may_force: false,
         }
     }
 }
@@ -750,6 +754,7 @@ impl Config {
             logind: s.boolean("logind")?.unwrap_or(d.logind),
             logind_dir: s.path("logind_dir")?.unwrap_or(d.logind_dir),
             inhibit_command: s.strings("inhibit_command")?,
+            server_may_force: s.boolean("server_may_force")?.unwrap_or(d.server_may_force),
             // A bare "0" is the one number without a unit accepted here:
             // it switches the limit off, as "0s" does.
             max_deferral: match s.get("max_deferral").map(|e| &e.value) {

@@ -383,6 +383,42 @@ fn download_skip_starts_nothing_until_the_server_changes_its_mind() {
     );
 }
 
+/// A forced action against `policy.switch = "manual"`: the server may skip
+/// windows, never the local operator. The release is written and held
+/// until `updraft apply`, and the log names who decided.
+#[test]
+fn a_forced_action_does_not_pass_a_manual_gate() {
+    let server = server();
+    let mut rig = device("ddi-forced-manual", &server, DdiAuth::TargetToken, TOKEN);
+    rig.dev
+        .reconfigure(|s| s.policy = "switch = \"manual\"".into());
+    let rel = rig.publish("1.1", 31, IMAGE, &[]);
+    deploy(&server, Deployment::new(1).chunk(rel.chunk()));
+    rig.dev.start_daemon();
+    let st = rig.dev.wait_for("written and held", WAIT, |s| {
+        s["state"] == json!("installed") && s["policy"]["held_since"].is_string()
+    });
+    assert_eq!(st["policy"]["waiting_for"], json!("operator"), "{st:#}");
+    // Several polls of the forced action later, still held.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(rig.dev.status()["state"], json!("installed"));
+    assert_eq!(rig.dev.boot_script(), Some(SlotName::A));
+    let log = rig.dev.log();
+    assert!(!log.contains("applied by the operator"), "{log}");
+    assert!(!log.contains("forced by DDI action"), "{log}");
+    // The operator decides.
+    rig.dev.ok(&["apply"]);
+    rig.dev.wait_reboot_requested(WAIT);
+    assert!(
+        rig.dev
+            .log()
+            .contains("applied by the operator (updraft apply)"),
+        "{}",
+        rig.dev.log_tail()
+    );
+    assert_eq!(rig.dev.boot_script(), Some(SlotName::B));
+}
+
 #[test]
 fn a_cancel_during_the_download_stops_it_leaves_slot_a_alone_and_is_accepted() {
     let server = server();

@@ -310,10 +310,10 @@ impl Machine {
         // download past `policy.write` (an operator's `updraft apply`
         // that this release did not use is kept).
         self.fleet_action = Some(action.clone());
-        let operator_apply = self.apply_write;
-        let forced = action.download == Handling::Forced;
+        let forced = action.download == Handling::Forced
+            && policy::forced_passes(self.cfg.policy.write, self.cfg.policy.server_may_force);
         if forced {
-            self.apply_write = true;
+            self.forced_write = Some(id.clone());
         }
         let supersedes = state.job().is_some_and(|_| state.busy());
         let outcome = if supersedes {
@@ -322,9 +322,7 @@ impl Machine {
             self.decide(&origin, false, state, verified, t)
         };
         self.fleet_action = None;
-        if forced && self.apply_write {
-            self.apply_write = operator_apply;
-        }
+        self.forced_write = None;
         match outcome? {
             CheckOutcome::NoChange(why) => {
                 // Waits (for the local write policy): looked at again

@@ -179,10 +179,14 @@ pub struct Machine {
     /// `updraft apply` came for this job: its hold lets the switch through
     /// (until it switches; a superseding job is not applied with it).
     apply_requested: Option<String>,
-    /// The release `policy.write` holds, and whether `updraft apply` lets
-    /// the next one through.
+    /// The release `policy.write` holds, and the release `updraft apply`
+    /// let through (that release only: an approval of 2.0 does not let 4.0
+    /// in).
     write_waiting: Option<policy::WriteWait>,
-    apply_write: bool,
+    apply_write: Option<String>,
+    /// The DDI action whose `forced` download passes `policy.write` in the
+    /// check under way.
+    forced_write: Option<String>,
     /// The applications' inhibitors, and who inhibited at the last look.
     inhibitors: crate::inhibit::Inhibitors,
     inhibited_now: Vec<crate::inhibit::Inhibitor>,
@@ -317,7 +321,8 @@ impl Machine {
             waiting_logged: false,
             apply_requested: None,
             write_waiting: None,
-            apply_write: false,
+            apply_write: None,
+            forced_write: None,
             inhibitors,
             inhibited_now: Vec::new(),
             waiting: None,

@@ -124,6 +124,16 @@ fn server_holds(job: &Job) -> Option<String> {
     None
 }
 
+/// Whether a DDI server's `forced` lets a job past the local `gate`: it
+/// skips a maintenance window, never an operator's `manual` gate unless
+/// `policy.server_may_force` lets the server decide.
+pub(super) fn forced_passes(gate: Gate, server_may_force: bool) -> bool {
+    match gate {
+        Gate::Auto | Gate::Window => true,
+        Gate::Manual => server_may_force,
+    }
+}
+
 impl Machine {
     /// Whether the policy lets `job`'s slot be switched in now. The first
     /// time it does not, `job.held` is set and written down.
@@ -144,13 +154,25 @@ impl Machine {
                 why,
                 wait: Wait::Server,
             }
-        } else if job
-            .ddi
-            .as_ref()
-            .is_some_and(|a| a.update == crate::ddi::Handling::Forced)
-        {
-            // The server's operator forced it: the local gate does not
-            // hold it (application inhibitors still do).
+        } else if let Some(action) = job.ddi.as_ref().filter(|a| {
+            a.update == crate::ddi::Handling::Forced
+                && forced_passes(
+                    self.cfg.policy.switch_gate().0,
+                    self.cfg.policy.server_may_force,
+                )
+        }) {
+            // The server's operator forced it: a window does not hold it
+            // (application inhibitors still do).
+            let (gate, key) = self.cfg.policy.switch_gate();
+            if gate != Gate::Auto {
+                log::info!(
+                    "release {} slot {}: switched now, forced by DDI action {} ({key} = \"{}\" skipped)",
+                    job.version,
+                    job.target,
+                    action.id,
+                    gate.as_str()
+                );
+            }
             Allowed::Now
         } else {
             self.allowed_now(Timestamp::now())
@@ -332,10 +354,18 @@ impl Machine {
         let now = Timestamp::now();
         let held = match self.cfg.policy.write {
             Gate::Auto => None,
-            _ if self.apply_write => {
-                self.apply_write = false;
+            _ if self.apply_write.as_deref() == Some(version) => {
+                self.apply_write = None;
                 log::info!(
                     "release {version}: downloading now, applied by the operator (updraft apply)"
+                );
+                None
+            }
+            gate if self.forced_write.is_some() => {
+                log::info!(
+                    "release {version}: downloading now, forced by DDI action {} (policy.write = \"{}\" skipped)",
+                    self.forced_write.as_deref().unwrap_or_default(),
+                    gate.as_str()
                 );
                 None
             }
@@ -421,7 +451,7 @@ impl Machine {
                     .map_or("", |w| w.version.as_str());
                 let msg =
                     format!("release {version}: downloading it now, policy.write notwithstanding");
-                self.apply_write = true;
+                self.apply_write = Some(version.to_string());
                 Ok(msg)
             }
             other => bail!(
@@ -429,6 +459,31 @@ impl Machine {
                 "nothing waits to be applied (state {}): `updraft apply` switches a release that was written and held by the policy, or starts one policy.write holds",
                 other.name()
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_servers_forced_skips_windows_never_a_manual_gate_unless_allowed() {
+        // (gate, policy.server_may_force) → forced passes
+        let rows = [
+            (Gate::Auto, false, true),
+            (Gate::Window, false, true),
+            (Gate::Manual, false, false),
+            (Gate::Auto, true, true),
+            (Gate::Window, true, true),
+            (Gate::Manual, true, true),
+        ];
+        for (gate, may, want) in rows {
+            assert_eq!(
+                forced_passes(gate, may),
+                want,
+                "{gate:?}, server_may_force {may}"
+            );
         }
     }
 }
