@@ -59,6 +59,9 @@ pub struct Server {
     /// after start.
     pub poll_jitter: Option<Dur>,
     pub heartbeat_interval: Dur,
+    /// How old a manifest of an earlier key epoch may be and still be
+    /// waited out as a lagging edge; older ones are refused and reported.
+    pub stale_limit: Dur,
     /// Cap of the exponential backoff after failures.
     pub retry_max: Dur,
     pub connect_timeout: Dur,
@@ -187,6 +190,7 @@ impl Default for Server {
             poll_interval: Dur(Duration::from_secs(30 * 60)),
             poll_jitter: None,
             heartbeat_interval: Dur(Duration::from_secs(6 * 3600)),
+            stale_limit: Dur(Duration::from_secs(24 * 3600)),
             retry_max: Dur(Duration::from_secs(6 * 3600)),
             connect_timeout: Dur(Duration::from_secs(30)),
             stall_timeout: Dur(Duration::from_secs(60)),
@@ -604,6 +608,7 @@ impl Config {
                 .duration("heartbeat_interval")?
                 .unwrap_or(d.heartbeat_interval),
             retry_max: s.duration("retry_max")?.unwrap_or(d.retry_max),
+            stale_limit: s.duration("stale_limit")?.unwrap_or(d.stale_limit),
             connect_timeout: s.duration("connect_timeout")?.unwrap_or(d.connect_timeout),
             stall_timeout: s.duration("stall_timeout")?.unwrap_or(d.stall_timeout),
             min_rate: s.unsigned("min_rate")?.unwrap_or(d.min_rate),

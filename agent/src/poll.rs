@@ -71,6 +71,9 @@ pub(crate) struct Poller<'a> {
     pub(crate) compatible: &'a str,
     /// The channel this device follows.
     pub(crate) channel: &'a str,
+    /// A manifest of an earlier key epoch signed longer ago than this is
+    /// no lagging edge but a server that missed the rotation: reported.
+    pub(crate) stale_limit: std::time::Duration,
 }
 
 impl Poller<'_> {
@@ -164,6 +167,17 @@ impl Poller<'_> {
         let epoch = self.trust.version();
         let trusted = (!self.trust.is_simple()).then_some(epoch);
         if let KeyEpoch::Stale { manifest, trusted } = m.check_keys_version(trusted)? {
+            let age = now.0.saturating_sub(m.issued.0).max(0) as u64;
+            if age > self.stale_limit.as_secs() {
+                bail!(
+                    Policy,
+                    "manifest serial {} (release {}) is signed under key document v{manifest}, older than the v{trusted} this device trusts, and was signed {} ago (server.stale_limit {}): the server has not caught up with the key rotation",
+                    m.serial,
+                    m.release.version,
+                    crate::timestamp::format_duration(std::time::Duration::from_secs(age)),
+                    crate::timestamp::format_duration(self.stale_limit)
+                );
+            }
             return Ok(Polled::Stale(format!(
                 "manifest serial {} (release {}) is signed under key document v{manifest}, older than \
                  the v{trusted} this device trusts: the server has not caught up with the key rotation; \

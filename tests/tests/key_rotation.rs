@@ -251,14 +251,12 @@ fn a_manifest_from_before_a_known_rotation_is_stale_not_a_failure() {
     assert_eq!(dev.reboot(), SlotName::B);
 }
 
-/// A frozen mirror replaying an expired manifest of the previous key epoch:
-/// expiry is checked before the epoch, so it is refused and reported as a
-/// failed check (a lagging edge's manifest is waited out only while it is
-/// still valid), and nothing is stored or installed.
-#[test]
-fn an_expired_manifest_of_the_previous_epoch_is_refused_not_stale() {
+/// A manifest of the previous key epoch, signed at `issued` and valid
+/// until `expires`, is refused with `expect` in the error and in a
+/// `check_failed` report: nothing is stored or installed.
+fn a_previous_epoch_manifest_is_refused(name: &str, issued: &str, expires: &str, expect: &str) {
     updraft_tests::require!("nginx");
-    let keys = TempDir::new("expired-epoch-keys");
+    let keys = TempDir::new(&format!("{name}-keys"));
     let root = keygen(keys.path(), "root");
     let release = keygen(keys.path(), "release");
     let added = keygen(keys.path(), "added");
@@ -268,8 +266,8 @@ fn an_expired_manifest_of_the_previous_epoch_is_refused_not_stale() {
     image(&img, IMAGE, 2);
     server.repo.release(&[&release], "2.0", &img, &[]);
     server.repo.resign(&[&release], |p| {
-        p["issued"] = json!("2020-01-01T00:00:00Z");
-        p["expires"] = json!("2020-02-01T00:00:00Z");
+        p["issued"] = json!(issued);
+        p["expires"] = json!(expires);
     });
     assert_eq!(server.repo.payload()["keys_version"], json!(1));
     server
@@ -278,14 +276,14 @@ fn an_expired_manifest_of_the_previous_epoch_is_refused_not_stale() {
     let mut spec = DeviceSpec::simple(&release);
     spec.trust = TrustSpec::Root(vec![root.public.clone()], 1, 0);
     spec.server = server.server_toml("1s", "200ms");
-    let mut dev = Device::new("expired-epoch", spec);
+    let mut dev = Device::new(name, spec);
     dev.init();
     dev.start_daemon();
     let st = dev.wait_for("the expired manifest refused", WAIT, |s| {
         s["keys_version"] == json!(2) && !s["last_error"].is_null()
     });
     let error = st["last_error"].to_string();
-    assert!(error.contains("expired at 2020-02-01T00:00:00Z"), "{st:#}");
+    assert!(error.contains(expect), "{st:#}");
     assert_eq!(
         st["serial"],
         json!(null),
@@ -309,17 +307,48 @@ fn an_expired_manifest_of_the_previous_epoch_is_refused_not_stale() {
         );
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert!(reason.contains("expired at 2020-02-01"), "{reason}");
+    assert!(reason.contains(expect), "{reason}");
     assert!(
-        !dev.log().contains("older than the v2 this device trusts"),
-        "the expired manifest was taken for a stale one:\n{}",
+        !dev.log()
+            .contains("the server has not caught up with the key rotation; polling again later"),
+        "the manifest was waited out as a lagging edge's:\n{}",
         dev.log_tail()
     );
     assert!(
         !dev.reboot_marker.exists(),
-        "the expired release was installed"
+        "the refused release was installed"
     );
     dev.stop_daemon();
+}
+
+/// A frozen mirror replaying an expired manifest of the previous key epoch:
+/// expiry is checked before the epoch, so it is refused and reported as a
+/// failed check (a lagging edge's manifest is waited out only while it is
+/// still valid).
+#[test]
+fn an_expired_manifest_of_the_previous_epoch_is_refused_not_stale() {
+    a_previous_epoch_manifest_is_refused(
+        "expired-epoch",
+        "2020-01-01T00:00:00Z",
+        "2020-02-01T00:00:00Z",
+        "expired at 2020-02-01T00:00:00Z",
+    );
+}
+
+/// A manifest of the previous key epoch still valid but signed two days
+/// ago, past `server.stale_limit` (a day): no lagging edge but a server
+/// that missed the rotation, refused and reported.
+#[test]
+fn a_stale_manifest_past_the_stale_limit_is_reported() {
+    let now = updraft::timestamp::Timestamp::now().0;
+    let issued = updraft::timestamp::Timestamp(now - 2 * 86_400).to_string();
+    let expires = updraft::timestamp::Timestamp(now + 30 * 86_400).to_string();
+    a_previous_epoch_manifest_is_refused(
+        "stale-limit",
+        &issued,
+        &expires,
+        "(server.stale_limit 1d): the server has not caught up with the key rotation",
+    );
 }
 
 /// After a rollback to the previous release of updraft, the state the

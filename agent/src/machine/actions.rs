@@ -68,6 +68,7 @@ impl Machine {
                 preferred: &mut self.preferred,
                 compatible: &self.cfg.device.compatible,
                 channel: &self.channel.name,
+                stale_limit: self.cfg.server.stale_limit.0,
             },
             origin: polled,
             version: job.version.clone(),

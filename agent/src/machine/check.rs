@@ -81,6 +81,7 @@ impl Machine {
             preferred: &mut self.preferred,
             compatible: &self.cfg.device.compatible,
             channel: &self.channel.name,
+            stale_limit: self.cfg.server.stale_limit.0,
         };
         let verified = match poller.verified_manifest(origin, default_origin, t)? {
             Polled::Verified(v) => *v,

@@ -244,6 +244,7 @@ impl Machine {
             preferred: &mut self.preferred,
             compatible: &self.cfg.device.compatible,
             channel: &self.channel.name,
+            stale_limit: self.cfg.server.stale_limit.0,
         };
         let answer = Ok(crate::fetch::Fetched::Body {
             bytes: raw.clone(),
