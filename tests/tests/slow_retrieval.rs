@@ -331,3 +331,91 @@ fn a_manifest_naming_another_image_at_the_switch_installs_that_release() {
     assert_eq!(ended["detail"], json!("superseded by release 2.0 serial 2"));
     dev.stop_daemon();
 }
+
+/// A black hole in the middle of a download: every connection accepted,
+/// nothing answered, for longer than eight attempts take (the budget of
+/// earlier releases; 30 minutes on a device, here with one-second
+/// timeouts). The download waits it out: no failure is recorded or
+/// reported, the job is the same, it resumes where the verified frames
+/// end (at most one frame crosses the network twice), and the release is
+/// installed.
+#[test]
+fn a_black_hole_in_the_middle_of_a_download_is_waited_out() {
+    updraft_tests::require!("nginx");
+    let ps = ProxiedServer::start("black-hole", true);
+    let v1 = ps.publish("1.0", 13, IMAGE, &[]);
+    ps.drip(SLOW);
+    let mut spec = ps.device_spec("1s", "");
+    spec.server = spec
+        .server
+        .replace("stall_timeout = \"5s\"", "stall_timeout = \"1s\"")
+        .replace("connect_timeout = \"5s\"", "connect_timeout = \"1s\"");
+    let mut dev = Device::new("black-hole", spec);
+    dev.init();
+    dev.start_daemon();
+    let during = wait_downloading(&dev, UNDER_WAY, WAIT);
+    // The network goes.
+    ps.proxy.set_default(Behaviour::Stall);
+    ps.proxy.reset_all();
+    let t = std::time::Instant::now();
+    loop {
+        let attempts = dev.log().matches("failing since").count();
+        if attempts >= 10 {
+            break;
+        }
+        assert!(
+            t.elapsed() < WAIT,
+            "{attempts} failed attempt(s) only:\n{}",
+            dev.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The same job goes on (a poll may be under way: "checking").
+    let st = dev.status();
+    assert_eq!(st["job"]["id"], during["job"]["id"], "{st:#}");
+    assert!(st["last_install"].is_null(), "{st:#}");
+    assert!(
+        st["last_error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("waiting for the network since")),
+        "{st:#}"
+    );
+    // The network comes back.
+    ps.proxy.set_default(Behaviour::Pass);
+    let st = wait_rebooting(&dev);
+    assert_eq!(st["job"]["id"], during["job"]["id"]);
+    assert_eq!(&dev.slot_bytes(SlotName::B)[..IMAGE], &v1[..]);
+    let events: Vec<Value> = history(&dev)
+        .into_iter()
+        .map(|e| e["event"].clone())
+        .collect();
+    assert!(!events.contains(&json!("failed")), "{events:?}");
+    let failures = ps
+        .server
+        .collector
+        .as_ref()
+        .expect("a collector")
+        .reports()
+        .iter()
+        .filter_map(|r| r.json().ok())
+        .filter(|r| r["kind"] == json!("install") && r["result"] == json!("failed"))
+        .count();
+    assert_eq!(failures, 0, "an install failure was reported");
+    // What crossed the network, as the device counts the body bytes it
+    // received for the job: the artifact once, and at most one frame
+    // twice (the one in flight when the network went).
+    let max_frame = ps.server.repo.payload()["artifact"]["frames"]
+        .as_array()
+        .expect("frames")
+        .iter()
+        .filter_map(|f| f["size"].as_u64())
+        .max()
+        .unwrap_or(0);
+    let received = st["job"]["bytes_downloaded"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        received <= ps.artifact_size() + max_frame,
+        "{received} bytes of a {}-byte artifact received (frames up to {max_frame} bytes)",
+        ps.artifact_size()
+    );
+    dev.stop_daemon();
+}

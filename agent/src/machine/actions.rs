@@ -256,14 +256,10 @@ impl Machine {
             Err(e) if e.kind() == Kind::Stopped => return Err(e),
             Err(e) => {
                 self.last_error = Some(e.to_string());
-                let transient = matches!(e.kind(), Kind::Network | Kind::Busy);
-                if self.mode == Mode::Daemon
-                    && transient
-                    && self.download_failures < MAX_DOWNLOAD_RETRIES
-                {
-                    self.download_failures += 1;
+                if retries_after(e.kind(), self.download_failures, self.mode == Mode::Daemon) {
+                    self.download_failures = self.download_failures.saturating_add(1);
                     log::warn!(
-                        "release {} slot {}: {e} (attempt {} of {MAX_DOWNLOAD_RETRIES}; trying again later)",
+                        "release {} slot {}: {e} (attempt {}; trying again later)",
                         job.version,
                         job.target,
                         self.download_failures
@@ -272,7 +268,7 @@ impl Machine {
                         crate::backoff::full_jitter(
                             self.download_failures,
                             Duration::from_secs(5),
-                            self.cfg.server.retry_max.0,
+                            self.cfg.server.retry_max.0.min(NETWORK_RETRY_CAP),
                         )
                     })));
                 }

@@ -143,8 +143,29 @@ impl CheckOutcome {
     }
 }
 
-/// Consecutive transient download failures before a job is failed.
+/// Consecutive transient failures other than the network's (a busy
+/// bootloader, a busy slot) before a job is failed. A network failure has
+/// no budget: it is retried while the job's download deadline and its
+/// manifest's validity allow ([`retries_after`]).
 const MAX_DOWNLOAD_RETRIES: u32 = 8;
+
+/// The longest wait between two attempts of a download the network
+/// interrupted, whatever `server.retry_max` says: an outage's end is found
+/// within it.
+const NETWORK_RETRY_CAP: Duration = Duration::from_secs(300);
+
+/// Whether a download that failed with `kind`, after `failures`
+/// consecutive failures, is tried again (rather than failing its job):
+/// network failures always (the deadline ends them), others up to
+/// [`MAX_DOWNLOAD_RETRIES`]. Only a daemon retries.
+pub(crate) fn retries_after(kind: Kind, failures: u32, daemon: bool) -> bool {
+    daemon
+        && match kind {
+            Kind::Network => true,
+            Kind::Busy => failures < MAX_DOWNLOAD_RETRIES,
+            _ => false,
+        }
+}
 
 /// How long the reboot command may run before it counts as failed.
 const REBOOT_COMMAND_LIMIT: Duration = Duration::from_secs(60);
@@ -218,6 +239,8 @@ pub struct Machine {
     fleet_seen: Option<fleet::Seen>,
     /// The copy of what must outlive the database ([`crate::protect`]).
     protection: crate::protect::Keeper,
+    /// Since when the download has been failing for the network's sake.
+    network_down_since: Option<Timestamp>,
 }
 
 /// A reboot the reboot command accepted.
@@ -303,6 +326,7 @@ impl Machine {
         let protection = crate::protect::Keeper::new(&cfg.db_path());
         Ok(Machine {
             protection,
+            network_down_since: None,
             cfg,
             mode,
             store,
@@ -655,6 +679,7 @@ impl Machine {
         match action(self, job.clone(), t) {
             Ok(n) => {
                 self.download_failures = 0;
+                self.network_down_since = None;
                 self.progress = None;
                 Ok(n)
             }
@@ -678,23 +703,28 @@ impl Machine {
                     }
                     _ => e,
                 };
-                if self.mode == Mode::Daemon
-                    && transient
+                if transient
                     && deadline.is_none()
-                    && self.download_failures < MAX_DOWNLOAD_RETRIES
+                    && retries_after(e.kind(), self.download_failures, self.mode == Mode::Daemon)
                 {
-                    self.download_failures += 1;
-                    log::warn!(
-                        "{e} (attempt {} of {MAX_DOWNLOAD_RETRIES}; resuming later)",
-                        self.download_failures
-                    );
+                    self.download_failures = self.download_failures.saturating_add(1);
+                    let since = *self.network_down_since.get_or_insert_with(Timestamp::now);
                     let delay = e.retry_after().unwrap_or_else(|| {
                         crate::backoff::full_jitter(
                             self.download_failures,
                             Duration::from_secs(5),
-                            self.cfg.server.retry_max.0,
+                            self.cfg.server.retry_max.0.min(NETWORK_RETRY_CAP),
                         )
                     });
+                    let until = match job.download_deadline {
+                        Some(d) => format!("until its deadline {d}"),
+                        None => "with no deadline".into(),
+                    };
+                    log::warn!(
+                        "{e} (attempt {}, failing since {since}; resuming {until})",
+                        self.download_failures
+                    );
+                    self.last_error = Some(format!("waiting for the network since {since}: {e}"));
                     return Ok(Next::Retry(delay));
                 }
                 if let Method::Delta { .. } = &job.method {
