@@ -236,6 +236,31 @@ impl Collector {
         }
         st.reports.clone()
     }
+
+    /// Wait for a recorded report whose JSON body `pred` accepts, and
+    /// return that body; panics naming `what` and listing the reports seen
+    /// after `timeout`.
+    pub fn wait_report(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + timeout;
+        let mut seen = 0;
+        loop {
+            let reports = self.wait_for_reports(seen + 1, Duration::from_millis(200));
+            let bodies: Vec<serde_json::Value> =
+                reports.iter().filter_map(|r| r.json().ok()).collect();
+            if let Some(r) = bodies.iter().find(|r| pred(r)) {
+                return r.clone();
+            }
+            seen = reports.len();
+            if Instant::now() >= deadline {
+                panic!("no report for {what} within {timeout:?}: {bodies:#?}");
+            }
+        }
+    }
 }
 
 impl Drop for Collector {

@@ -100,31 +100,13 @@ impl ProxiedServer {
         timeout: Duration,
         pred: impl Fn(&Value) -> bool,
     ) -> Value {
-        let collector = self
-            .server
+        self.server
             .collector
             .as_ref()
-            .expect("a server started with reports");
-        let t = Instant::now();
-        loop {
-            let reports: Vec<Value> = collector
-                .unique_reports()
-                .iter()
-                .filter_map(|r| r.json().ok())
-                .collect();
-            if let Some(r) = reports.iter().find(|r| pred(r)) {
-                return r.clone();
-            }
-            if t.elapsed() >= timeout {
-                panic!("no report for {what} within {timeout:?}: {reports:#?}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            .expect("a server started with reports")
+            .wait_report(what, timeout, pred)
     }
 
-    /// From now on every new connection meets `behaviour`, and the open
-    /// ones are reset except the busiest (the download in progress): the
-    /// device's next request, a poll, opens a new connection.
     pub fn only_the_download_passes(&self, behaviour: Behaviour) {
         self.proxy.set_default(behaviour);
         let busiest = self

@@ -7,7 +7,7 @@
 //! SQLite cannot see and the copy raises back.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use updraft_tests::device::{Device, DeviceSpec};
@@ -244,23 +244,9 @@ fn the_daemon_recovers_and_reports_it() {
     let mut f = floored("dbdaemon", &key, keys, |s| s.server = toml);
     flip_page_of(&f.db(), "state");
     f.dev.start_daemon();
-    let t = Instant::now();
-    let report = loop {
-        let found = collector
-            .reports()
-            .iter()
-            .filter_map(|r| r.json().ok())
-            .find(|r| r["kind"] == json!("database_recovered"));
-        if let Some(r) = found {
-            break r;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "no database_recovered report:\n{}",
-            f.dev.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let report = collector.wait_report("the recovery", Duration::from_secs(60), |r| {
+        r["kind"] == json!("database_recovered")
+    });
     let reason = report["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("updraft.db.damaged-"), "{report:#}");
     let log = f.dev.log();

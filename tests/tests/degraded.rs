@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 use updraft_tests::device::{Device, DeviceSpec};
 use updraft_tests::publisher::{KeyPair, keygen};
 use updraft_tests::server::UpdateServer;
@@ -52,23 +52,9 @@ fn degraded_then_mended(cause: Cause) {
     );
     // The reason reaches the report server, though the outbox is never
     // opened.
-    let t = Instant::now();
-    let report: Value = loop {
-        let found = collector
-            .reports()
-            .iter()
-            .filter_map(|r| r.json().ok())
-            .find(|r| r["kind"] == json!("degraded"));
-        if let Some(r) = found {
-            break r;
-        }
-        assert!(
-            t.elapsed() < WAIT,
-            "no degraded report:\n{}",
-            dev.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let report = collector.wait_report("the degraded state", WAIT, |r| {
+        r["kind"] == json!("degraded")
+    });
     let reason = report["reason"].as_str().unwrap_or_default();
     assert!(reason.contains(&named), "{report:#}");
     assert!(report["version"].is_string(), "{report:#}");

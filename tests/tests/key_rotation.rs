@@ -290,23 +290,10 @@ fn a_previous_epoch_manifest_is_refused(name: &str, issued: &str, expires: &str,
         "the expired serial was recorded: {st:#}"
     );
     let collector = server.collector.as_ref().expect("a report collector");
-    let t = std::time::Instant::now();
-    let reason = loop {
-        let failed = collector
-            .reports()
-            .iter()
-            .filter_map(|r| r.json().ok())
-            .find(|r| r["kind"] == json!("check_failed"));
-        if let Some(r) = failed {
-            break r["reason"].as_str().unwrap_or_default().to_string();
-        }
-        assert!(
-            t.elapsed() < WAIT,
-            "no check_failed report:\n{}",
-            dev.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let failed = collector.wait_report("the failed check", WAIT, |r| {
+        r["kind"] == json!("check_failed")
+    });
+    let reason = failed["reason"].as_str().unwrap_or_default();
     assert!(reason.contains(expect), "{reason}");
     assert!(
         !dev.log()

@@ -176,19 +176,9 @@ fn a_reboot_that_does_not_come_is_warned_about_reported_and_asked_again() {
     assert!(line.contains("WARN"), "{line}");
     assert!(line.contains("release 1.0 slot B"), "{line}");
     // Reported: the device waits for its reboot.
-    let t = std::time::Instant::now();
-    loop {
-        let waiting = collector
-            .reports()
-            .iter()
-            .filter_map(|r| r.json().ok())
-            .any(|r| r["kind"] == json!("waiting") && r["waiting_for"] == json!("reboot"));
-        if waiting {
-            break;
-        }
-        assert!(t.elapsed() < WAIT, "no waiting report:\n{}", dev.log_tail());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    collector.wait_report("waiting for the reboot", WAIT, |r| {
+        r["kind"] == json!("waiting") && r["waiting_for"] == json!("reboot")
+    });
     // Asked again, and polled meanwhile.
     std::thread::sleep(Duration::from_secs(3));
     let asked = std::fs::read_to_string(&marker).unwrap_or_default();
