@@ -183,40 +183,31 @@ impl Recovered {
 /// damaged or was emptied.
 pub fn open_store(db: &Path) -> Result<(Store, Option<Recovered>)> {
     let copy_path = path_beside(db);
-    let (why, moved_to) = match Store::open_checked(db)? {
+    let (store, why, moved_to) = match Store::open_checked(db)? {
         Opened::Usable(store) => match store.validate() {
             Err(e) => {
                 drop(store);
-                (e.to_string(), Some(move_aside(db)?))
+                let aside = move_aside(db)?;
+                (Store::open(db)?, e.to_string(), Some(aside))
             }
             Ok(()) if !store.is_blank()? => {
                 merge(&store, &copy_path);
                 return Ok((store, None));
             }
-            Ok(()) => {
-                // Blank: a new device, or a database that was emptied.
-                match load(&copy_path) {
-                    Ok(Some(p)) if p != Protected::default() => {
-                        store
-                            .restore(&p)
-                            .with_context(|| format!("restoring {}", copy_path.display()))?;
-                        let r = Recovered {
-                            why: "it was empty".into(),
-                            moved_to: None,
-                            restored: true,
-                        };
-                        return Ok((store, Some(r)));
-                    }
-                    _ => return Ok((store, None)),
+            // Blank: a new device (nothing to restore, no recovery), or a
+            // database that was emptied.
+            Ok(()) => match load(&copy_path) {
+                Ok(Some(p)) if p != Protected::default() => {
+                    (store, "it was empty".to_string(), None)
                 }
-            }
+                _ => return Ok((store, None)),
+            },
         },
         Opened::Damaged(why) => {
             let aside = move_aside(db)?;
-            (why, Some(aside))
+            (Store::open(db)?, why, Some(aside))
         }
     };
-    let store = Store::open(db)?;
     let restored = match load(&copy_path) {
         Ok(Some(p)) => {
             store

@@ -164,6 +164,13 @@ fn protected_meta(key: &str) -> bool {
     key.starts_with("floor.") || matches!(key, "serial" | "serial_epoch" | "time_floor" | "channel")
 }
 
+/// Whether an error carries SQLite's words for a damaged file (once
+/// converted, the error code is gone; its message stays).
+fn says_damaged(e: &Error) -> bool {
+    let text = e.message();
+    text.contains("malformed") || text.contains("not a database")
+}
+
 /// A database file found on open.
 pub enum Opened {
     /// Usable: it opened, passed SQLite's `quick_check` and has the schema.
@@ -223,23 +230,12 @@ impl Store {
         match checked {
             Ok(rows) if rows == ["ok"] => {}
             Ok(rows) => return Ok(Opened::Damaged(rows.join("; "))),
-            Err(e) => {
-                let text = e.to_string();
-                // configure() and the check report SQLite's words.
-                if text.contains("malformed") || text.contains("not a database") {
-                    return Ok(Opened::Damaged(text));
-                }
-                return Err(e.wrap(format!("opening database {}", path.display())));
-            }
+            Err(e) if says_damaged(&e) => return Ok(Opened::Damaged(e.to_string())),
+            Err(e) => return Err(e.wrap(format!("opening database {}", path.display()))),
         }
         match store.migrate() {
             Ok(()) => Ok(Opened::Usable(store)),
-            Err(e)
-                if e.to_string().contains("malformed")
-                    || e.to_string().contains("not a database") =>
-            {
-                Ok(Opened::Damaged(e.to_string()))
-            }
+            Err(e) if says_damaged(&e) => Ok(Opened::Damaged(e.to_string())),
             Err(e) => Err(e.wrap(format!("preparing database {}", path.display()))),
         }
     }

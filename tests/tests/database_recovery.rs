@@ -84,9 +84,14 @@ impl Floored {
         v
     }
 
-    fn history(&self) -> Vec<Value> {
+    /// The `database-recovered` events of the history, oldest first.
+    fn recoveries(&self) -> Vec<Value> {
         let text = self.dev.ok(&["history", "--json"]);
-        serde_json::from_str(&text).expect("history --json is JSON")
+        let history: Vec<Value> = serde_json::from_str(&text).expect("history --json is JSON");
+        history
+            .into_iter()
+            .filter(|e| e["event"] == json!("database-recovered"))
+            .collect()
     }
 }
 
@@ -124,11 +129,8 @@ fn recovers_from(name: &str, damage: impl FnOnce(&Path)) {
     // The next command opens the database: it is rebuilt, and the floor
     // holds.
     f.assert_replay_refused();
-    let history = f.history();
-    let recovered = history
-        .iter()
-        .find(|e| e["event"] == json!("database-recovered"))
-        .unwrap_or_else(|| panic!("no database-recovered event: {history:#?}"));
+    let recoveries = f.recoveries();
+    let recovered = recoveries.first().expect("a database-recovered event");
     let detail = recovered["detail"].as_str().unwrap_or_default();
     assert!(
         detail.contains(&f.db().display().to_string()),
@@ -137,15 +139,8 @@ fn recovers_from(name: &str, damage: impl FnOnce(&Path)) {
     assert!(detail.contains("restored from protected.json"), "{detail}");
     // Only once: the rebuilt database is used from then on.
     f.assert_replay_refused();
-    let again = f.history();
-    assert_eq!(
-        again
-            .iter()
-            .filter(|e| e["event"] == json!("database-recovered"))
-            .count(),
-        1,
-        "{again:#?}"
-    );
+    let again = f.recoveries();
+    assert_eq!(again.len(), 1, "{again:#?}");
     assert_eq!(f.dev.status()["serial"], json!(5));
 }
 
@@ -202,11 +197,8 @@ fn a_zero_length_database_is_refilled_from_the_copy() {
     let f = floored("dbzero", &key, keys, |_| {});
     std::fs::write(f.db(), b"").expect("emptying the database");
     f.assert_replay_refused();
-    let history = f.history();
-    let event = history
-        .iter()
-        .find(|e| e["event"] == json!("database-recovered"))
-        .unwrap_or_else(|| panic!("{history:#?}"));
+    let recoveries = f.recoveries();
+    let event = recoveries.first().expect("a database-recovered event");
     assert!(
         event["detail"]
             .as_str()

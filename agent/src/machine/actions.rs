@@ -350,12 +350,7 @@ impl Machine {
             _ => job.target,
         };
         match self.cfg.system.reboot {
-            RebootMode::Auto
-                if self.reboot_requested.is_some_and(|a| {
-                    std::time::Instant::now()
-                        >= reboot_overdue_at(a, self.cfg.system.reboot_timeout.0)
-                }) =>
-            {
+            RebootMode::Auto if self.reboot_due_again() => {
                 let asked = self.reboot_requested.map(|a| a.asks).unwrap_or(0);
                 let since = self
                     .reboot_requested

@@ -386,13 +386,17 @@ impl Machine {
         self.fleet.is_some() || self.reboot_overdue()
     }
 
-    /// Whether the reboot the command accepted has not come in time.
+    /// Whether the reboot the command accepted has not come in time (or
+    /// had to be asked for again already).
     pub fn reboot_overdue(&self) -> bool {
-        self.reboot_requested.is_some_and(|a| {
-            a.asks > 1
-                || std::time::Instant::now()
-                    >= reboot_overdue_at(a, self.cfg.system.reboot_timeout.0)
-        })
+        self.reboot_requested.is_some_and(|a| a.asks > 1) || self.reboot_due_again()
+    }
+
+    /// Whether the reboot the command accepted is due to be asked for
+    /// again now.
+    pub(crate) fn reboot_due_again(&self) -> bool {
+        self.reboot_recheck_at()
+            .is_some_and(|at| std::time::Instant::now() >= at)
     }
 
     /// When the daemon must step a waiting reboot again: the moment it
