@@ -96,27 +96,31 @@ impl Degraded {
     }
 
     /// Serve degraded until `until`, or until a signal asks the daemon to
-    /// stop.
-    pub(super) fn wait(&mut self, f: &Failure, until: Instant) -> Ended {
+    /// stop. The control socket is bound once and kept in `held` across
+    /// start attempts (the next start takes it over).
+    pub(super) fn wait(
+        &mut self,
+        f: &Failure,
+        held: &mut Option<ControlServer>,
+        until: Instant,
+    ) -> Ended {
         let reason = f.error.to_string();
         let defaults = System::default();
         let system = f.cfg.as_ref().map_or(&defaults, |c| &c.system);
         notify::ready();
         notify::status(&format!("degraded: {reason}"));
-        let mut ctl = if f.lock_held {
-            None
-        } else {
+        if f.lock_held {
+            // Another updraft process holds the state: the socket is its.
+            *held = None;
+        } else if held.is_none() {
             match ControlServer::bind(&system.socket, system.socket_group.as_deref()) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    log::error!(
-                        "degraded: the control socket {} cannot be served either: {e}",
-                        system.socket.display()
-                    );
-                    None
-                }
+                Ok(c) => *held = Some(c),
+                Err(e) => log::error!(
+                    "degraded: the control socket {} cannot be served either: {e}",
+                    system.socket.display()
+                ),
             }
-        };
+        }
         if let Some(cfg) = &f.cfg {
             self.report(cfg, &f.error);
         }
@@ -135,7 +139,7 @@ impl Degraded {
                 wake = wake.min(w);
             }
             let timeout = wake.saturating_duration_since(now);
-            match ctl.as_mut() {
+            match held.as_mut() {
                 Some(c) => {
                     if sleep_until_event(c, &[], timeout) {
                         for client in c.accept_all() {

@@ -72,6 +72,7 @@ pub fn serve(config: &Path) -> Result<()> {
     signals::install()?;
     let mut attempts: u32 = 0;
     let mut degraded: Option<Degraded> = None;
+    let mut held: Option<ControlServer> = None;
     loop {
         // A configuration refused by its checks still says where the
         // socket is and where reports go.
@@ -80,7 +81,7 @@ pub fn serve(config: &Path) -> Result<()> {
             cfg: Config::load_unchecked(config).map(Box::new),
             lock_held: false,
         });
-        let failure = match started.and_then(start) {
+        let failure = match started.and_then(|cfg| start(cfg, &mut held)) {
             Ok((lock, mut d)) => {
                 if degraded.is_some() {
                     log::warn!("started after {attempts} failed attempt(s): no longer degraded");
@@ -118,7 +119,7 @@ pub fn serve(config: &Path) -> Result<()> {
             crate::timestamp::format_duration(delay)
         );
         let d = degraded.get_or_insert_with(Degraded::new);
-        if d.wait(&failure, Instant::now() + delay) == degraded::Ended::Stop {
+        if d.wait(&failure, &mut held, Instant::now() + delay) == degraded::Ended::Stop {
             log::info!("updraft stopped (degraded)");
             return Ok(());
         }
@@ -128,7 +129,14 @@ pub fn serve(config: &Path) -> Result<()> {
 /// Everything before the loop: the state lock, the machine, the control
 /// socket, this boot's reconciliation. What fails here degrades the
 /// daemon.
-fn start(cfg: Config) -> std::result::Result<(StateLock, Daemon), Failure> {
+///
+/// `held`: the control socket degraded mode served, taken over once the
+/// machine opened, so that clients never find the socket gone between two
+/// start attempts (they would read the device without the daemon).
+fn start(
+    cfg: Config,
+    held: &mut Option<ControlServer>,
+) -> std::result::Result<(StateLock, Daemon), Failure> {
     let fail = |error: Error, cfg: &Config| Failure {
         lock_held: error.kind() == Kind::Busy,
         error,
@@ -137,7 +145,10 @@ fn start(cfg: Config) -> std::result::Result<(StateLock, Daemon), Failure> {
     let lock = StateLock::acquire(&cfg.lock_path()).map_err(|e| fail(e, &cfg))?;
     let started = (|| {
         let mut machine = Machine::open(cfg.clone(), Mode::Daemon)?;
-        let ctl = ControlServer::bind(&cfg.system.socket, cfg.system.socket_group.as_deref())?;
+        let ctl = match held.take() {
+            Some(c) => c,
+            None => ControlServer::bind(&cfg.system.socket, cfg.system.socket_group.as_deref())?,
+        };
         // Applications must find the inhibit directory; without it nothing
         // can inhibit, which is no reason not to update.
         if let Err(e) = crate::inhibit::prepare_dir(&cfg.policy) {
