@@ -32,6 +32,42 @@ pub mod skip;
 pub mod static_server;
 pub mod tmp;
 
+/// `cargo`, as the user invokes it (respects `CARGO`), without the
+/// variables cargo sets for a package it runs (`CARGO_MANIFEST_DIR`,
+/// `CARGO_PKG_*`, ...).
+///
+/// A test or `cargo xtask` is run by cargo and has them. A nested cargo
+/// that inherits them sees their values as changed since the last build run
+/// from a shell (or from another such process) and rebuilds the crates
+/// whose build scripts track them (ring, and everything above it).
+pub fn cargo_command() -> std::process::Command {
+    let mut c = std::process::Command::new(
+        std::env::var_os("CARGO")
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| "cargo".into()),
+    );
+    for (k, _) in std::env::vars_os() {
+        if let Some(k) = k.to_str() {
+            if k.starts_with("CARGO_PKG_")
+                || matches!(
+                    k,
+                    "CARGO_MANIFEST_DIR"
+                        | "CARGO_MANIFEST_PATH"
+                        | "CARGO_MANIFEST_LINKS"
+                        | "CARGO_CRATE_NAME"
+                        | "CARGO_BIN_NAME"
+                        | "CARGO_PRIMARY_PACKAGE"
+                        | "CARGO_TARGET_TMPDIR"
+                        | "OUT_DIR"
+                )
+            {
+                c.env_remove(k);
+            }
+        }
+    }
+    c
+}
+
 /// The workspace root: the repository checkout the tests run from (for
 /// the unit file, the Yocto layer and the boot scripts it ships).
 pub fn repo_root() -> std::path::PathBuf {

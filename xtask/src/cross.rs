@@ -687,9 +687,14 @@ pub(crate) fn without_unwind_tables(c: &mut Command, triple: &str) {
 pub(crate) fn release_agent(t: &Target) -> Result<PathBuf> {
     ensure_host_tools(&[t])?;
     let tc = Toolchain::ensure(Pick::Newest)?;
-    let target_dir = util::root().join("target").join("cross");
+    let target_dir = release_dir();
     util::run(&mut release_build(t, &tc, &target_dir))?;
     Ok(target_dir.join(t.triple).join("release").join("updraft"))
+}
+
+/// Where [`release_agent`] builds: `target/cross`.
+fn release_dir() -> PathBuf {
+    util::root().join("target").join("cross")
 }
 
 /// `cargo build --release -p updraft --bin updraft --target <t>` in
@@ -716,7 +721,11 @@ fn release_build(t: &Target, tc: &Toolchain, target_dir: &Path) -> Command {
 /// `target/previous-release/cross`, at a lower CPU priority (nice 15, as
 /// the background builds of cross-test: it is built while other machines
 /// boot); kept as
-/// `target/previous-release/<commit>/<triple>/updraft` for later runs.
+/// `target/previous-release/<commit>/<triple>/updraft` for later runs. Its
+/// intermediate files go to the build directory of [`release_agent`]
+/// (`target/cross`): the dependencies that build compiled are reused, and
+/// only the agent itself is compiled and linked again
+/// ([`updraft_tests::previous::shared_build_args`]).
 pub(crate) fn previous_release_agent(t: &Target) -> Result<PathBuf> {
     // One build at a time in this process: `vm-test` starts it early on a
     // thread of its own, and scenario 7 then waits here for that build
@@ -741,7 +750,9 @@ pub(crate) fn previous_release_agent(t: &Target) -> Result<PathBuf> {
         .join("previous-release")
         .join("cross");
     let mut c = release_build(t, &tc, &target_dir);
-    c.arg("--locked");
+    c.arg("--locked")
+        .env("CARGO_BUILD_BUILD_DIR", release_dir())
+        .args(updraft_tests::previous::shared_build_args(&src, "release"));
     for key in updraft_tests::previous::current_env_keys() {
         c.env_remove(key);
     }

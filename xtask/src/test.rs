@@ -109,16 +109,8 @@ pub fn run(args: &[String]) -> Result {
     provision(&opts);
     let skip_log = util::target_dir().join("test-skips.log");
     let _ = std::fs::remove_file(&skip_log);
-    // The previous landed release (tests/src/previous.rs), which the
-    // rollback compatibility tests run, is built beside the workspace's
-    // own build rather than by the first test that needs it, where it held
-    // a test slot for minutes while seven other tests ran beside it.
-    let previous = opts
-        .cargo_args
-        .is_empty()
-        .then(|| std::thread::spawn(updraft_tests::previous::binary));
     util::run(cargo().args(["build", "--quiet", "-p", "updraft", "-p", "updraft-publish"]))?;
-    let result = run_tests(&opts, &skip_log, previous);
+    let result = run_tests(&opts, &skip_log);
     let rules = check_rules(&opts, &skip_log);
     let skips = skip::read_log(&skip_log).map_err(|e| e.to_string())?;
     report_skips(&skips);
@@ -141,27 +133,23 @@ pub fn run(args: &[String]) -> Result {
 
 /// The workspace's tests: nextest's `ci` profile when nextest is
 /// installed (then the doc tests, which it does not run), else `cargo test`.
-fn run_tests(
-    opts: &Options,
-    skip_log: &std::path::Path,
-    previous: Option<std::thread::JoinHandle<std::result::Result<std::path::PathBuf, String>>>,
-) -> Result {
+fn run_tests(opts: &Options, skip_log: &std::path::Path) -> Result {
     let started = std::time::Instant::now();
     let result = if nextest::available() {
-        // The test binaries first (nextest's own build is then a no-op),
-        // then the previous release's build is awaited: no test waits on it.
-        let mut build = cargo();
-        build.args(["test", "--workspace", "--no-run", "--quiet"]);
-        let built = util::run(&mut build);
-        if let Some(previous) = previous {
-            match previous.join() {
-                Ok(Ok(exe)) => println!("xtask test: the previous release is {}", exe.display()),
-                // The tests that need it fail with this reason.
-                Ok(Err(e)) => println!("xtask test: building the previous release failed: {e}"),
-                Err(_) => println!("xtask test: building the previous release panicked"),
+        // The test binaries first (nextest's own build is then a no-op).
+        util::run(cargo().args(["test", "--workspace", "--no-run", "--quiet"]))?;
+        // Then the previous landed release (tests/src/previous.rs), which the
+        // rollback compatibility tests run: after the workspace's build,
+        // whose dependencies it reuses (under a minute), rather than by the
+        // first test that needs it, where it held a test slot while seven
+        // other tests ran beside it. A failed build fails those tests, with
+        // this reason.
+        if opts.cargo_args.is_empty() {
+            match updraft_tests::previous::binary() {
+                Ok(exe) => println!("xtask test: the previous release is {}", exe.display()),
+                Err(e) => println!("xtask test: building the previous release failed: {e}"),
             }
         }
-        built?;
         println!(
             "xtask test: the workspace's tests under cargo-nextest, profile ci (.config/nextest.toml)"
         );

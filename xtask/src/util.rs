@@ -99,32 +99,12 @@ pub fn unpack_debs(
     })
 }
 
-/// `cargo` as invoked by the user (respects `CARGO`).
-///
-/// `cargo run` (which `cargo xtask` is) gives this process the variables
-/// cargo sets for a package (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`, ...).
-/// A nested cargo that inherits them sees their values as changed since
-/// the last build run from a shell and rebuilds crates that track them
-/// (ring, and everything above it), so they are removed.
+/// `cargo` as invoked by the user (respects `CARGO`), in the workspace,
+/// without the package variables of this `cargo run` process
+/// ([`updraft_tests::cargo_command`]).
 pub fn cargo() -> Command {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut c = updraft_tests::cargo_command();
     c.current_dir(root());
-    for (k, _) in std::env::vars_os() {
-        if let Some(k) = k.to_str() {
-            if k.starts_with("CARGO_PKG_")
-                || matches!(
-                    k,
-                    "CARGO_MANIFEST_DIR"
-                        | "CARGO_MANIFEST_PATH"
-                        | "CARGO_CRATE_NAME"
-                        | "CARGO_BIN_NAME"
-                        | "CARGO_PRIMARY_PACKAGE"
-                )
-            {
-                c.env_remove(k);
-            }
-        }
-    }
     c
 }
 
