@@ -86,6 +86,9 @@ pub struct Error {
     message: String,
     /// A server asked to be left alone for this long (429/503 Retry-After).
     retry_after: Option<std::time::Duration>,
+    /// A write found its filesystem full (SQLite's `SQLITE_FULL`,
+    /// `ENOSPC`): what to free is named where the path is known.
+    no_space: bool,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -96,7 +99,13 @@ impl Error {
             kind,
             message: message.into(),
             retry_after: None,
+            no_space: false,
         }
+    }
+
+    /// Whether a write found its filesystem full.
+    pub fn no_space(&self) -> bool {
+        self.no_space
     }
 
     /// Attach the delay a server asked for before the next attempt.
@@ -142,7 +151,9 @@ impl std::error::Error for Error {}
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
-        Error::new(Kind::Io, e.to_string())
+        let mut out = Error::new(Kind::Io, e.to_string());
+        out.no_space = e.kind() == std::io::ErrorKind::StorageFull;
+        out
     }
 }
 
@@ -154,7 +165,9 @@ impl From<nix::Error> for Error {
 
 impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
-        Error::new(Kind::Store, e.to_string())
+        let mut out = Error::new(Kind::Store, e.to_string());
+        out.no_space = e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull);
+        out
     }
 }
 

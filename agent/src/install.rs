@@ -167,38 +167,57 @@ pub fn write_full(
     let mut meter = Meter::new("download", offset, m.artifact.size);
     let mut since_sync = 0usize;
     let mut prepared = false;
-    loop {
-        match stream.wait()? {
-            FrameEvent::Read(n) => meter.advance(n),
-            FrameEvent::Idle => {}
-            FrameEvent::Frame { index, data } => {
-                if let Some(h) = image_hash.as_mut() {
-                    h.update(&data);
+    // Frames on the slot (written, and recorded as durable), counted from
+    // the first frame of the image.
+    let mut written = start as u64;
+    let mut recorded = start as u64;
+    let streamed = (|| -> Result<()> {
+        loop {
+            match stream.wait()? {
+                FrameEvent::Read(n) => meter.advance(n),
+                FrameEvent::Idle => {}
+                FrameEvent::Frame { index, data } => {
+                    if let Some(h) = image_hash.as_mut() {
+                        h.update(&data);
+                    }
+                    if !prepared {
+                        before_write(&mut *ticker)?;
+                        prepared = true;
+                    }
+                    let stepped = writer.write_all(&data)?;
+                    written = (index + 1) as u64;
+                    stream.recycle(data);
+                    since_sync += 1;
+                    if stepped && since_sync >= 8 {
+                        writer.sync()?;
+                        on_durable(written)?;
+                        recorded = written;
+                        since_sync = 0;
+                    }
+                    if let Some(rb) = readback.as_mut() {
+                        rb.complete_to(writer.completed());
+                    }
                 }
-                if !prepared {
-                    before_write(&mut *ticker)?;
-                    prepared = true;
-                }
-                let stepped = writer.write_all(&data)?;
-                stream.recycle(data);
-                since_sync += 1;
-                if stepped && since_sync >= 8 {
-                    writer.sync()?;
-                    on_durable((index + 1) as u64)?;
-                    since_sync = 0;
-                }
-                if let Some(rb) = readback.as_mut() {
-                    rb.complete_to(writer.completed());
+                FrameEvent::End { preferred } => {
+                    if let Some(p) = preferred {
+                        src.set_preferred(p);
+                    }
+                    return Ok(());
                 }
             }
-            FrameEvent::End { preferred } => {
-                if let Some(p) = preferred {
-                    src.set_preferred(p);
-                }
-                break;
-            }
+            meter.tick(ticker)?;
         }
-        meter.tick(ticker)?;
+    })();
+    if let Err(e) = streamed {
+        // A download that stops (the network, its deadline, a frame that
+        // does not verify, a stop) keeps what it wrote: the frames written
+        // since the last sync point are made durable and recorded, so that
+        // whatever attempt comes next starts after them. Best effort: the
+        // error is what the caller hears.
+        if written > recorded && writer.sync().is_ok() {
+            let _ = on_durable(written);
+        }
+        return Err(e);
     }
     if let Some(h) = image_hash {
         let got = h.finish();

@@ -41,7 +41,7 @@ pub mod metrics;
 mod notify;
 mod poll;
 mod progress;
-mod protect;
+pub mod protect;
 pub mod provision;
 mod readback;
 mod reconcile;

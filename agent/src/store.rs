@@ -78,6 +78,11 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 ";
 
+/// The `meta` key of what a download left on `slot` ([`Store::partial_write`]).
+fn partial_key(slot: SlotName) -> String {
+    format!("partial.{}", slot.as_str())
+}
+
 /// History entries kept; older ones are pruned.
 const HISTORY_KEEP: i64 = 1000;
 
@@ -766,7 +771,36 @@ impl Store {
     pub fn forget_slot(&self, slot: SlotName) -> Result<()> {
         self.conn
             .execute("DELETE FROM slots WHERE name = ?1", params![slot.as_str()])?;
+        self.conn.execute(
+            "DELETE FROM meta WHERE key = ?1",
+            params![partial_key(slot)],
+        )?;
         Ok(())
+    }
+
+    /// What a download that ended before its last frame left on `slot`:
+    /// the artifact it was writing (its sha256) and how many of its frames
+    /// were durable. A later job writing the same artifact there starts
+    /// after them (the next ones re-checked on the slot, the whole image
+    /// verified at the end); any write to the slot forgets it
+    /// ([`Store::forget_slot`]).
+    pub fn partial_write(&self, slot: SlotName) -> Result<Option<(Sha256, u64)>> {
+        let Some(v) = self.get(&partial_key(slot))? else {
+            return Ok(None);
+        };
+        let parsed = v.split_once(' ').and_then(|(sha, frames)| {
+            Some((Sha256::from_hex(sha).ok()?, frames.parse::<u64>().ok()?))
+        });
+        // Unreadable: as if nothing were kept (the write starts at frame 0).
+        Ok(parsed)
+    }
+
+    /// Record what a download that ended early left on `slot`.
+    pub fn set_partial_write(&self, slot: SlotName, artifact: &Sha256, frames: u64) -> Result<()> {
+        self.set(
+            &partial_key(slot),
+            &format!("{} {frames}", artifact.to_hex()),
+        )
     }
 
     /// Why an image was rejected before, if it was.

@@ -736,9 +736,19 @@ pub struct DdiServerBuilder<'a> {
     attribute_quota: usize,
     links: Links,
     idle_timeout: Duration,
+    ddi_behind: Option<SocketAddr>,
 }
 
 impl<'a> DdiServerBuilder<'a> {
+    /// Name `addr` instead of the API's own listener in the server's URL
+    /// and in every link it hands out: a proxy there (forwarding to
+    /// [`DdiServer::addr`]`(Origin::Ddi)`) then stands between the device
+    /// and the API and its downloads, as a network does.
+    pub fn ddi_behind(mut self, addr: SocketAddr) -> Self {
+        self.ddi_behind = Some(addr);
+        self
+    }
+
     /// Which download links artifacts get (default [`Links::Documented`]).
     pub fn links(mut self, links: Links) -> Self {
         self.links = links;
@@ -816,7 +826,11 @@ impl<'a> DdiServerBuilder<'a> {
         let http_listener = bind_loopback("DDI plain-HTTP server")?;
         let urls = Urls {
             tenant: self.tenant.clone(),
-            ddi: format!("https://{}", ddi_listener.local_addr()?),
+            ddi: format!(
+                "https://{}",
+                self.ddi_behind
+                    .map_or_else(|| ddi_listener.local_addr(), Ok)?
+            ),
             cdn: format!("https://{}", cdn_listener.local_addr()?),
             http: format!("http://{}", http_listener.local_addr()?),
         };
@@ -931,6 +945,7 @@ impl DdiServer {
             attribute_quota: DEFAULT_ATTRIBUTE_QUOTA,
             links: Links::Documented,
             idle_timeout: Duration::from_secs(30),
+            ddi_behind: None,
         }
     }
 

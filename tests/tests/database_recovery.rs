@@ -267,3 +267,108 @@ fn the_previous_release_runs_on_a_recovered_database() {
     assert_eq!(st["serial"], json!(5), "{st:#}");
     f.assert_replay_refused();
 }
+
+/// A state directory whose filesystem fills up (a 1 MiB tmpfs, filled by
+/// another file): the database write that finds no space says which file
+/// could not grow and where, at ERROR or WARNING; nothing is lost, the
+/// daemon keeps running, and once space is freed the release it could not
+/// start is installed.
+#[test]
+fn a_full_state_directory_is_named_and_the_update_goes_on_once_space_is_freed() {
+    updraft_tests::require!("nginx", "mount", "umount");
+    if !updraft_tests::skip::is_root() {
+        updraft_tests::skip!("needs root to mount a small tmpfs as the state directory");
+    }
+    let keys = TempDir::new("dbfull-keys");
+    let key = keygen(keys.path(), "release");
+    let server = UpdateServer::start(&keys.join("site"), false);
+    let mut s = DeviceSpec::simple(&key);
+    s.server = server.server_toml("1s", "200ms");
+    let mut dev = Device::new("dbfull", s);
+    let _mount = Tmpfs::mount(&dev.state_dir, "1m");
+    dev.init();
+    let v1 = keys.join("1.0.img");
+    image(&v1, IMAGE, 11);
+    server.repo.release(&[&key], "1.0", &v1, &[]);
+    dev.start_daemon();
+    dev.wait_reboot_requested(WAIT);
+    dev.reboot();
+    dev.start_daemon();
+    dev.wait_for("1.0 committed", WAIT, |s| {
+        s["state"] == json!("idle") && s["running_version"] == json!("1.0")
+    });
+
+    // Another file takes every free block.
+    let filler = dev.state_dir.join("filler");
+    fill(&filler);
+    let v2 = keys.join("2.0.img");
+    image(&v2, IMAGE, 12);
+    server.repo.release(&[&key], "2.0", &v2, &[]);
+    let named = format!(
+        "no space left for the database {} (and its journal) in {}",
+        dev.state_dir.join("updraft.db").display(),
+        dev.state_dir.display()
+    );
+    dev.wait_log(&named, WAIT);
+    assert!(dev.daemon_running(), "{}", dev.log_tail());
+    let st = dev.status();
+    assert_eq!(st["running_version"], json!("1.0"), "{st:#}");
+
+    std::fs::remove_file(&filler).expect("removing the filler");
+    dev.wait_reboot_requested(WAIT);
+    dev.reboot();
+    dev.start_daemon();
+    dev.wait_for("2.0 committed", WAIT, |s| {
+        s["state"] == json!("idle") && s["running_version"] == json!("2.0")
+    });
+    dev.stop_daemon();
+}
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// Write zeros to `path` until its filesystem is full.
+fn fill(path: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).expect("creating the filler");
+    let block = vec![0u8; 16 * 1024];
+    loop {
+        match f.write(&block) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    let _ = f.sync_all();
+}
+
+/// A tmpfs of `size` mounted on `dir` until dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).expect("creating the mount point");
+        let ok = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mounting a tmpfs on {}", dir.display());
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}

@@ -13,6 +13,8 @@ use updraft_tests::ddi_server::{
     ActionStatus, Artifact, Auth, Channel, Chunk, DdiServer, Deployment, Execution, Finished,
     Handling, MaintenanceWindow, Origin,
 };
+use updraft_tests::proxied::wait_downloading;
+use updraft_tests::proxy::{Behaviour, Proxy};
 
 const WAIT: Duration = Duration::from_secs(120);
 const IMAGE: usize = 3 * 1024 * 1024 + 123;
@@ -417,6 +419,162 @@ fn a_forced_action_does_not_pass_a_manual_gate() {
         rig.dev.log_tail()
     );
     assert_eq!(rig.dev.boot_script(), Some(SlotName::B));
+}
+
+/// An operator's own install (`updraft install`) is the operator's. A
+/// server's action for another release waits for it rather than replacing
+/// it, and one for the same release does not take it over: the action is
+/// answered once the operator's install has committed, and hears nothing
+/// of its download.
+#[test]
+fn an_operators_install_is_neither_replaced_nor_taken_over_by_a_server_action() {
+    let server = server();
+    let mut rig = device("ddi-operator-install", &server, DdiAuth::TargetToken, TOKEN);
+    let own = rig.publish("1.1", 41, IMAGE, &[]);
+    let other = rig.publish("1.2", 42, IMAGE, &[]);
+    rig.dev.start_daemon();
+    rig.dev.ok(&["install", &own.repo.manifest_str()]);
+    // Written and switched in; the reboot waits for the test.
+    rig.dev.wait_reboot_requested(WAIT);
+
+    // Another release: the action waits, the operator's job goes on.
+    deploy(&server, Deployment::new(1).chunk(other.chunk()));
+    rig.dev.wait_log(
+        "action 1 waits: the operator's install of release 1.1 is in progress (rebooting)",
+        WAIT,
+    );
+    server.cancel(CONTROLLER, 1);
+    server.wait_for_closed(1, WAIT);
+
+    // The same release: not taken over.
+    deploy(&server, Deployment::new(2).chunk(own.chunk()));
+    rig.dev.wait_log(
+        "action 2 waits: the operator's install of release 1.1 is in progress (rebooting)",
+        WAIT,
+    );
+    let st = rig.dev.status();
+    assert_eq!(st["job"]["version"], json!("1.1"), "{st:#}");
+    assert_eq!(st["job"]["ddi"], Value::Null, "{st:#}");
+
+    assert_eq!(rig.dev.reboot(), SlotName::B);
+    rig.dev.start_daemon();
+    rig.dev.wait_for("1.1 committed", WAIT, |s| {
+        s["state"] == json!("idle") && s["running_version"] == json!("1.1")
+    });
+    server.wait_for_closed(2, WAIT);
+    let why = closed_with(&server, 2, Finished::Success);
+    assert!(why.contains("1.1"), "{why}");
+    // Action 2 heard nothing of the operator's download: its only feedback
+    // is the answer after the commit.
+    assert_eq!(
+        executions(&server, 2),
+        vec![(Execution::Closed, Finished::Success)],
+        "{:#?}",
+        server.feedback(2)
+    );
+    assert_eq!(server.bytes_served(&artifact_name(&own)), 0);
+    assert_eq!(server.bytes_served(&artifact_name(&other)), 0);
+    let log = rig.dev.log();
+    assert!(!log.contains("takes over from"), "{log}");
+    assert_conforming(&server);
+}
+
+/// A black hole in the middle of a download, between the device and the
+/// whole server (its API and its downloads): every connection accepted,
+/// nothing answered, for longer than eight attempts take (the budget of
+/// earlier releases; here with one-second timeouts). The download waits it
+/// out, resumes where the verified frames end (at most one frame crosses
+/// the network twice), and the release commits. The action hears of the
+/// outage as `proceeding` with a note once the network is back, and never
+/// of a failure.
+#[test]
+fn a_black_hole_in_the_middle_of_a_download_is_waited_out_and_never_fails_the_action() {
+    let proxy =
+        Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], 9))).expect("starting the proxy");
+    let server = DdiServer::builder("DEFAULT")
+        .sleep("00:00:01")
+        .ddi_behind(proxy.addr())
+        .start()
+        .expect("starting the DDI server");
+    server.add_controller(CONTROLLER, TOKEN);
+    proxy.set_upstream(server.addr(Origin::Ddi));
+    // About ten seconds for the artifact, until the network goes.
+    proxy.set_default(Behaviour::Drip {
+        bytes_per_sec: 400_000,
+    });
+    let mut rig = device("ddi-black-hole", &server, DdiAuth::TargetToken, TOKEN);
+    rig.dev.reconfigure(|s| {
+        s.server
+            .push_str("stall_timeout = \"1s\"\nconnect_timeout = \"1s\"\n");
+    });
+    const LARGE: usize = 8 * 1024 * 1024;
+    let rel = rig.publish("1.1", 51, LARGE, &[]);
+    deploy(&server, Deployment::new(1).chunk(rel.chunk()));
+    rig.dev.start_daemon();
+    let during = wait_downloading(&rig.dev, 1_500_000, WAIT);
+    // The network goes.
+    proxy.set_default(Behaviour::Stall);
+    proxy.reset_all();
+    let t = std::time::Instant::now();
+    while rig.dev.log().matches("failing since").count() < 10 {
+        assert!(t.elapsed() < WAIT, "{}", rig.dev.log_tail());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let st = rig.dev.status();
+    assert_eq!(st["job"]["id"], during["job"]["id"], "{st:#}");
+    assert!(st["last_install"].is_null(), "{st:#}");
+    assert!(
+        st["last_error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("waiting for the network since")),
+        "{st:#}"
+    );
+    // The network comes back.
+    proxy.set_default(Behaviour::Pass);
+    rig.dev.wait_reboot_requested(WAIT);
+    let st = rig.dev.status();
+    assert_eq!(st["job"]["id"], during["job"]["id"], "{st:#}");
+    let payload = rel.repo.payload();
+    let max_frame = payload["artifact"]["frames"]
+        .as_array()
+        .expect("frames")
+        .iter()
+        .filter_map(|f| f["size"].as_u64())
+        .max()
+        .unwrap_or(0);
+    let size = payload["artifact"]["size"].as_u64().expect("artifact size");
+    let received = st["job"]["bytes_downloaded"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        received <= size + max_frame,
+        "{received} bytes of a {size}-byte artifact received (frames up to {max_frame} bytes)"
+    );
+    assert_eq!(rig.dev.reboot(), SlotName::B);
+    rig.dev.start_daemon();
+    rig.dev.wait_for("1.1 committed", WAIT, |s| {
+        s["state"] == json!("idle") && s["running_version"] == json!("1.1")
+    });
+    server.wait_for_closed(1, WAIT);
+    closed_with(&server, 1, Finished::Success);
+    let seq = executions(&server, 1);
+    assert!(
+        seq[..seq.len() - 1]
+            .iter()
+            .all(|(_, f)| *f == Finished::None),
+        "{seq:?}"
+    );
+    let notes: Vec<String> = server
+        .feedback(1)
+        .iter()
+        .filter(|f| f.execution == Some(Execution::Proceeding))
+        .flat_map(|f| f.details.clone())
+        .filter(|d| d.starts_with("waiting for the network since"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{:#?}", server.feedback(1));
+    assert!(
+        notes[0].ends_with("the download resumes when it returns"),
+        "{notes:?}"
+    );
+    assert_conforming(&server);
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //!
 //! * A download has a total deadline derived from its signed size; past
 //!   it the download is abandoned and the release tried again at a later
-//!   poll, the active slot untouched.
+//!   poll, the active slot untouched; that later job goes on after the
+//!   frames the abandoned one left on the slot.
 //! * The daemon keeps polling while a job downloads: a manifest naming
 //!   another image supersedes the job, the same image changes nothing, and
 //!   a poll that fails leaves the download alone.
@@ -125,6 +126,57 @@ fn a_download_past_its_deadline_is_abandoned_and_retried_at_a_later_poll() {
         .collect();
     assert_eq!(failed.len(), 1, "{failed:#?}");
     assert_eq!(failed[0]["detail"], json!(reason));
+    dev.stop_daemon();
+}
+
+/// A download abandoned at its deadline keeps what it wrote: the next job
+/// of the same release goes on after the frames the first one left on the
+/// slot instead of fetching the artifact again from its first frame, and
+/// the image is verified whole before the switch. Under a drip that no
+/// download from frame 0 outruns within its deadline, the release is
+/// installed all the same.
+#[test]
+fn the_job_after_an_abandoned_download_resumes_where_it_ended() {
+    updraft_tests::require!("nginx");
+    let ps = ProxiedServer::start("deadline-resume", false);
+    let v1 = ps.publish("1.0", 12, IMAGE, &[]);
+    let size = ps.artifact_size();
+    const DRIP: u64 = 600_000;
+    // 3 s plus the size at 2 MB/s: about 5 s; the whole artifact at the
+    // drip's rate takes about 7 s.
+    let deadline_ms = 3_000 + size * 1_000 / 2_000_000;
+    assert!(size * 1_000 / DRIP > deadline_ms, "{size} bytes");
+    ps.drip(DRIP);
+    let mut dev = ps.device(
+        "deadline-resume",
+        "1s",
+        "download_allowance = \"3s\"\ndownload_min_average_rate = 2000000\n",
+    );
+    dev.start_daemon();
+    let st = wait_rebooting(&dev);
+    let failed = history(&dev)
+        .into_iter()
+        .filter(|e| e["event"] == json!("failed"))
+        .count();
+    assert!(failed >= 1, "no attempt was abandoned:\n{}", dev.log_tail());
+    let log = dev.log();
+    let resumed = log
+        .lines()
+        .find(|l| l.contains("frames are on the slot from an earlier attempt"))
+        .unwrap_or_else(|| panic!("the next job started from frame 0:\n{}", dev.log_tail()));
+    let kept: u64 = resumed
+        .split("release 1.0 slot B: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no frame count in {resumed:?}"));
+    assert!(kept > 0, "{resumed}");
+    let received = st["job"]["bytes_downloaded"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        received < size,
+        "the second job received {received} bytes of a {size}-byte artifact"
+    );
+    assert_eq!(&dev.slot_bytes(SlotName::B)[..IMAGE], &v1[..]);
     dev.stop_daemon();
 }
 

@@ -8,7 +8,8 @@
 //!   installing its prerequisites (as root on Debian/Ubuntu).
 //! * `check-rules [--no-fetch]` — promtool checks and unit-tests the
 //!   Prometheus rules in `contrib/prometheus/` (also a stage of `test`).
-//! * `bench install|daemon|delta|size` — figures side by side with reference tools.
+//! * `bench install|daemon|delta|publish|size` — figures side by side with reference tools;
+//!   `bench soak` — many polls and update cycles, what the daemon holds sampled.
 //! * `fuzz [TARGET] [--seconds N]` — run the cargo-fuzz targets for a bounded time.
 //! * `cross-test [--full]` — build for aarch64 and armv7 and run the tests
 //!   the test pyramid places there (all with `--full`) under qemu-user.
@@ -89,7 +90,7 @@ const USAGE: &str = "usage: cargo xtask <command>
   check-rules [--no-fetch]  promtool check rules and test rules on contrib/prometheus/ (a stage of test);
                             as root on Debian promtool is extracted from the prometheus package into
                             target/promtool/, never installed; without it: skipped, or failed with CI=true
-  bench install|daemon|delta|size
+  bench install|daemon|delta|publish|size|soak
   fuzz [TARGET] [--seconds N]
   cross-test [--full]       build for aarch64 and armv7, run under qemu-user the tests the pyramid
                             places there (docs/testing.md); --full: every test file

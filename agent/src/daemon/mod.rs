@@ -362,6 +362,7 @@ impl Daemon {
                     }
                     Err(e) if e.kind() == Kind::Stopped => {}
                     Err(e) => {
+                        let e = self.name_full_disk(e);
                         log::error!("{e}");
                         self.metrics.record_error(e.kind());
                         self.next_step = Instant::now() + Duration::from_secs(30);
@@ -613,6 +614,32 @@ impl Daemon {
     }
 
     /// Run the machine's current action once, serving the socket meanwhile.
+    /// A database write that found its filesystem full says which
+    /// file could not grow (SQLite says only "database or disk is full").
+    /// Nothing is lost: the transaction was rolled back, and the step is
+    /// tried again.
+    fn name_full_disk(&self, e: Error) -> Error {
+        match self.full_disk(&e) {
+            Some(named) => named,
+            None => e,
+        }
+    }
+
+    /// [`Daemon::name_full_disk`] of an error that is only borrowed: the
+    /// named error, when it is one that found the database's disk full.
+    fn full_disk(&self, e: &Error) -> Option<Error> {
+        (e.no_space() && e.kind() == Kind::Store).then(|| {
+            Error::new(
+                e.kind(),
+                format!(
+                    "no space left for the database {} (and its journal) in {}; free space there: {e}",
+                    self.cfg.db_path().display(),
+                    self.cfg.system.state_dir.display()
+                ),
+            )
+        })
+    }
+
     fn step(&mut self) -> Result<()> {
         self.release_due = true;
         // A held release steps every few seconds and changes nothing the
@@ -813,6 +840,8 @@ impl Daemon {
                 ..Reply::default()
             },
             Err(e) => {
+                let named = self.full_disk(e);
+                let e = named.as_ref().unwrap_or(e);
                 log::warn!("check failed: {e}");
                 self.metrics.record_error(e.kind());
                 if e.kind() == Kind::Signature {

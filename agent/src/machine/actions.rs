@@ -478,7 +478,7 @@ impl Machine {
             v => v,
         };
         match verdict {
-            Verdict::Pass => self.commit(job, "health checks passed"),
+            Verdict::Pass => self.commit(job, "health checks passed", t),
             Verdict::Fail(reason) => {
                 self.start_rollback(job, &reason)?;
                 Ok(Next::Continue)

@@ -366,6 +366,21 @@ impl Machine {
         };
         job.download_deadline = Some(job.started.plus(self.cfg.download_time(size)));
         job.ddi = self.fleet_action.take();
+        if method == Method::Full {
+            let kept = self.store.partial_write(target)?;
+            if let Some(frames) = resume_after(kept, &m.artifact) {
+                // An earlier job left these frames of the same artifact on
+                // the slot: the next ones are checked on the slot, and the
+                // whole image once written.
+                job.writing = true;
+                job.frames_durable = frames;
+                log::info!(
+                    "release {} slot {target}: {frames} of {} frames are on the slot from an earlier attempt; the download goes on after them",
+                    m.release.version,
+                    m.artifact.frames.len()
+                );
+            }
+        }
         let payload =
             serde_json::to_string(m).map_err(|e| err!(Store, "encoding manifest: {e}"))?;
         self.store.set("job_manifest", &payload)?;
@@ -392,6 +407,19 @@ impl Machine {
         serde_json::from_slice(text.as_bytes())
             .map_err(|e| err!(Store, "stored job manifest is unreadable: {e}"))
     }
+}
+
+/// Where a new job writing `artifact` starts, given what an earlier one
+/// left on the slot (`kept`: that artifact's sha256 and its durable
+/// frames): after those frames when it is the same artifact and they are
+/// not all of it, else nowhere but frame 0 (`None`).
+pub(super) fn resume_after(
+    kept: Option<(Sha256, u64)>,
+    artifact: &crate::manifest::Artifact,
+) -> Option<u64> {
+    let (sha, frames) = kept?;
+    (sha == artifact.sha256 && frames > 0 && frames < artifact.frames.len() as u64)
+        .then_some(frames)
 }
 
 /// Bookkeeping of a check that ended: a failure is recorded (history line
@@ -428,4 +456,56 @@ pub(super) fn job_delta(m: &Manifest, url: &str) -> Result<manifest::Delta> {
         .find(|d| d.url == url)
         .cloned()
         .ok_or_else(|| err!(Store, "the job's delta {url} is not in its manifest"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resume_after;
+    use crate::hash::Sha256;
+    use crate::manifest::{Artifact, Frame};
+
+    fn artifact(frames: u64) -> Artifact {
+        Artifact {
+            url: "a.zst".into(),
+            size: frames * 100,
+            sha256: Sha256::of(b"artifact"),
+            frames: (0..frames)
+                .map(|i| Frame {
+                    offset: i * 100,
+                    size: 100,
+                    out_size: 400,
+                    out_sha256: Sha256::of(&i.to_le_bytes()),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_new_job_resumes_only_after_durable_frames_of_the_same_artifact() {
+        let a = artifact(10);
+        let same = Sha256::of(b"artifact");
+        let other = Sha256::of(b"another artifact");
+        // What an earlier job kept, where the new one starts, why.
+        type Row<'a> = (Option<(Sha256, u64)>, Option<u64>, &'a str);
+        let rows: &[Row] = &[
+            (None, None, "nothing kept"),
+            (
+                Some((same, 4)),
+                Some(4),
+                "the same artifact, 4 of 10 frames",
+            ),
+            (Some((same, 9)), Some(9), "all but the last frame"),
+            (Some((same, 0)), None, "no frame durable"),
+            (
+                Some((same, 10)),
+                None,
+                "every frame: the job failed after the write",
+            ),
+            (Some((same, 11)), None, "more frames than the artifact has"),
+            (Some((other, 4)), None, "another artifact of the same image"),
+        ];
+        for (kept, want, why) in rows {
+            assert_eq!(resume_after(*kept, &a), *want, "{why}");
+        }
+    }
 }

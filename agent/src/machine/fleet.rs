@@ -24,7 +24,9 @@
 //!    `update` and `maintenanceWindow` are asked by the switch
 //!    (`policy.rs`). A refused deployment (bad signature, a listing that
 //!    disagrees, a malformed bundle) is closed with the reason; a network
-//!    failure is tried again at the next poll.
+//!    failure is tried again at the next poll. An operator's own install
+//!    (`updraft install`) is neither taken over nor replaced: the action
+//!    waits until it has ended.
 //!
 //! Every transition of a job with an action queues its feedback in the
 //! same transaction ([`Machine::fleet_feedback`]): `proceeding` while it
@@ -33,6 +35,10 @@
 //! with `success` only after the commit, `closed` with `failure` and the
 //! reason after a rollback or a failed install. Download progress goes as
 //! folded `proceeding` feedback with `cnt` of `of`, at most one per tenth.
+//! A download that loses the network is no failure: the action hears
+//! `proceeding` with a note ("waiting for the network since …") once the
+//! server can be reached again ([`Machine::note_outage`]), and the
+//! download resumes where its verified frames end.
 //!
 //! This file decides what the server is told and what its documents lead
 //! to; the requests themselves are [`crate::hawkbit`]'s.
@@ -265,6 +271,17 @@ impl Machine {
             window(action)
         );
         if let Some(job) = state.job().filter(|_| state.busy()) {
+            if job.ddi.is_none() {
+                // An operator's install (`updraft install`) is the
+                // operator's: the server neither takes it over (for the
+                // same image) nor replaces it. Its action is looked at
+                // again once the install has ended.
+                return Ok(CheckOutcome::NoChange(format!(
+                    "action {id} waits: the operator's install of release {} is in progress ({})",
+                    job.version,
+                    state.name()
+                )));
+            }
             if job.image == m.image {
                 // Assigned again (say, a download-only action followed by
                 // one that installs): the job in progress carries it now.
@@ -293,15 +310,6 @@ impl Machine {
             if !early {
                 return Ok(CheckOutcome::NoChange(format!(
                     "action {id} waits: release {} is past its switch ({})",
-                    job.version,
-                    state.name()
-                )));
-            }
-            if job.ddi.is_none() {
-                // An operator's install (`updraft install`) is not
-                // replaced by the server.
-                return Ok(CheckOutcome::NoChange(format!(
-                    "action {id} waits: the operator's install of release {} is in progress ({})",
                     job.version,
                     state.name()
                 )));
@@ -425,6 +433,25 @@ impl Machine {
         details: Vec<String>,
     ) -> Result<()> {
         let f = feedback_now(action, Execution::Closed, finished, None, details);
+        let row = hawkbit::feedback(Answering::Deployment, &f);
+        self.store.push_report(&row.as_report())
+    }
+
+    /// The download of `job` lost the network (the first failed attempt
+    /// of an outage): the action it belongs to hears `proceeding` with
+    /// `note` once the server can be reached again. An outage is never a
+    /// failure of the action. Nothing for a job the server did not assign.
+    pub(super) fn note_outage(&mut self, job: &Job, note: &str) -> Result<()> {
+        let Some(action) = &job.ddi else {
+            return Ok(());
+        };
+        let f = feedback_now(
+            &action.id,
+            Execution::Proceeding,
+            Finished::None,
+            None,
+            vec![note.to_string()],
+        );
         let row = hawkbit::feedback(Answering::Deployment, &f);
         self.store.push_report(&row.as_report())
     }

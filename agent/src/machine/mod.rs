@@ -615,6 +615,7 @@ impl Machine {
     /// The attempt failed before the device changed slot: `failed` with
     /// its install result, history `event`.
     fn fail(&mut self, job: Job, reason: &str, event: &str) -> Result<()> {
+        self.keep_partial_write(&job)?;
         let r = report::install_result(&self.device_id, self.booted, "failed", &job, Some(reason));
         self.enter(
             State::Failed {
@@ -625,6 +626,25 @@ impl Machine {
             Some(reason),
             vec![r],
         )
+    }
+
+    /// A full-image download that ended before its last frame (past its
+    /// deadline, a frame the server corrupted): its durable frames stay on
+    /// the slot for the next job writing the same artifact there, which
+    /// resumes after them instead of at frame 0 ([`Store::partial_write`]).
+    fn keep_partial_write(&self, job: &Job) -> Result<()> {
+        if !matches!(job.method, Method::Full) || !job.writing || job.frames_durable == 0 {
+            return Ok(());
+        }
+        let Ok(m) = self.job_manifest() else {
+            return Ok(());
+        };
+        if job.frames_durable >= m.artifact.frames.len() as u64 {
+            // Written whole and failed after: nothing to resume.
+            return Ok(());
+        }
+        self.store
+            .set_partial_write(job.target, &m.artifact.sha256, job.frames_durable)
     }
 
     /// The new slot is rejected (health checks, operator): remember the
@@ -712,6 +732,7 @@ impl Machine {
                     && retries_after(e.kind(), self.download_failures, self.mode == Mode::Daemon)
                 {
                     self.download_failures = self.download_failures.saturating_add(1);
+                    let first = self.network_down_since.is_none();
                     let since = *self.network_down_since.get_or_insert_with(Timestamp::now);
                     let delay = e.retry_after().unwrap_or_else(|| {
                         crate::backoff::full_jitter(
@@ -728,7 +749,14 @@ impl Machine {
                         "{e} (attempt {}, failing since {since}; resuming {until})",
                         self.download_failures
                     );
-                    self.last_error = Some(format!("waiting for the network since {since}: {e}"));
+                    let waiting = format!("waiting for the network since {since}: {e}");
+                    if first {
+                        self.note_outage(
+                            &job,
+                            &format!("{waiting}; the download resumes when it returns"),
+                        )?;
+                    }
+                    self.last_error = Some(waiting);
                     return Ok(Next::Retry(delay));
                 }
                 if let Method::Delta { .. } = &job.method {
@@ -774,7 +802,22 @@ impl Machine {
         }
     }
 
-    fn commit(&mut self, job: Job, why: &str) -> Result<Next> {
+    /// The slot under test passed: the bootloader keeps it first, and only
+    /// then does the database say `committed` (with the committed report).
+    /// In this order a power cut between the two leaves `testing` in the
+    /// database and the new slot good in the bootloader: the next boot
+    /// comes back to it and tests it again. The other way round, a cut
+    /// left a committed release (and its report) whose slot the bootloader
+    /// had not made permanent, and the next boot fell back to the old slot.
+    fn commit(&mut self, job: Job, why: &str, t: &mut dyn Ticker) -> Result<Next> {
+        self.boot
+            .mark_good_with(job.target, self.tries(), t)
+            .map_err(|e| {
+                e.wrap(format!(
+                    "release {} slot {}: marking the slot good to commit it",
+                    job.version, job.target
+                ))
+            })?;
         let took = Timestamp::now().0 - job.started.0;
         self.last_install_duration = Some(Duration::from_secs(took.max(0) as u64));
         let r = report::install_result(&self.device_id, self.booted, "committed", &job, None);

@@ -22,7 +22,7 @@ impl Machine {
                     "release {} in slot {} marked good by the operator",
                     job.version, job.target
                 );
-                self.commit(job, "marked good by the operator")?;
+                self.commit(job, "marked good by the operator", t)?;
                 Ok(msg)
             }
             s if !s.busy() => {

@@ -8,6 +8,7 @@ mod install;
 mod publish;
 mod references;
 mod size;
+mod soak;
 mod synthetic;
 
 use crate::util::Result;
@@ -17,15 +18,16 @@ pub(crate) use common::release_binaries;
 pub fn run(args: &[String]) -> Result {
     let (what, rest) = args
         .split_first()
-        .ok_or("usage: cargo xtask bench install|daemon|delta|publish|size")?;
+        .ok_or("usage: cargo xtask bench install|daemon|delta|publish|size|soak")?;
     match what.as_str() {
         "install" => install::run(rest),
         "daemon" => daemon::run(rest),
         "delta" => delta::run(rest),
         "publish" => publish::run(rest),
         "size" => size::run(rest),
+        "soak" => soak::run(rest),
         other => Err(format!(
-            "unknown benchmark {other:?} (install, daemon, delta, publish, size)"
+            "unknown benchmark {other:?} (install, daemon, delta, publish, size, soak)"
         )),
     }
 }
