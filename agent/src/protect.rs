@@ -318,6 +318,50 @@ mod tests {
         p
     }
 
+    /// The file sealed around `body` with its own checksum, so that the
+    /// body's parser is reached.
+    fn sealed(body: &str) -> Vec<u8> {
+        serde_json::to_vec(&File {
+            format: FORMAT,
+            body: body.to_string(),
+            sha256: Sha256::of(body.as_bytes()).to_hex(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn hostile_bytes_are_errors_and_what_decodes_encodes_to_itself() {
+        let whole = encode(&sample()).unwrap();
+        let mut inputs: Vec<Vec<u8>> = (0..whole.len()).map(|n| whole[..n].to_vec()).collect();
+        for body in [
+            "",
+            "null",
+            "[]",
+            "{}",
+            "{\"meta\": 5}",
+            "{\"meta\": {\"serial\": 41}}",
+            "{\"key_documents\": [[-1, \"e30=\"]]}",
+            "{\"key_documents\": [[18446744073709551616, \"\"]]}",
+            "{\"rejected\": [[\"ab\", \"3.0\"]]}",
+            "{\"rejected\": [[\"ab\", \"3.0\", \"why\", 7, 8]]}",
+            &"[".repeat(10_000),
+            "{\"meta\": {\"a\": \"\\ud800\"}}",
+        ] {
+            inputs.push(sealed(body));
+        }
+        inputs.push(b"{\"format\": 2, \"body\": \"{}\", \"sha256\": \"\"}".to_vec());
+        inputs.push(vec![0xff; 64]);
+        for bytes in &inputs {
+            match decode(bytes) {
+                Ok(p) => assert_eq!(decode(&encode(&p).unwrap()).unwrap(), p),
+                Err(e) => assert!(!e.to_string().is_empty()),
+            }
+        }
+        // A body that is whole decodes.
+        let body = serde_json::to_string(&sample()).unwrap();
+        assert_eq!(decode(&sealed(&body)).unwrap(), sample());
+    }
+
     #[test]
     fn a_copy_reads_back_and_any_flipped_byte_is_caught() {
         let bytes = encode(&sample()).unwrap();

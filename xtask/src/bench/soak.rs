@@ -18,7 +18,7 @@
 //!   unchanged. Sampled `--samples` times: the daemon's `VmRSS` and
 //!   `VmHWM`, its open descriptors (`/proc/PID/fd`), the database file's
 //!   size, the outbox rows and the history entries (`status` and `history`
-//!   over the socket).
+//!   over the socket; `history` lists the last 200 of the 1,000 kept).
 //! * **Cycles** (`--cycles`, default 500): a release published (two images
 //!   taking turns, a new version and serial each time), `check`, the
 //!   download into the other slot, the reboot the daemon asks for (the test
@@ -28,9 +28,9 @@
 //!   daemon that installed.
 //!
 //! The figures are printed, never asserted: for each curve its value at
-//! the first sample, at the end of warm-up (a tenth of the run) and at the
-//! end, and the change from warm-up to end. Every process started here
-//! (nginx, the daemons) is stopped by its PID.
+//! the first sample, after a tenth of the run, at half of it and at the end,
+//! and the change over the second half. Every process started here (nginx,
+//! the daemons) is stopped by its PID.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -261,35 +261,39 @@ fn sample(dev: &Device, at: u64, since: Instant) -> Result<Sample> {
     })
 }
 
-/// Each curve's first value, its value at the end of warm-up (the first
-/// sample past a tenth of the run) and its last, and the change from
-/// warm-up to the end.
+/// Each curve's first value, its value after a tenth of the run, at half
+/// of it and at the end, and the change over the second half: a curve that
+/// is flat after warm-up changes by nothing there (the history, for one,
+/// grows until it reaches the entries kept, then stays).
 fn print_curves(title: &str, s: &[Sample]) {
     let (Some(first), Some(last)) = (s.first(), s.last()) else {
         return;
     };
-    let warm = s.iter().find(|x| x.at * 10 >= last.at).unwrap_or(last);
+    let at = |part: u64| s.iter().find(|x| x.at * part >= last.at).unwrap_or(last);
+    let (tenth, half) = (at(10), at(2));
     println!(
-        "\n{title}: start (0), after warm-up ({}), end ({})",
-        warm.at, last.at
+        "\n{title}: start (0), a tenth ({}), half ({}), end ({})",
+        tenth.at, half.at, last.at
     );
     let mut rows = vec![vec![
         "curve".to_string(),
         "start".into(),
-        "after warm-up".into(),
+        "a tenth".into(),
+        "half".into(),
         "end".into(),
-        "warm-up to end".into(),
+        "second half".into(),
     ]];
     let mut row = |name: &str, f: &dyn Fn(&Sample) -> Option<u64>| {
         let cell = |x: &Sample| f(x).map_or("-".to_string(), |v| v.to_string());
-        let change = match (f(warm), f(last)) {
+        let change = match (f(half), f(last)) {
             (Some(a), Some(b)) => format!("{:+}", b as i64 - a as i64),
             _ => "-".into(),
         };
         rows.push(vec![
             name.to_string(),
             cell(first),
-            cell(warm),
+            cell(tenth),
+            cell(half),
             cell(last),
             change,
         ]);
@@ -299,7 +303,7 @@ fn print_curves(title: &str, s: &[Sample]) {
     row("open descriptors", &|x| Some(x.fds));
     row("database (bytes)", &|x| Some(x.db));
     row("outbox rows", &|x| Some(x.outbox));
-    row("history entries", &|x| Some(x.history));
+    row("history entries listed (at most 200)", &|x| Some(x.history));
     row("installer's VmHWM (KiB)", &|x| x.install_hwm);
     print_table(&rows);
 }
