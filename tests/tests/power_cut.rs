@@ -11,8 +11,9 @@
 //! the device a new boot id and starts the daemon again.
 //!
 //! After every cut: the environment is readable by `fw_printenv`; the boot
-//! script boots a slot that holds a verified image; the slot of the last
-//! committed release is untouched; the daemon comes back. In the end every
+//! script boots a slot that holds a verified image, and the slot of a
+//! release the database calls committed; the slot of the last committed
+//! release is untouched; the daemon comes back. In the end every
 //! release converges, and the reports reach the server at least once, in an
 //! order without gaps, each exactly once after dropping duplicates by
 //! idempotency key.
@@ -105,15 +106,23 @@ impl Campaign {
         self.fs.restore_power().expect("power on");
         self.cuts += 1;
         // What the machine had persisted when the power went.
-        let state = std::fs::read(self.dev.state_dir.join("updraft.db"))
+        let status = std::fs::read(self.dev.state_dir.join("updraft.db"))
             .ok()
             .map(|_| {
                 let out = self.dev.updraft(&["status", "--json"]);
-                serde_json::from_slice::<Value>(&out.stdout)
-                    .ok()
-                    .and_then(|v| v["state"].as_str().map(str::to_string))
-                    .unwrap_or_else(|| "unreadable".into())
+                serde_json::from_slice::<Value>(&out.stdout).unwrap_or(Value::Null)
             });
+        let state = status.as_ref().map(|v| {
+            v["state"]
+                .as_str()
+                .map_or_else(|| "unreadable".into(), str::to_string)
+        });
+        // A release the database calls committed is one the bootloader
+        // boots: the slot is made permanent before the commit is written.
+        let committed_slot = status
+            .as_ref()
+            .filter(|v| v["state"] == json!("committed"))
+            .and_then(|v| v["job"]["target"].as_str().map(str::to_string));
         *self
             .cut_states
             .entry(state.unwrap_or_else(|| "no database".into()))
@@ -131,11 +140,20 @@ impl Campaign {
                 self.cuts
             ));
         }
-        self.boot();
+        let chosen = self.boot();
+        if let Some(target) = committed_slot {
+            if chosen.to_string() != target {
+                self.violation(format!(
+                    "cut {}: the database says the release in slot {target} is committed, but the boot script booted slot {chosen}",
+                    self.cuts
+                ));
+            }
+        }
     }
 
-    /// Run the boot script and start the daemon on the slot it chose.
-    fn boot(&mut self) {
+    /// Run the boot script and start the daemon on the slot it chose;
+    /// returns that slot.
+    fn boot(&mut self) -> SlotName {
         self.fs.disarm();
         // Power cuts before the daemon re-marks the running slot good use up
         // its attempts; a boot script that finds none left resets the
@@ -162,6 +180,7 @@ impl Campaign {
         }
         self.dev.reboot_into(slot);
         self.start();
+        slot
     }
 
     /// Drive the device until `done(status)`; handle cuts and the reboots
