@@ -20,6 +20,7 @@ pub mod goosebit;
 pub mod hostile_client;
 pub mod http;
 pub mod nginx;
+pub mod outage;
 pub mod powerfs;
 pub mod prereq;
 pub mod previous;

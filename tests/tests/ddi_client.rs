@@ -13,6 +13,7 @@ use updraft_tests::ddi_server::{
     ActionStatus, Artifact, Auth, Channel, Chunk, DdiServer, Deployment, Execution, Finished,
     Handling, MaintenanceWindow, Origin,
 };
+use updraft_tests::outage;
 use updraft_tests::proxied::wait_downloading;
 use updraft_tests::proxy::{Behaviour, Proxy};
 
@@ -515,39 +516,14 @@ fn a_black_hole_in_the_middle_of_a_download_is_waited_out_and_never_fails_the_ac
     // The network goes.
     proxy.set_default(Behaviour::Stall);
     proxy.reset_all();
-    let t = std::time::Instant::now();
-    while rig.dev.log().matches("failing since").count() < 10 {
-        assert!(t.elapsed() < WAIT, "{}", rig.dev.log_tail());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let st = rig.dev.status();
-    assert_eq!(st["job"]["id"], during["job"]["id"], "{st:#}");
-    assert!(st["last_install"].is_null(), "{st:#}");
-    assert!(
-        st["last_error"]
-            .as_str()
-            .is_some_and(|e| e.starts_with("waiting for the network since")),
-        "{st:#}"
-    );
+    outage::wait_failed_attempts(&rig.dev, 10, WAIT);
+    outage::assert_waiting_for_network(&rig.dev, &during);
     // The network comes back.
     proxy.set_default(Behaviour::Pass);
     rig.dev.wait_reboot_requested(WAIT);
     let st = rig.dev.status();
     assert_eq!(st["job"]["id"], during["job"]["id"], "{st:#}");
-    let payload = rel.repo.payload();
-    let max_frame = payload["artifact"]["frames"]
-        .as_array()
-        .expect("frames")
-        .iter()
-        .filter_map(|f| f["size"].as_u64())
-        .max()
-        .unwrap_or(0);
-    let size = payload["artifact"]["size"].as_u64().expect("artifact size");
-    let received = st["job"]["bytes_downloaded"].as_u64().unwrap_or(u64::MAX);
-    assert!(
-        received <= size + max_frame,
-        "{received} bytes of a {size}-byte artifact received (frames up to {max_frame} bytes)"
-    );
+    outage::assert_at_most_one_frame_twice(&st, &rel.repo.payload());
     assert_eq!(rig.dev.reboot(), SlotName::B);
     rig.dev.start_daemon();
     rig.dev.wait_for("1.1 committed", WAIT, |s| {

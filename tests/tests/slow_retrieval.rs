@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use updraft::hash::Sha256;
 use updraft::slot::SlotName;
 use updraft_tests::device::Device;
+use updraft_tests::outage;
 use updraft_tests::proxied::{ProxiedServer, history, wait_downloading, wait_history};
 use updraft_tests::proxy::Behaviour;
 
@@ -409,29 +410,8 @@ fn a_black_hole_in_the_middle_of_a_download_is_waited_out() {
     // The network goes.
     ps.proxy.set_default(Behaviour::Stall);
     ps.proxy.reset_all();
-    let t = std::time::Instant::now();
-    loop {
-        let attempts = dev.log().matches("failing since").count();
-        if attempts >= 10 {
-            break;
-        }
-        assert!(
-            t.elapsed() < WAIT,
-            "{attempts} failed attempt(s) only:\n{}",
-            dev.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    // The same job goes on (a poll may be under way: "checking").
-    let st = dev.status();
-    assert_eq!(st["job"]["id"], during["job"]["id"], "{st:#}");
-    assert!(st["last_install"].is_null(), "{st:#}");
-    assert!(
-        st["last_error"]
-            .as_str()
-            .is_some_and(|e| e.starts_with("waiting for the network since")),
-        "{st:#}"
-    );
+    outage::wait_failed_attempts(&dev, 10, WAIT);
+    outage::assert_waiting_for_network(&dev, &during);
     // The network comes back.
     ps.proxy.set_default(Behaviour::Pass);
     let st = wait_rebooting(&dev);
@@ -453,21 +433,6 @@ fn a_black_hole_in_the_middle_of_a_download_is_waited_out() {
         .filter(|r| r["kind"] == json!("install") && r["result"] == json!("failed"))
         .count();
     assert_eq!(failures, 0, "an install failure was reported");
-    // What crossed the network, as the device counts the body bytes it
-    // received for the job: the artifact once, and at most one frame
-    // twice (the one in flight when the network went).
-    let max_frame = ps.server.repo.payload()["artifact"]["frames"]
-        .as_array()
-        .expect("frames")
-        .iter()
-        .filter_map(|f| f["size"].as_u64())
-        .max()
-        .unwrap_or(0);
-    let received = st["job"]["bytes_downloaded"].as_u64().unwrap_or(u64::MAX);
-    assert!(
-        received <= ps.artifact_size() + max_frame,
-        "{received} bytes of a {}-byte artifact received (frames up to {max_frame} bytes)",
-        ps.artifact_size()
-    );
+    outage::assert_at_most_one_frame_twice(&st, &ps.server.repo.payload());
     dev.stop_daemon();
 }

@@ -470,9 +470,9 @@ impl Kind {
 
 /// Memory figures from `/proc/PID/status`, KiB.
 #[derive(Clone, Copy, Default)]
-struct Mem {
-    rss: u64,
-    hwm: u64,
+pub(super) struct Mem {
+    pub(super) rss: u64,
+    pub(super) hwm: u64,
     anon: u64,
     file: u64,
     /// Proportional set size: shared pages divided among their users.
@@ -919,7 +919,7 @@ fn outbox(dev: &Device) -> Option<u64> {
         .ok()
 }
 
-fn proc_status(pid: u32) -> Result<Mem> {
+pub(super) fn proc_status(pid: u32) -> Result<Mem> {
     let path = format!("/proc/{pid}/status");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
     let kib = |name: &str| -> Result<u64> {

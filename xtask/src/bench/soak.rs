@@ -188,15 +188,7 @@ fn settle(dev: &mut Device, version: &str) -> Result {
 
 /// `VmRSS` and `VmHWM` of `pid`, KiB.
 fn proc_kib(pid: u32) -> Result<(u64, u64)> {
-    let path = format!("/proc/{pid}/status");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
-    let kib = |name: &str| -> Result<u64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .ok_or_else(|| format!("{path} has no {name}"))
-    };
-    Ok((kib("VmRSS:")?, kib("VmHWM:")?))
+    super::daemon::proc_status(pid).map(|m| (m.rss, m.hwm))
 }
 
 /// What the daemon holds at one point of the run.
