@@ -362,7 +362,7 @@ impl Daemon {
                     }
                     Err(e) if e.kind() == Kind::Stopped => {}
                     Err(e) => {
-                        let e = self.name_full_disk(e);
+                        let e = self.full_disk(&e).unwrap_or(e);
                         log::error!("{e}");
                         self.metrics.record_error(e.kind());
                         self.next_step = Instant::now() + Duration::from_secs(30);
@@ -613,20 +613,10 @@ impl Daemon {
         built
     }
 
-    /// Run the machine's current action once, serving the socket meanwhile.
-    /// A database write that found its filesystem full says which
-    /// file could not grow (SQLite says only "database or disk is full").
-    /// Nothing is lost: the transaction was rolled back, and the step is
-    /// tried again.
-    fn name_full_disk(&self, e: Error) -> Error {
-        match self.full_disk(&e) {
-            Some(named) => named,
-            None => e,
-        }
-    }
-
-    /// [`Daemon::name_full_disk`] of an error that is only borrowed: the
-    /// named error, when it is one that found the database's disk full.
+    /// A database write that found its filesystem full, as an error that
+    /// says which file could not grow and where (SQLite says only "database
+    /// or disk is full"); `None` for any other error. Nothing is lost: the
+    /// transaction was rolled back, and the work is tried again.
     fn full_disk(&self, e: &Error) -> Option<Error> {
         (e.no_space() && e.kind() == Kind::Store).then(|| {
             Error::new(
@@ -640,6 +630,7 @@ impl Daemon {
         })
     }
 
+    /// Run the machine's current action once, serving the socket meanwhile.
     fn step(&mut self) -> Result<()> {
         self.release_due = true;
         // A held release steps every few seconds and changes nothing the

@@ -432,7 +432,18 @@ impl Machine {
         finished: Finished,
         details: Vec<String>,
     ) -> Result<()> {
-        let f = feedback_now(action, Execution::Closed, finished, None, details);
+        self.queue_feedback(action, Execution::Closed, finished, details)
+    }
+
+    /// Queue a feedback on `action` (the deployment channel, no progress).
+    fn queue_feedback(
+        &mut self,
+        action: &str,
+        execution: Execution,
+        finished: Finished,
+        details: Vec<String>,
+    ) -> Result<()> {
+        let f = feedback_now(action, execution, finished, None, details);
         let row = hawkbit::feedback(Answering::Deployment, &f);
         self.store.push_report(&row.as_report())
     }
@@ -445,15 +456,12 @@ impl Machine {
         let Some(action) = &job.ddi else {
             return Ok(());
         };
-        let f = feedback_now(
+        self.queue_feedback(
             &action.id,
             Execution::Proceeding,
             Finished::None,
-            None,
             vec![note.to_string()],
-        );
-        let row = hawkbit::feedback(Answering::Deployment, &f);
-        self.store.push_report(&row.as_report())
+        )
     }
 
     /// Whether a feedback closing `action` waits in the outbox: until the
