@@ -1001,6 +1001,29 @@ impl Config {
             (false, false) => return bad("trust", "root_keys and keys are exclusive: root keys sign key documents that list the release keys".into()),
             _ => {}
         }
+        self.check_boot()?;
+        let b = &self.bootloader;
+        if self.system.reboot == RebootMode::Auto && self.system.reboot_command.is_empty() {
+            return bad(
+                "system.reboot_command",
+                if b.kind == BootloaderKind::File {
+                    "is required with bootloader.kind = \"file\" (a development bootloader has no default reboot command: name the command that restarts this device, or set system.reboot = \"manual\")".into()
+                } else {
+                    "is empty but reboot = \"auto\"".into()
+                },
+            );
+        }
+        if self.system.sync_bytes < 1024 * 1024 {
+            return bad("system.sync_bytes", "must be at least 1 MiB".into());
+        }
+        Ok(())
+    }
+
+    /// The checks of what selects the boot (slots and bootloader), on
+    /// their own: a daemon that cannot start for another reason still
+    /// keeps the booted slot good with them ([`Config::load_unchecked`]).
+    pub fn check_boot(&self) -> Result<()> {
+        let bad = |key: &str, why: String| Err(Error::new(Kind::Config, format!("{key}: {why}")));
         if self.slots.a == self.slots.b {
             return bad(
                 "slots.b",
@@ -1030,19 +1053,6 @@ impl Config {
                 "bootloader.script",
                 "is required when kind = \"script\"".into(),
             );
-        }
-        if self.system.reboot == RebootMode::Auto && self.system.reboot_command.is_empty() {
-            return bad(
-                "system.reboot_command",
-                if b.kind == BootloaderKind::File {
-                    "is required with bootloader.kind = \"file\" (a development bootloader has no default reboot command: name the command that restarts this device, or set system.reboot = \"manual\")".into()
-                } else {
-                    "is empty but reboot = \"auto\"".into()
-                },
-            );
-        }
-        if self.system.sync_bytes < 1024 * 1024 {
-            return bad("system.sync_bytes", "must be at least 1 MiB".into());
         }
         Ok(())
     }

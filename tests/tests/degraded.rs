@@ -4,12 +4,16 @@
 //! restart. One test per cause a restart cannot cure: a missing key file,
 //! a boot environment that cannot be read, an empty device-id file, a slot
 //! path that does not exist.
+//!
+//! Degraded, it still keeps the committed slot bootable (boot scripts
+//! count every boot down), and never commits a trial boot.
 
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use updraft::slot::SlotName;
 use updraft_tests::device::{Device, DeviceSpec};
-use updraft_tests::publisher::{KeyPair, keygen};
+use updraft_tests::publisher::{KeyPair, Repo, image, keygen};
 use updraft_tests::server::UpdateServer;
 use updraft_tests::tmp::TempDir;
 
@@ -140,4 +144,119 @@ fn a_slot_path_that_does_not_exist_degrades_naming_its_key() {
         names: |d, _| format!("slots.b: {}", d.slot_b.display()),
         mend: |d, _| std::fs::rename(aside(d), &d.slot_b).expect("putting slot B back"),
     });
+}
+
+/// The key file moved aside, so that every start degrades.
+fn key_aside(k: &KeyPair) -> std::path::PathBuf {
+    let aside = k.public.with_extension("aside");
+    std::fs::rename(&k.public, &aside).expect("moving the key aside");
+    aside
+}
+
+/// Wait until the boot environment's `var` reads `want`.
+fn wait_boot_var(dev: &Device, var: &str, want: &str) {
+    let t = Instant::now();
+    while dev.boot_vars().get(var).map(String::as_str) != Some(want) {
+        assert!(
+            t.elapsed() < WAIT,
+            "{var} never became {want}: {}\n{}",
+            dev.boot_state_text(),
+            dev.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Reboot a device whose daemon cannot start `tries + 2` times: the boot
+/// script must find the committed slot A every time.
+fn committed_slot_survives_degraded_reboots(name: &str, break_it: fn(&mut Device, &KeyPair)) {
+    let keys = TempDir::new(&format!("{name}-keys"));
+    let key = keygen(keys.path(), "release");
+    let mut spec = DeviceSpec::simple(&key);
+    spec.system = "degraded_retry = \"1s\"\n".into();
+    let tries = spec.tries;
+    let mut dev = Device::new(name, spec);
+    dev.init();
+    break_it(&mut dev, &key);
+    for boot in 1..=tries + 2 {
+        // Power on: the boot script counts slot A's attempt.
+        assert_eq!(
+            dev.boot_script(),
+            Some(SlotName::A),
+            "boot {boot}: the bootloader gave up the committed slot: {}",
+            dev.boot_state_text()
+        );
+        assert_eq!(dev.boot_vars()["BOOT_A_LEFT"], (tries - 1).to_string());
+        dev.reboot_into(SlotName::A);
+        dev.start_daemon();
+        // Degraded, and slot A's attempts are whole again.
+        wait_boot_var(&dev, "BOOT_A_LEFT", &tries.to_string());
+        assert!(dev.daemon_running(), "{}", dev.log_tail());
+    }
+    assert!(dev.log().contains("cannot start:"), "{}", dev.log_tail());
+    assert!(
+        dev.log()
+            .contains("degraded: booted slot A marked good again"),
+        "{}",
+        dev.log_tail()
+    );
+    dev.stop_daemon();
+}
+
+#[test]
+fn a_committed_slot_stays_bootable_through_more_degraded_reboots_than_it_has_tries() {
+    committed_slot_survives_degraded_reboots("degraded-reboots", |_, k| {
+        key_aside(k);
+    });
+}
+
+#[test]
+fn a_configuration_refused_by_its_checks_still_keeps_the_committed_slot_bootable() {
+    committed_slot_survives_degraded_reboots("degraded-reboots-config", |d, _| {
+        d.reconfigure(|s| {
+            s.server = "manifest_url = \"http://127.0.0.1:9/manifest.json\"\n".into();
+        });
+    });
+}
+
+#[test]
+fn a_trial_boot_is_not_committed_while_degraded_and_is_tested_once_mended() {
+    let keys = TempDir::new("degraded-trial-keys");
+    let key = keygen(keys.path(), "release");
+    let mut spec = DeviceSpec::simple(&key);
+    spec.system = "degraded_retry = \"1s\"\n".into();
+    let mut dev = Device::new("degraded-trial", spec);
+    dev.init();
+    let repo = Repo::new(dev.path("usb"));
+    let img = dev.path("2.0.img");
+    image(&img, 1024 * 1024 + 5, 7);
+    repo.release(&[&key], "2.0", &img, &[]);
+    let out = dev.install(&repo.manifest_str());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let aside = key_aside(&key);
+    // The trial boot of slot B, with one of its attempts spent.
+    assert_eq!(dev.reboot(), SlotName::B);
+    let trial_left = dev.boot_vars()["BOOT_B_LEFT"].clone();
+    assert_ne!(trial_left, dev.spec.tries.to_string());
+    dev.start_daemon();
+    dev.wait_log("the stored state has an update under way", WAIT);
+    assert_eq!(dev.updraft(&["status"]).status.code(), Some(3));
+    assert_eq!(
+        dev.boot_vars()["BOOT_B_LEFT"],
+        trial_left,
+        "a trial boot was marked good while degraded: {}",
+        dev.boot_state_text()
+    );
+
+    // Mended: the daemon starts, tests the trial and commits it.
+    std::fs::rename(&aside, &key.public).expect("putting the key back");
+    dev.wait_for("release 2.0 committed", WAIT, |s| {
+        s["state"] == json!("idle") && s["running_version"] == json!("2.0")
+    });
+    wait_boot_var(&dev, "BOOT_B_LEFT", &dev.spec.tries.to_string());
+    dev.stop_daemon();
 }

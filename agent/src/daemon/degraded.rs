@@ -20,11 +20,22 @@
 //!   minute by default, doubling up to a quarter of an hour), the
 //!   configuration read afresh, so a fix takes effect without a restart.
 //!
-//! This module never writes: not a slot, not the bootloader, not the
-//! database, not the configuration. Whatever failed is left as it is for
-//! the operator ([docs/operations.md](../../docs/operations.md), "Recovering
-//! a device"); nor does it mark anything good, so a trial boot whose daemon
-//! cannot start is never committed.
+//! - the booted slot is marked good again when nothing is being tried
+//!   ([`keep_booted_good`]): boot scripts count every boot down (U-Boot's
+//!   `BOOT_x_LEFT`, GRUB's `x_TRY`), so a committed slot left unmarked
+//!   would be given up by the bootloader after as many degraded reboots as
+//!   it has tries.
+//!
+//! That mark is the one write this module makes, and only when the
+//! configuration parses and its slots and bootloader pass their checks
+//! ([`Config::check_boot`]), the state lock is free, and the stored
+//! state read through [`reconcile`] says what a normal start would: "mark
+//! the booted slot good" (no install, no trial, no rollback under way). A
+//! trial boot whose daemon cannot start is therefore never committed, and
+//! a database that cannot be read marks nothing. Otherwise nothing is
+//! written: not a slot, not the database, not the configuration. Whatever
+//! failed is left as it is for the operator
+//! ([docs/operations.md](../../docs/operations.md), "Recovering a device").
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -32,12 +43,15 @@ use std::time::{Duration, Instant};
 use super::front::{Watchdog, sleep_until_event};
 use crate::config::{Config, System};
 use crate::control::{ControlServer, Reply};
-use crate::error::{Error, Kind};
+use crate::error::{Error, Kind, Result};
 use crate::fetch::Fetcher;
-use crate::notify;
-use crate::report;
-use crate::signals;
+use crate::lock::StateLock;
+use crate::reconcile::{Decision, reconcile};
+use crate::slot::SlotName;
+use crate::state::State;
+use crate::store::Store;
 use crate::timestamp::Timestamp;
+use crate::{bootloader, identity, notify, protect, report, signals, slot};
 
 /// How long a degraded daemon waits before it tries to start again.
 pub(super) const RETRY_CAP: Duration = Duration::from_secs(15 * 60);
@@ -85,6 +99,9 @@ pub(super) fn report_due(
 pub(super) struct Degraded {
     since: Timestamp,
     last_report: Option<(String, Instant)>,
+    /// This boot's slot question is settled: marked good, or the stored
+    /// state says it must not be.
+    boot_settled: bool,
 }
 
 impl Degraded {
@@ -92,6 +109,7 @@ impl Degraded {
         Degraded {
             since: Timestamp::now(),
             last_report: None,
+            boot_settled: false,
         }
     }
 
@@ -122,6 +140,9 @@ impl Degraded {
             }
         }
         if let Some(cfg) = &f.cfg {
+            if !f.lock_held && !self.boot_settled {
+                self.boot_settled = settle_boot(cfg);
+            }
             self.report(cfg, &f.error);
         }
         let mut watchdog = Watchdog::new();
@@ -196,6 +217,71 @@ impl Degraded {
     }
 }
 
+/// Mark the booted slot good if [`keep_booted_good`] finds it should be,
+/// logging what was done. Whether the question is settled for this boot
+/// (`false`: ask again at the next start attempt).
+fn settle_boot(cfg: &Config) -> bool {
+    match keep_booted_good(cfg) {
+        Ok(Some(slot)) => {
+            log::info!("degraded: booted slot {slot} marked good again (no update under way)");
+            true
+        }
+        Ok(None) => {
+            log::warn!(
+                "degraded: booted slot not marked good: the stored state has an update under way, \
+                 which only a started daemon concludes"
+            );
+            true
+        }
+        Err(e) => {
+            log::warn!("degraded: booted slot not marked good: {e}");
+            false
+        }
+    }
+}
+
+/// Mark the booted slot good when a normal start would: the stored state,
+/// read without writing, reconciled with this boot, says
+/// [`Decision::MarkBootedGood`]. `Some(slot)` when it was marked (a
+/// backend writes nothing when the selection is already right), `None`
+/// when the stored state forbids it. Errors: the slots or the bootloader
+/// are configured wrongly, the state lock is held, or the booted slot, the
+/// boot id, the state or the bootloader cannot be read.
+fn keep_booted_good(cfg: &Config) -> Result<Option<SlotName>> {
+    cfg.check_boot()?;
+    // One-shot commands take the lock to install: never mark while one runs.
+    let _lock = StateLock::acquire(&cfg.lock_path())?;
+    let booted = slot::booted_slot(&cfg.slots.cmdline)?;
+    let boot_id = identity::boot_id(&cfg.system.boot_id_file)?;
+    let state = stored_state(cfg)?;
+    if !may_mark_good(state, booted, &boot_id) {
+        return Ok(None);
+    }
+    bootloader::from_config(cfg)?
+        .mark_good(booted, cfg.bootloader.tries)
+        .map_err(|e| e.wrap(format!("marking booted slot {booted} good")))?;
+    Ok(Some(booted))
+}
+
+/// The decision [`keep_booted_good`] carries out: what a start of the
+/// daemon would do with this state in this boot, where only "mark the
+/// booted slot good" is taken.
+fn may_mark_good(state: State, booted: SlotName, boot_id: &str) -> bool {
+    reconcile(state, booted, boot_id) == Decision::MarkBootedGood
+}
+
+/// The stored state, read only. No database and no protection copy is a
+/// device that never installed anything (`Idle`); a database gone while
+/// its copy is there is a state not known, an error.
+fn stored_state(cfg: &Config) -> Result<State> {
+    let db = cfg.db_path();
+    if !db.exists() && !protect::path_beside(&db).exists() {
+        return Ok(State::Idle);
+    }
+    let store = Store::open_readonly(&db)?;
+    Ok(store.state()?.0)
+}
+
 /// The device id as the id file holds it, without creating one.
 fn read_device_id(path: &Path) -> Option<String> {
     let text = std::fs::read_to_string(path).ok()?;
@@ -258,6 +344,50 @@ mod tests {
                 report_due(last.map(|r| (r, t0)), reason, now, hour),
                 want,
                 "last {last:?}, reason {reason}, {after} s later"
+            );
+        }
+    }
+
+    #[test]
+    fn a_degraded_start_marks_the_booted_slot_good_only_outside_an_update() {
+        use crate::state::RebootPurpose;
+        use crate::test_support::job_into;
+        let trial = |boot: &str| {
+            let mut j = job_into(SlotName::B);
+            j.boot_id = Some(boot.into());
+            j.purpose = Some(RebootPurpose::Trial);
+            j
+        };
+        // (stored state, booted slot) in boot "boot-2" → marked good
+        let rows: Vec<(State, SlotName, bool)> = vec![
+            (State::Idle, SlotName::A, true),
+            (State::Committed(trial("boot-1")), SlotName::B, true),
+            (State::RolledBack(trial("boot-1")), SlotName::A, true),
+            (
+                State::Failed {
+                    reason: "x".into(),
+                    job: None,
+                },
+                SlotName::A,
+                true,
+            ),
+            // The trial booted: only a started daemon may test and commit.
+            (State::Rebooting(trial("boot-1")), SlotName::B, false),
+            (State::Testing(trial("boot-1")), SlotName::B, false),
+            (State::Testing(trial("boot-2")), SlotName::B, false),
+            // Back on the old slot: a rollback a started daemon records.
+            (State::Rebooting(trial("boot-1")), SlotName::A, false),
+            // The reboot has not happened yet.
+            (State::Rebooting(trial("boot-2")), SlotName::A, false),
+            // A download in progress.
+            (State::Downloading(trial("boot-1")), SlotName::A, false),
+        ];
+        for (state, booted, want) in rows {
+            let name = state.name();
+            assert_eq!(
+                may_mark_good(state, booted, "boot-2"),
+                want,
+                "{name} booted {booted}"
             );
         }
     }
