@@ -86,7 +86,7 @@ impl Backoff {
 }
 
 fn random_u64() -> u64 {
-    match crate::identity::random_bytes::<8>() {
+    match crate::random::bytes::<8>() {
         Ok(b) => u64::from_le_bytes(b),
         Err(_) => {
             // Without a random source, spread by time and process id.

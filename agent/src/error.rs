@@ -7,8 +7,12 @@
 //! the way up with [`Context::context`], outermost first, so the log line
 //! says what was being done and then why it failed.
 //!
+//! Where the kind is too coarse for a decision, an error carries a
+//! [`Cause`], set where the fact is known (an I/O or SQLite error code, the
+//! download deadline); nothing branches on a message's text.
+//!
 //! This module must stay free of policy: it never decides whether a failure
-//! is retried; callers ask [`Error::kind`].
+//! is retried; callers ask [`Error::kind`] and [`Error::cause`].
 
 use std::fmt;
 
@@ -79,6 +83,19 @@ impl Kind {
     }
 }
 
+/// A fact about a failure, finer than its [`Kind`], that a decision needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// A write found its filesystem full (SQLite's `SQLITE_FULL`,
+    /// `ENOSPC`): what to free is named where the path is known.
+    NoSpace,
+    /// SQLite found the file damaged: not a database, or malformed.
+    Damaged,
+    /// A download ran past its job's deadline: it is not tried again within
+    /// the job.
+    Deadline,
+}
+
 /// An error with its kind and a human-readable chain of context.
 #[derive(Debug)]
 pub struct Error {
@@ -86,9 +103,7 @@ pub struct Error {
     message: String,
     /// A server asked to be left alone for this long (429/503 Retry-After).
     retry_after: Option<std::time::Duration>,
-    /// A write found its filesystem full (SQLite's `SQLITE_FULL`,
-    /// `ENOSPC`): what to free is named where the path is known.
-    no_space: bool,
+    cause: Option<Cause>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -99,13 +114,24 @@ impl Error {
             kind,
             message: message.into(),
             retry_after: None,
-            no_space: false,
+            cause: None,
         }
+    }
+
+    /// The same error, known to have come from `cause`.
+    pub fn with_cause(mut self, cause: Cause) -> Self {
+        self.cause = Some(cause);
+        self
+    }
+
+    /// What is known of the failure beyond its kind.
+    pub fn cause(&self) -> Option<Cause> {
+        self.cause
     }
 
     /// Whether a write found its filesystem full.
     pub fn no_space(&self) -> bool {
-        self.no_space
+        self.cause == Some(Cause::NoSpace)
     }
 
     /// Attach the delay a server asked for before the next attempt.
@@ -133,6 +159,13 @@ impl Error {
         self
     }
 
+    /// Add what follows from the failure after the message
+    /// ("…; the download deadline … has passed: not retried").
+    pub fn append(mut self, consequence: impl fmt::Display) -> Self {
+        self.message = format!("{}; {consequence}", self.message);
+        self
+    }
+
     /// The same error with another kind (e.g. an I/O error while reading a
     /// slot is a slot problem, not a generic one).
     pub fn with_kind(mut self, kind: Kind) -> Self {
@@ -151,9 +184,11 @@ impl std::error::Error for Error {}
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
-        let mut out = Error::new(Kind::Io, e.to_string());
-        out.no_space = e.kind() == std::io::ErrorKind::StorageFull;
-        out
+        let out = Error::new(Kind::Io, e.to_string());
+        match e.kind() {
+            std::io::ErrorKind::StorageFull => out.with_cause(Cause::NoSpace),
+            _ => out,
+        }
     }
 }
 
@@ -165,9 +200,14 @@ impl From<nix::Error> for Error {
 
 impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
-        let mut out = Error::new(Kind::Store, e.to_string());
-        out.no_space = e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull);
-        out
+        let out = Error::new(Kind::Store, e.to_string());
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DiskFull) => out.with_cause(Cause::NoSpace),
+            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
+                out.with_cause(Cause::Damaged)
+            }
+            _ => out,
+        }
     }
 }
 

@@ -58,7 +58,7 @@ const TEMP_TRIES: usize = 8;
 fn create_temp(dir: &Path, name: &str, mode: u32) -> Result<(File, std::path::PathBuf)> {
     let mut last = None;
     for _ in 0..TEMP_TRIES {
-        let suffix = u64::from_ne_bytes(crate::identity::random_bytes::<8>()?);
+        let suffix = u64::from_ne_bytes(crate::random::bytes::<8>()?);
         let tmp = dir.join(format!(".{name}.tmp.{suffix:016x}"));
         match create_new(&tmp, mode) {
             Ok(f) => return Ok((f, tmp)),

@@ -47,17 +47,10 @@ use crate::source::Origin;
 use crate::store::{OutboxEntry, Store};
 use crate::{bail, err};
 
-/// The outbox kinds of this mode: a feedback that changes an action's
-/// state, a progress feedback (folded into the newest one while nothing
-/// else is queued after it), the configuration data.
-pub const FEEDBACK: &str = "ddi_feedback";
-pub const PROGRESS: &str = "ddi_progress";
-pub const CONFIG: &str = "ddi_config";
-
-/// Whether an outbox row is addressed to a DDI server.
-pub fn is_ddi_kind(kind: &str) -> bool {
-    matches!(kind, FEEDBACK | PROGRESS | CONFIG)
-}
+// The outbox kinds of this mode are the outbox's ([`crate::report`] keeps
+// the list of every kind and which are results).
+pub use crate::report::is_ddi_kind;
+pub use crate::report::{DDI_CONFIG as CONFIG, DDI_FEEDBACK as FEEDBACK, DDI_PROGRESS as PROGRESS};
 
 /// The controller resource of this device on the configured DDI server.
 #[derive(Clone)]

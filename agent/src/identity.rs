@@ -56,17 +56,7 @@ fn new_device_id() -> Result<String> {
             return Ok(Sha256::of(&input).to_hex()[..32].to_string());
         }
     }
-    Ok(hex(&random_bytes::<16>()?))
-}
-
-/// Random bytes from the operating system.
-pub fn random_bytes<const N: usize>() -> Result<[u8; N]> {
-    use ring::rand::SecureRandom;
-    let mut b = [0u8; N];
-    ring::rand::SystemRandom::new()
-        .fill(&mut b)
-        .map_err(|_| err!(Io, "the system random number generator failed"))?;
-    Ok(b)
+    Ok(hex(&crate::random::bytes::<16>()?))
 }
 
 /// The current boot id.

@@ -43,6 +43,7 @@ mod poll;
 mod progress;
 pub mod protect;
 pub mod provision;
+mod random;
 mod readback;
 mod reconcile;
 mod report;

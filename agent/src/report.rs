@@ -20,11 +20,10 @@ use serde_json::{Value, json};
 use crate::error::Result;
 use crate::fetch::Fetcher;
 use crate::hash::hex;
-use crate::identity::random_bytes;
 use crate::progress::Ticker;
 use crate::slot::SlotName;
 use crate::state::{Job, State};
-use crate::store::{OutboxEntry, Report, Store};
+use crate::store::{OutboxEntry, Queued, Report, Store};
 use crate::timestamp::Timestamp;
 
 /// Report kinds.
@@ -37,6 +36,19 @@ pub const RUNNING: &str = "running";
 pub const DEGRADED: &str = "degraded";
 pub const DATABASE_RECOVERED: &str = "database_recovered";
 
+/// The kinds of a DDI server's rows (made and sent by [`crate::hawkbit`]):
+/// a feedback that changes an action's state, a progress feedback (folded
+/// into the newest one while nothing else is queued after it), the
+/// configuration data.
+pub const DDI_FEEDBACK: &str = "ddi_feedback";
+pub const DDI_PROGRESS: &str = "ddi_progress";
+pub const DDI_CONFIG: &str = "ddi_config";
+
+/// Whether an outbox row is addressed to a DDI server.
+pub fn is_ddi_kind(kind: &str) -> bool {
+    matches!(kind, DDI_FEEDBACK | DDI_PROGRESS | DDI_CONFIG)
+}
+
 /// The outbox's bounds: a device offline for months must not fill its
 /// state partition with reports. Past either bound the oldest rows that
 /// are not results are dropped and counted ([`bound_outbox`]).
@@ -48,15 +60,7 @@ pub const OUTBOX_MAX_BYTES: u64 = 1024 * 1024;
 /// and are therefore never dropped from a full outbox. There are a few
 /// per job, so they stay few whatever the outage.
 pub fn is_result(kind: &str) -> bool {
-    kind == INSTALL || kind == crate::hawkbit::FEEDBACK
-}
-
-/// One queued row as the bound sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Queued {
-    pub seq: i64,
-    pub kind: String,
-    pub bytes: u64,
+    kind == INSTALL || kind == DDI_FEEDBACK
 }
 
 /// The rows to drop (by `seq`) so that `rows` (oldest first) fit
@@ -135,7 +139,7 @@ impl Pending {
 
 /// A fresh idempotency key.
 pub fn new_key() -> String {
-    match random_bytes::<16>() {
+    match crate::random::bytes::<16>() {
         Ok(b) => hex(&b),
         // No randomness: fall back to time and pid, still unique enough for
         // de-duplication on one device.
@@ -360,7 +364,7 @@ pub fn deliver(
 ) -> Result<usize> {
     drain(
         store,
-        |kind| !crate::hawkbit::is_ddi_kind(kind),
+        |kind| !is_ddi_kind(kind),
         ("a DDI server", "server.report_url"),
         |e| {
             let body = wire_body(e);
@@ -426,9 +430,9 @@ mod tests {
             q(1, INSTALL, 10),
             q(2, HEARTBEAT, 10),
             q(3, STATE, 10),
-            q(4, crate::hawkbit::FEEDBACK, 10),
+            q(4, DDI_FEEDBACK, 10),
             q(5, CHECK_FAILED, 10),
-            q(6, crate::hawkbit::PROGRESS, 10),
+            q(6, DDI_PROGRESS, 10),
         ];
         // (max rows, max bytes) → the rows dropped
         let cases: [(u64, u64, &[i64]); 6] = [

@@ -14,6 +14,8 @@
 //! * `cross-test [--full]` — build for aarch64 and armv7 and run the tests
 //!   the test pyramid places there (all with `--full`) under qemu-user.
 //! * `pyramid` — print where each integration test file runs (docs/testing.md).
+//! * `layout` — the agent's import cycles and largest files, against the
+//!   rules in docs/architecture.md (a test holds the tree to them).
 //! * `dist` — release tarballs with the binary, the systemd files and the docs.
 //! * `yocto-crates [--check]` — regenerate the Yocto recipe's crate list from Cargo.lock.
 //! * `vm-test [x86_64|aarch64|all]` — the update cycle on a full-system QEMU
@@ -26,6 +28,7 @@ mod demo;
 mod dist;
 mod emulate;
 mod fuzz;
+mod layout;
 mod nextest;
 mod pyramid;
 mod rules;
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         "yocto-crates" => yocto::run(rest),
         "vm-test" => vm::run(rest),
         "pyramid" => pyramid::run(rest),
+        "layout" => layout::run(rest),
         // The runner cross-test hands to cargo; not for direct use.
         "emulate" => return emulate::main(rest),
         "-h" | "--help" | "help" => {
@@ -95,6 +99,8 @@ const USAGE: &str = "usage: cargo xtask <command>
   cross-test [--full]       build for aarch64 and armv7, run under qemu-user the tests the pyramid
                             places there (docs/testing.md); --full: every test file
   pyramid                   print where each integration test file runs, as docs/testing.md's table
+  layout                    the agent's import cycles and largest files against the rules of
+                            docs/architecture.md (no cycle, at most 800 lines of code a file)
   dist [--target T]...      release tarballs (x86_64, aarch64, armv7) in target/dist
   yocto-crates [--check]    regenerate the Yocto recipe's crate list from Cargo.lock
   vm-test [x86_64|aarch64|all] [--cuts N] [--seed S]

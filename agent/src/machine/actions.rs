@@ -256,7 +256,8 @@ impl Machine {
             Err(e) if e.kind() == Kind::Stopped => return Err(e),
             Err(e) => {
                 self.last_error = Some(e.to_string());
-                if retries_after(e.kind(), self.download_failures, self.mode == Mode::Daemon) {
+                if retry::retries_after(e.kind(), self.download_failures, self.mode == Mode::Daemon)
+                {
                     self.download_failures = self.download_failures.saturating_add(1);
                     log::warn!(
                         "release {} slot {}: {e} (attempt {}; trying again later)",
@@ -268,7 +269,7 @@ impl Machine {
                         crate::backoff::full_jitter(
                             self.download_failures,
                             Duration::from_secs(5),
-                            self.cfg.server.retry_max.0.min(NETWORK_RETRY_CAP),
+                            self.cfg.server.retry_max.0.min(retry::NETWORK_RETRY_CAP),
                         )
                     })));
                 }

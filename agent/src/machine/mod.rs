@@ -50,7 +50,7 @@ use crate::bootloader::{self, BootState, Bootloader};
 use crate::channel::Followed;
 use crate::child::Watched;
 use crate::config::{Config, RebootMode};
-use crate::error::{Error, Kind, Result};
+use crate::error::{Cause, Error, Kind, Result};
 use crate::fetch::Fetcher;
 use crate::fsutil::ensure_dir;
 use crate::hash::Sha256;
@@ -73,12 +73,14 @@ use crate::trust::Trust;
 use crate::{bail, err};
 use actions::spool_path;
 use check::job_delta;
+use retry::Recovery;
 
 mod actions;
 mod check;
 mod fleet;
 mod operator;
 mod policy;
+mod retry;
 mod watch;
 
 pub use policy::Wait;
@@ -141,30 +143,6 @@ impl CheckOutcome {
             }
         }
     }
-}
-
-/// Consecutive transient failures other than the network's (a busy
-/// bootloader, a busy slot) before a job is failed. A network failure has
-/// no budget: it is retried while the job's download deadline and its
-/// manifest's validity allow ([`retries_after`]).
-const MAX_DOWNLOAD_RETRIES: u32 = 8;
-
-/// The longest wait between two attempts of a download the network
-/// interrupted, whatever `server.retry_max` says: an outage's end is found
-/// within it.
-const NETWORK_RETRY_CAP: Duration = Duration::from_secs(300);
-
-/// Whether a download that failed with `kind`, after `failures`
-/// consecutive failures, is tried again (rather than failing its job):
-/// network failures always (the deadline ends them), others up to
-/// [`MAX_DOWNLOAD_RETRIES`]. Only a daemon retries.
-pub(crate) fn retries_after(kind: Kind, failures: u32, daemon: bool) -> bool {
-    daemon
-        && match kind {
-            Kind::Network => true,
-            Kind::Busy => failures < MAX_DOWNLOAD_RETRIES,
-            _ => false,
-        }
 }
 
 /// How long the reboot command may run before it counts as failed.
@@ -711,95 +689,104 @@ impl Machine {
             Err(e) => {
                 let e = install::context(e, &job.version, job.target);
                 self.last_error = Some(e.to_string());
-                let transient = matches!(e.kind(), Kind::Network | Kind::Busy);
-                // Past its deadline a download is not tried again within
-                // the job: the job fails, and a later poll starts it anew.
-                let deadline = job
-                    .download_deadline
-                    .filter(|d| Timestamp::now() >= *d && transient)
-                    .filter(|_| matches!(self.state(), Ok(State::Downloading(_))));
-                let e = match deadline {
-                    Some(d) if !e.message().contains("download abandoned at its deadline") => {
-                        Error::new(
-                            e.kind(),
-                            format!("{e}; the download deadline {d} has passed: not retried"),
-                        )
+                let past_deadline = job.download_deadline.is_some_and(|d| Timestamp::now() >= d)
+                    && matches!(self.state(), Ok(State::Downloading(_)));
+                let recovery = retry::after_failure(retry::Failed {
+                    kind: e.kind(),
+                    cause: e.cause(),
+                    failures: self.download_failures,
+                    daemon: self.mode == Mode::Daemon,
+                    past_deadline,
+                    delta: matches!(job.method, Method::Delta { .. }),
+                });
+                let e = match (recovery, job.download_deadline) {
+                    (Recovery::Fail { deadline: true }, Some(d))
+                        if e.cause() != Some(Cause::Deadline) =>
+                    {
+                        e.append(format!("the download deadline {d} has passed: not retried"))
+                            .with_cause(Cause::Deadline)
                     }
                     _ => e,
                 };
-                if transient
-                    && deadline.is_none()
-                    && retries_after(e.kind(), self.download_failures, self.mode == Mode::Daemon)
-                {
-                    self.download_failures = self.download_failures.saturating_add(1);
-                    let first = self.network_down_since.is_none();
-                    let since = *self.network_down_since.get_or_insert_with(Timestamp::now);
-                    let delay = e.retry_after().unwrap_or_else(|| {
-                        crate::backoff::full_jitter(
-                            self.download_failures,
-                            Duration::from_secs(5),
-                            self.cfg.server.retry_max.0.min(NETWORK_RETRY_CAP),
-                        )
-                    });
-                    let until = match job.download_deadline {
-                        Some(d) => format!("until its deadline {d}"),
-                        None => "with no deadline".into(),
-                    };
-                    log::warn!(
-                        "{e} (attempt {}, failing since {since}; resuming {until})",
-                        self.download_failures
-                    );
-                    let waiting = format!("waiting for the network since {since}: {e}");
-                    if first {
-                        self.note_outage(
-                            &job,
-                            &format!("{waiting}; the download resumes when it returns"),
-                        )?;
-                    }
-                    self.last_error = Some(waiting);
-                    return Ok(Next::Retry(delay));
-                }
-                if let Method::Delta { .. } = &job.method {
-                    if matches!(e.kind(), Kind::Integrity | Kind::Malformed) {
-                        // A delta that cannot produce the image (a corrupt
-                        // patch, a source that changed under it) is not the
-                        // end of the update: the full image still is.
-                        log::warn!(
-                            "release {} slot {}: the delta failed ({e}); falling back to the full image",
-                            job.version,
-                            job.target
-                        );
-                        let mut full = self.state()?.job().cloned().unwrap_or(job);
-                        if let Method::Delta { url, .. } = &full.method {
-                            if let Ok(d) = self.job_manifest().and_then(|m| job_delta(&m, url)) {
-                                let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
-                                let _ = std::fs::remove_file(spool);
-                            }
-                        }
-                        full.method = Method::Full;
-                        full.writing = true;
-                        full.frames_durable = 0;
-                        if let Ok(m) = self.job_manifest() {
-                            let time = self.cfg.download_time(m.artifact.size);
-                            full.download_deadline = Some(Timestamp::now().plus(time));
-                        }
-                        let reason = format!("delta failed: {e}");
-                        self.enter(
-                            State::Downloading(full),
-                            "delta-fallback",
-                            Some(&reason),
-                            vec![],
-                        )?;
+                match recovery {
+                    Recovery::Retry => self.retry_download(&job, &e),
+                    Recovery::FullImage => self.fall_back_to_full(job, &e),
+                    Recovery::Fail { .. } => {
+                        let state_job = self.state()?.job().cloned().unwrap_or(job);
+                        self.fail(state_job, &e.to_string(), "failed")?;
                         self.progress = None;
-                        return Ok(Next::Continue);
+                        Err(e)
                     }
                 }
-                let state_job = self.state()?.job().cloned().unwrap_or(job);
-                self.fail(state_job, &e.to_string(), "failed")?;
-                self.progress = None;
-                Err(e)
             }
         }
+    }
+
+    /// [`Recovery::Retry`]: the job goes on after a backoff (or the
+    /// server's `Retry-After`); the first failure of an outage is noted
+    /// for the server, and the status says since when the network is gone.
+    fn retry_download(&mut self, job: &Job, e: &Error) -> Result<Next> {
+        self.download_failures = self.download_failures.saturating_add(1);
+        let first = self.network_down_since.is_none();
+        let since = *self.network_down_since.get_or_insert_with(Timestamp::now);
+        let delay = e.retry_after().unwrap_or_else(|| {
+            crate::backoff::full_jitter(
+                self.download_failures,
+                Duration::from_secs(5),
+                self.cfg.server.retry_max.0.min(retry::NETWORK_RETRY_CAP),
+            )
+        });
+        let until = match job.download_deadline {
+            Some(d) => format!("until its deadline {d}"),
+            None => "with no deadline".into(),
+        };
+        log::warn!(
+            "{e} (attempt {}, failing since {since}; resuming {until})",
+            self.download_failures
+        );
+        let waiting = format!("waiting for the network since {since}: {e}");
+        if first {
+            self.note_outage(
+                job,
+                &format!("{waiting}; the download resumes when it returns"),
+            )?;
+        }
+        self.last_error = Some(waiting);
+        Ok(Next::Retry(delay))
+    }
+
+    /// [`Recovery::FullImage`]: a delta that cannot produce the image (a
+    /// corrupt patch, a source that changed under it) is not the end of the
+    /// update: the full image still is, with a deadline of its own.
+    fn fall_back_to_full(&mut self, job: Job, e: &Error) -> Result<Next> {
+        log::warn!(
+            "release {} slot {}: the delta failed ({e}); falling back to the full image",
+            job.version,
+            job.target
+        );
+        let mut full = self.state()?.job().cloned().unwrap_or(job);
+        if let Method::Delta { url, .. } = &full.method {
+            if let Ok(d) = self.job_manifest().and_then(|m| job_delta(&m, url)) {
+                let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
+                let _ = std::fs::remove_file(spool);
+            }
+        }
+        full.method = Method::Full;
+        full.writing = true;
+        full.frames_durable = 0;
+        if let Ok(m) = self.job_manifest() {
+            let time = self.cfg.download_time(m.artifact.size);
+            full.download_deadline = Some(Timestamp::now().plus(time));
+        }
+        let reason = format!("delta failed: {e}");
+        self.enter(
+            State::Downloading(full),
+            "delta-fallback",
+            Some(&reason),
+            vec![],
+        )?;
+        self.progress = None;
+        Ok(Next::Continue)
     }
 
     /// The slot under test passed: the bootloader keeps it first, and only

@@ -1,7 +1,7 @@
 //! What an operator asks of the machine (`mark-good`, `mark-bad`,
 //! `cancel`), what it
 //! reports on its own (heartbeats, the outbox) and the status view the
-//! daemon serves (the one-shot CLI builds the same view in `cli.rs`).
+//! daemon serves (the one-shot CLI builds the same view in `cli/view.rs`).
 
 use super::*;
 

@@ -68,7 +68,7 @@ impl Deadline {
         if now < self.at {
             return Ok(());
         }
-        bail!(
+        Err(err!(
             Network,
             "download abandoned at its deadline {}: {} of {} bytes received (deadline: server.download_allowance {} + {} bytes at {} {} bytes/s; slow retrieval)",
             self.at,
@@ -79,6 +79,7 @@ impl Deadline {
             self.rate_key,
             self.rate
         )
+        .with_cause(Cause::Deadline))
     }
 }
 

@@ -20,12 +20,14 @@ use std::path::Path;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Context, Error, Kind, Result};
+use crate::error::{Cause, Context, Error, Kind, Result};
 use crate::hash::Sha256;
 use crate::slot::SlotName;
 use crate::state::State;
 use crate::timestamp::Timestamp;
 use crate::{bail, err};
+
+mod outbox;
 
 /// Current schema version; migrations below bring older files up to it.
 const SCHEMA_VERSION: i64 = 1;
@@ -119,6 +121,14 @@ pub struct Event<'a> {
     pub detail: Option<&'a str>,
 }
 
+/// One queued row as the bound sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queued {
+    pub seq: i64,
+    pub kind: String,
+    pub bytes: u64,
+}
+
 /// A report waiting in the outbox.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OutboxEntry {
@@ -169,11 +179,10 @@ fn protected_meta(key: &str) -> bool {
     key.starts_with("floor.") || matches!(key, "serial" | "serial_epoch" | "time_floor" | "channel")
 }
 
-/// Whether an error carries SQLite's words for a damaged file (once
-/// converted, the error code is gone; its message stays).
+/// Whether SQLite found the file damaged (its error code, kept as the
+/// error's cause when converted).
 fn says_damaged(e: &Error) -> bool {
-    let text = e.message();
-    text.contains("malformed") || text.contains("not a database")
+    e.cause() == Some(Cause::Damaged)
 }
 
 /// A database file found on open.
@@ -873,143 +882,6 @@ impl Store {
         Ok(stmt
             .query_row(rusqlite::params_from_iter(events), history_row)
             .optional()?)
-    }
-
-    // ---- outbox ------------------------------------------------------------
-
-    /// Queue a report. A foldable report replaces the newest queued report
-    /// of the same kind when that one is also foldable and is the newest
-    /// row overall (so order is never changed), counting the occurrences.
-    pub fn push_report(&self, r: &Report<'_>) -> Result<()> {
-        self.push_report_besides(r, None)
-    }
-
-    /// [`Store::push_report`], never folding into row `in_flight` (a row
-    /// being sent on another thread: what is folded into it would be lost
-    /// when its delivery removes it).
-    pub fn push_report_besides(&self, r: &Report<'_>, in_flight: Option<i64>) -> Result<()> {
-        let now = Timestamp::now().0;
-        if r.foldable {
-            let newest: Option<(i64, String, bool)> = self
-                .conn
-                .query_row(
-                    "SELECT seq, kind, foldable FROM outbox ORDER BY seq DESC LIMIT 1",
-                    [],
-                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-                )
-                .optional()?;
-            if let Some((seq, kind, true)) = newest {
-                if kind == r.kind && Some(seq) != in_flight {
-                    self.conn.execute(
-                        "UPDATE outbox SET count = count + 1, updated = ?1, body = ?2 WHERE seq = ?3",
-                        params![now, r.body, seq],
-                    )?;
-                    return Ok(());
-                }
-            }
-        }
-        self.conn.execute(
-            "INSERT INTO outbox (key, kind, created, updated, count, foldable, body)
-             VALUES (?1, ?2, ?3, ?3, 1, ?4, ?5)",
-            params![r.key, r.kind, now, r.foldable, r.body],
-        )?;
-        Ok(())
-    }
-
-    /// The oldest queued reports, in order.
-    pub fn outbox_peek(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
-        let mut stmt = self.conn.prepare(
-            "SELECT seq, key, kind, created, updated, count, body FROM outbox ORDER BY seq LIMIT ?1",
-        )?;
-        let rows = stmt.query_map(params![limit as i64], |r| {
-            Ok(OutboxEntry {
-                seq: r.get(0)?,
-                key: r.get(1)?,
-                kind: r.get(2)?,
-                created: Timestamp(r.get(3)?),
-                updated: Timestamp(r.get(4)?),
-                count: r.get(5)?,
-                body: r.get(6)?,
-            })
-        })?;
-        rows.collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(Error::from)
-    }
-
-    /// Drop a delivered report.
-    pub fn outbox_ack(&self, seq: i64) -> Result<()> {
-        self.conn
-            .execute("DELETE FROM outbox WHERE seq = ?1", params![seq])?;
-        Ok(())
-    }
-
-    /// Rows queued and the bytes of their bodies.
-    pub fn outbox_usage(&self) -> Result<(u64, u64)> {
-        let (rows, bytes): (i64, i64) = self.conn.query_row(
-            "SELECT COUNT(*), COALESCE(SUM(length(body)), 0) FROM outbox",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        Ok((rows.max(0) as u64, bytes.max(0) as u64))
-    }
-
-    /// Every queued row's sequence number, kind and body size, oldest
-    /// first.
-    pub fn outbox_sizes(&self) -> Result<Vec<crate::report::Queued>> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT seq, kind, length(body) FROM outbox ORDER BY seq")?;
-        let rows = stmt.query_map([], |r| {
-            Ok(crate::report::Queued {
-                seq: r.get(0)?,
-                kind: r.get(1)?,
-                bytes: r.get::<_, i64>(2)?.max(0) as u64,
-            })
-        })?;
-        rows.collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(Error::from)
-    }
-
-    /// Drop undelivered rows `seqs` and add them to the count of dropped
-    /// reports (`meta` key `outbox_dropped`), in one transaction. Returns
-    /// the new count.
-    pub fn outbox_drop(&self, seqs: &[i64]) -> Result<u64> {
-        let tx = self.conn.unchecked_transaction()?;
-        for seq in seqs {
-            tx.execute("DELETE FROM outbox WHERE seq = ?1", params![seq])?;
-        }
-        let before: u64 = tx
-            .query_row(
-                "SELECT value FROM meta WHERE key = 'outbox_dropped'",
-                [],
-                |r| r.get::<_, String>(0),
-            )
-            .optional()?
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let total = before.saturating_add(seqs.len() as u64);
-        tx.execute(
-            "INSERT INTO meta (key, value) VALUES ('outbox_dropped', ?1)
-             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            params![total.to_string()],
-        )?;
-        tx.commit()?;
-        Ok(total)
-    }
-
-    /// Reports dropped from a full outbox since the database was made.
-    pub fn outbox_dropped(&self) -> Result<u64> {
-        Ok(self
-            .get("outbox_dropped")?
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0))
-    }
-
-    pub fn outbox_len(&self) -> Result<u64> {
-        Ok(self
-            .conn
-            .query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get::<_, i64>(0))?
-            as u64)
     }
 
     /// Run `f` in one transaction.
