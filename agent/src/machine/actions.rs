@@ -57,7 +57,8 @@ impl Machine {
         let deadline = watch::Deadline::of(&job, size, received, &self.cfg);
         let (polled, watched) = self.job_origin(&job);
         let reports = self
-            .reports_enabled()
+            .server
+            .takes(report::CHECK_FAILED)
             .then_some((self.device_id.as_str(), self.booted));
         let preferred = self.preferred;
         let watch = (self.mode == Mode::Daemon && watched).then(|| watch::Watch {
@@ -79,7 +80,7 @@ impl Machine {
             found: newer,
             pending: None,
         });
-        let fleet = match (&self.fleet, &job.ddi) {
+        let fleet = match (self.server.fleet().map(|f| &f.controller), &job.ddi) {
             (Some(c), Some(action)) if self.mode == Mode::Daemon => Some(fleet::FleetWatch {
                 controller: c.clone(),
                 store: &self.store,
@@ -363,7 +364,7 @@ impl Machine {
                 );
                 log::warn!("release {} slot {}: {why}", job.version, job.target);
                 self.last_error = Some(why.clone());
-                if self.reports_enabled() {
+                if self.server.takes(report::WAITING) {
                     let r = report::waiting(&self.device_id, self.booted, &job, "reboot", &why);
                     self.store.push_report(&r.as_report())?;
                 }
@@ -488,7 +489,7 @@ impl Machine {
     }
 
     pub(super) fn server_reachable(&mut self, t: &mut dyn Ticker) -> Verdict {
-        if let Some(c) = self.fleet.clone() {
+        if let Some(c) = self.server.fleet().map(|f| f.controller.clone()) {
             return match crate::worker::offload("health", move || c.base().map(|_| ()), t) {
                 Ok(Ok(())) => Verdict::Pass,
                 Ok(Err(e)) | Err(e) => Verdict::Fail(format!("DDI server unreachable: {e}")),

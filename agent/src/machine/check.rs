@@ -55,7 +55,8 @@ impl Machine {
             log::info!("check: {why}");
         }
         let reports = self
-            .reports_enabled()
+            .server
+            .takes(report::CHECK_FAILED)
             .then_some((self.device_id.as_str(), self.booted));
         note_check(
             &self.store,
@@ -229,7 +230,7 @@ impl Machine {
             }
         };
         let mut reports = Vec::new();
-        if self.reports_enabled() {
+        if self.server.takes(report::RUNNING) {
             reports.push(report::running(
                 &self.device_id,
                 self.booted,
@@ -365,7 +366,7 @@ impl Machine {
             Method::Delta { size, .. } => *size,
         };
         job.download_deadline = Some(job.started.plus(self.cfg.download_time(size)));
-        job.ddi = self.fleet_action.take();
+        job.ddi = self.server.fleet_mut().and_then(|f| f.action.take());
         if method == Method::Full {
             let kept = self.store.partial_write(target)?;
             if let Some(frames) = resume_after(kept, &m.artifact) {

@@ -55,6 +55,38 @@ const OUTBOX_SCAN: usize = 10_000;
 /// Store key: the configData attributes as last queued (JSON).
 const CONFIG_SENT: &str = "ddi_config";
 
+/// The DDI mode's state, owned by [`Server::Ddi`](super::server::Server):
+/// kept in memory for this run only (what must survive a restart is in the
+/// job, `Job::ddi`, and the outbox).
+pub(crate) struct Fleet {
+    /// The DDI server's controller resource.
+    pub(super) controller: Controller,
+    /// The polling interval the DDI server asked for, within bounds.
+    pub(super) sleep: Option<Duration>,
+    /// The action the job a check is about to start carries.
+    pub(super) action: Option<Action>,
+    /// The configData went out once in this run (a server that keeps
+    /// asking for it gets it once per start, unless it changes).
+    config_sent: bool,
+    /// The DDI server's cancel being carried out.
+    stopping: Option<ddi::Cancel>,
+    /// The deployment last read that waits (not started), by its link.
+    seen: Option<Seen>,
+}
+
+impl Fleet {
+    pub(super) fn new(controller: Controller) -> Fleet {
+        Fleet {
+            controller,
+            sleep: None,
+            action: None,
+            config_sent: false,
+            stopping: None,
+            seen: None,
+        }
+    }
+}
+
 /// A deployment read before and still waiting, kept (in memory) so that
 /// polls under the same link do not read it again.
 pub(super) struct Seen {
@@ -93,19 +125,37 @@ pub(super) fn feedback_now(
 impl Machine {
     /// Whether this device is driven by a DDI server.
     pub(super) fn fleet_mode(&self) -> bool {
-        self.fleet.is_some()
+        self.server.fleet().is_some()
+    }
+
+    /// The DDI mode's state; an error outside that mode.
+    fn fleet(&mut self) -> Result<&mut Fleet> {
+        self.server
+            .fleet_mut()
+            .ok_or_else(|| err!(Config, "server.kind is not \"hawkbit\""))
+    }
+
+    /// The DDI server's cancel being carried out, if any.
+    pub(super) fn stopping(&self) -> Option<&ddi::Cancel> {
+        self.server.fleet().and_then(|f| f.stopping.as_ref())
+    }
+
+    /// Record the cancel being carried out (`None`: an operator's, or none).
+    pub(super) fn set_stopping(&mut self, c: Option<ddi::Cancel>) {
+        if let Some(f) = self.server.fleet_mut() {
+            f.stopping = c;
+        }
     }
 
     /// One poll of the DDI server (see the module documentation).
     pub(super) fn check_fleet(&mut self, t: &mut dyn Ticker) -> Result<CheckOutcome> {
-        let Some(c) = self.fleet.clone() else {
-            bail!(Config, "server.kind is not \"hawkbit\"");
-        };
+        let c = self.fleet()?.controller.clone();
         let base = {
             let c = c.clone();
             crate::worker::offload("check", move || c.base(), t)??
         };
-        self.fleet_sleep = base.sleep.map(|d| self.cfg.server.clamp_sleep(d));
+        let sleep = base.sleep.map(|d| self.cfg.server.clamp_sleep(d));
+        self.fleet()?.sleep = sleep;
         self.queue_config_data(base.config_data.is_some())?;
         let state = self.state()?;
         if let Some(link) = &base.cancel {
@@ -171,7 +221,7 @@ impl Machine {
         // download of its manifest without a Range, is an entry of the
         // action's history on a hawkBit server, which keeps at most
         // `maxStatusEntriesPerAction` of them.
-        let seen = self.fleet_seen.take().filter(|s| s.href == link.href);
+        let seen = self.fleet()?.seen.take().filter(|s| s.href == link.href);
         let (d, manifest) = match seen {
             Some(s) => (Ok(s.deployment), s.manifest),
             None => {
@@ -215,7 +265,7 @@ impl Machine {
         let d = d?;
         let id = &action.id;
         if d.download == Handling::Skip {
-            self.fleet_seen = Some(Seen {
+            self.fleet()?.seen = Some(Seen {
                 href: action.href.clone(),
                 deployment: d,
                 manifest: None,
@@ -318,7 +368,7 @@ impl Machine {
         // The job this check starts carries the action; `forced` lets the
         // download past `policy.write` (an operator's `updraft apply`
         // that this release did not use is kept).
-        self.fleet_action = Some(action.clone());
+        self.fleet()?.action = Some(action.clone());
         let forced = action.download == Handling::Forced
             && policy::forced_passes(self.cfg.policy.write, self.cfg.policy.server_may_force);
         if forced {
@@ -330,13 +380,13 @@ impl Machine {
         } else {
             self.decide(&origin, false, state, verified, t)
         };
-        self.fleet_action = None;
+        self.fleet()?.action = None;
         self.forced_write = None;
         match outcome? {
             CheckOutcome::NoChange(why) => {
                 // Waits (for the local write policy): looked at again
                 // from what was read now.
-                self.fleet_seen = Some(Seen {
+                self.fleet()?.seen = Some(Seen {
                     href: action.href.clone(),
                     deployment: d,
                     manifest: Some(raw),
@@ -515,7 +565,7 @@ impl Machine {
         let text = serde_json::to_string(&attrs.iter().map(|(k, v)| (*k, v)).collect::<Vec<_>>())
             .map_err(|e| err!(Store, "encoding configData: {e}"))?;
         let changed = self.store.get(CONFIG_SENT)?.as_deref() != Some(text.as_str());
-        let owed = asked && !self.fleet_config_sent;
+        let owed = asked && !self.fleet()?.config_sent;
         if !changed && !owed {
             return Ok(None);
         }
@@ -524,7 +574,7 @@ impl Machine {
         if changed {
             self.store.set(CONFIG_SENT, &text)?;
         }
-        self.fleet_config_sent = true;
+        self.fleet()?.config_sent = true;
         Ok(Some(row))
     }
 
@@ -611,7 +661,7 @@ impl Machine {
             ),
             // Stopped by the server's cancel: that is answered on the
             // cancelAction, not here.
-            State::Failed { .. } if self.stopping.is_some() => return Ok(Vec::new()),
+            State::Failed { .. } if self.stopping().is_some() => return Ok(Vec::new()),
             State::Failed { reason, .. } => (
                 Execution::Closed,
                 Finished::Failure,

@@ -74,6 +74,7 @@ use crate::{bail, err};
 use actions::spool_path;
 use check::job_delta;
 use retry::Recovery;
+use server::Server;
 
 mod actions;
 mod check;
@@ -81,6 +82,7 @@ mod fleet;
 mod operator;
 mod policy;
 mod retry;
+mod server;
 mod watch;
 
 pub use policy::Wait;
@@ -202,19 +204,8 @@ pub struct Machine {
     pub progress: Option<Progress>,
     /// Set when a release commits: from the start of its job to the commit.
     pub last_install_duration: Option<Duration>,
-    /// The DDI server's controller resource (`server.kind = "hawkbit"`).
-    fleet: Option<crate::hawkbit::Controller>,
-    /// The polling interval the DDI server asked for, within bounds.
-    fleet_sleep: Option<Duration>,
-    /// The action the job a check is about to start carries.
-    fleet_action: Option<crate::ddi::Action>,
-    /// The configData went out once in this run (a server that keeps
-    /// asking for it gets it once per start, unless it changes).
-    fleet_config_sent: bool,
-    /// The DDI server's cancel being carried out.
-    stopping: Option<crate::ddi::Cancel>,
-    /// The deployment last read that waits (not started), by its link.
-    fleet_seen: Option<fleet::Seen>,
+    /// The server this device answers to ([`server`]).
+    server: Server,
     /// The copy of what must outlive the database ([`crate::protect`]).
     protection: crate::protect::Keeper,
     /// Since when the download has been failing for the network's sake.
@@ -259,23 +250,12 @@ impl Machine {
         let booted = slot::booted_slot(&cfg.slots.cmdline)?;
         let boot_id = identity::boot_id(&cfg.system.boot_id_file)?;
         let device_id = identity::device_id(&cfg.device.id_file)?;
-        let fleet_mode = cfg.server.kind == crate::config::ServerKind::Hawkbit;
-        let fetcher = if cfg.server.manifest_url.is_empty()
-            && cfg.server.report_url.is_empty()
-            && !fleet_mode
-        {
-            None
-        } else {
+        let fetcher = if Server::needs_fetcher(&cfg.server) {
             Some(Fetcher::new(&cfg)?)
+        } else {
+            None
         };
-        let fleet = match (&fetcher, fleet_mode) {
-            (Some(f), true) => Some(crate::hawkbit::Controller::new(
-                &cfg.server,
-                &device_id,
-                f.clone(),
-            )),
-            _ => None,
-        };
+        let server = Server::new(&cfg.server, &device_id, fetcher.as_ref());
         let slots = SlotPair {
             a: cfg.slots.a.clone(),
             b: cfg.slots.b.clone(),
@@ -335,24 +315,19 @@ impl Machine {
             next_check: None,
             progress: None,
             last_install_duration: None,
-            fleet,
-            fleet_sleep: None,
-            fleet_action: None,
-            fleet_config_sent: false,
-            stopping: None,
-            fleet_seen: None,
+            server,
         })
     }
 
     /// The polling interval the DDI server asked for at its last answer,
     /// clamped to [`crate::ddi::MIN_SLEEP`]..=[`crate::ddi::MAX_SLEEP`].
     pub fn server_sleep(&self) -> Option<Duration> {
-        self.fleet_sleep
+        self.server.sleep()
     }
 
     /// Whether the daemon polls a server: a manifest URL, or a DDI server.
     pub fn polls_a_server(&self) -> bool {
-        !self.cfg.server.manifest_url.is_empty() || self.fleet.is_some()
+        self.server.polled()
     }
 
     /// Whether the server is polled while a reboot is awaited: a DDI
@@ -361,7 +336,7 @@ impl Machine {
     /// overdue, so that it sees the device alive and stuck (a poll starts
     /// no new work while a job is past its switch).
     pub fn polls_while_rebooting(&self) -> bool {
-        self.fleet.is_some() || self.reboot_overdue()
+        self.server.polled_while_rebooting() || self.reboot_overdue()
     }
 
     /// Whether the reboot the command accepted has not come in time (or
@@ -386,7 +361,7 @@ impl Machine {
 
     /// Whether reports wait to be delivered somewhere.
     pub fn delivers_reports(&self) -> bool {
-        self.reports_enabled() || self.fleet.is_some()
+        self.server.delivers()
     }
 
     pub fn store(&self) -> &Store {
@@ -434,27 +409,11 @@ impl Machine {
         }
     }
 
-    /// Whether the reports go to the server a poll talks to: a DDI server
-    /// takes both, and a static report URL may share the scheme, host and
-    /// port of the manifest URL or a mirror.
+    /// Whether the reports go to the server a poll talks to (see
+    /// [`Server::reports_go_to_the_polled_server`]).
     pub fn reports_go_to_the_polled_server(&self) -> bool {
-        if self.fleet.is_some() {
-            return true;
-        }
-        let s = &self.cfg.server;
-        // `{channel}` is not a valid URI character; it only ever names a path.
-        let origin = |u: &str| crate::fetch::UrlOrigin::of(&u.replace("{channel}", "channel"));
-        let Some(reports) = origin(&s.report_url) else {
-            return false;
-        };
-        std::iter::once(&s.manifest_url)
-            .chain(&s.mirrors)
-            .any(|u| origin(u).as_ref() == Some(&reports))
-    }
-
-    /// Reports are queued only when there is somewhere to send them.
-    fn reports_enabled(&self) -> bool {
-        !self.cfg.server.report_url.is_empty()
+        self.server
+            .reports_go_to_the_polled_server(&self.cfg.server)
     }
 
     fn tries(&self) -> u32 {
@@ -476,22 +435,15 @@ impl Machine {
         extra: Vec<Pending>,
     ) -> Result<()> {
         let mut reports = Vec::new();
-        let fleet = self.fleet_mode();
-        if self.reports_enabled() {
+        if self.server.takes(report::STATE) {
             reports.push(report::state_change(&self.device_id, self.booted, &next));
         }
-        if fleet {
+        if self.fleet_mode() {
             reports.extend(self.fleet_feedback(&next, detail)?);
         }
         // Extras go where this device reports: DDI feedback to a DDI
         // server, the rest to `report_url`.
-        reports.extend(extra.into_iter().filter(|p| {
-            if crate::hawkbit::is_ddi_kind(p.kind) {
-                fleet
-            } else {
-                self.reports_enabled()
-            }
-        }));
+        reports.extend(extra.into_iter().filter(|p| self.server.takes(p.kind)));
         let refs: Vec<_> = reports.iter().map(Pending::as_report).collect();
         let job = next.job();
         let ev = Event {

@@ -83,9 +83,9 @@ impl Machine {
         by: Option<&crate::ddi::Cancel>,
         t: &mut dyn Ticker,
     ) -> Result<String> {
-        self.stopping = by.cloned();
+        self.set_stopping(by.cloned());
         let r = self.stop_job_inner(t);
-        self.stopping = None;
+        self.set_stopping(None);
         r
     }
 
@@ -135,7 +135,7 @@ impl Machine {
                 let what = format!("switched back to slot {}, no reboot", self.booted);
                 self.drop_slot(job, true, t, &what, "switched back before the reboot")
             }
-            State::Testing(job) if self.stopping.is_some() => bail!(
+            State::Testing(job) if self.stopping().is_some() => bail!(
                 Busy,
                 "release {} slot {} is under its trial boot",
                 job.version,
@@ -177,7 +177,7 @@ impl Machine {
         self.progress = None;
         self.health = None;
         self.apply_requested = None;
-        let server = self.stopping.clone();
+        let server = self.stopping().cloned();
         let reason = match &server {
             // The server decides again what the device runs: its image is
             // not held against a later action.
@@ -262,7 +262,7 @@ impl Machine {
 
     /// Queue a heartbeat report.
     pub fn heartbeat(&mut self) -> Result<()> {
-        if !self.reports_enabled() {
+        if !self.server.takes(report::HEARTBEAT) {
             return Ok(());
         }
         let state = self.state()?;
@@ -273,17 +273,8 @@ impl Machine {
 
     /// Deliver queued reports, if a report URL is configured.
     pub fn deliver_reports(&mut self, t: &mut dyn Ticker) -> Result<usize> {
-        if let Some(c) = self.fleet.clone() {
-            return crate::hawkbit::deliver(&self.store, &c, t);
-        }
-        let url = self.cfg.server.report_url.clone();
-        if url.is_empty() {
-            return Ok(0);
-        }
-        let Some(f) = self.fetcher.clone() else {
-            return Ok(0);
-        };
-        report::deliver(&self.store, &f, &url, t)
+        self.server
+            .deliver(&self.store, self.fetcher.as_ref(), &self.cfg.server, t)
     }
 
     // ---- status -----------------------------------------------------------------

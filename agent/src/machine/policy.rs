@@ -148,7 +148,8 @@ impl Machine {
         } else if let Some(why) = server_holds(job) {
             Allowed::Later {
                 recheck: self
-                    .fleet_sleep
+                    .server
+                    .sleep()
                     .unwrap_or(self.cfg.server.poll_interval.0)
                     .min(HOLD_RECHECK),
                 why,
@@ -282,7 +283,7 @@ impl Machine {
             let row = crate::hawkbit::feedback(crate::hawkbit::Answering::Deployment, &f);
             return self.store.push_report(&row.as_report());
         }
-        if !self.reports_enabled() {
+        if !self.server.takes(report::WAITING) {
             return Ok(());
         }
         let r = report::waiting(&self.device_id, self.booted, job, wait.as_str(), why);
