@@ -3,6 +3,7 @@
 //! before, outside the rollout) and the plan of the job: which slot, which
 //! method. Only a job that starts is written.
 
+use super::verdict::{Booted, Facts, InProgress, Verdict, verdict};
 use super::*;
 
 impl Machine {
@@ -75,15 +76,7 @@ impl Machine {
         state: &State,
         t: &mut dyn Ticker,
     ) -> Result<CheckOutcome> {
-        let mut poller = Poller {
-            store: &self.store,
-            trust: &mut self.trust,
-            fetcher: self.fetcher.as_ref(),
-            preferred: &mut self.preferred,
-            compatible: &self.cfg.device.compatible,
-            channel: &self.channel.name,
-            stale_limit: self.cfg.server.stale_limit.0,
-        };
+        let mut poller = self.poller();
         let verified = match poller.verified_manifest(origin, default_origin, t)? {
             Polled::Verified(v) => *v,
             Polled::Stale(why) => return Ok(CheckOutcome::NoChange(why)),
@@ -103,73 +96,63 @@ impl Machine {
         t: &mut dyn Ticker,
     ) -> Result<CheckOutcome> {
         let m = &verified.manifest;
-        let freshness = verified.freshness;
         self.write_waiting = None;
-        if let Some(job) = state.job().filter(|_| state.busy()) {
-            if job.image == m.image {
-                return Ok(CheckOutcome::NoChange(format!(
-                    "release {} is already being installed into slot {} ({})",
-                    job.version,
-                    job.target,
-                    state.name()
-                )));
+        let in_progress = state.job().filter(|_| state.busy()).map(|job| InProgress {
+            job,
+            state: state.name(),
+            supersedable: self.supersedable(state, origin),
+        });
+        let mut booted = match self.store.slot_record(self.booted)? {
+            Some(r) => Booted::Recorded(r.sha256, r.size),
+            None => Booted::Unrecorded,
+        };
+        let rejected = self.store.rejected(&m.image.sha256)?;
+        let cancelled = self.store.get(operator::CANCELLED_IMAGE)?.as_deref()
+            == Some(m.image.sha256.to_hex().as_str());
+        let rollout = m.release.rollout.as_ref().map(|r| {
+            let chosen = rollout::eligible(&self.device_id, &m.release.version, r.percent);
+            (r.percent, chosen)
+        });
+        let (unreject, uncancel) = loop {
+            let facts = Facts {
+                version: &m.release.version,
+                serial: m.serial,
+                image: (m.image.sha256, m.image.size),
+                freshness: verified.freshness,
+                operator,
+                in_progress,
+                booted_slot: self.booted,
+                booted,
+                rejected: rejected.as_deref(),
+                cancelled,
+                rollout,
+            };
+            match verdict(&facts) {
+                Verdict::NoChange(why) => return Ok(CheckOutcome::NoChange(why)),
+                Verdict::Supersede => return self.supersede(origin, verified, t),
+                Verdict::Busy(why) => bail!(Busy, "{why}"),
+                Verdict::Running(why) => return Ok(CheckOutcome::Running(why)),
+                Verdict::Declined(why) => return Ok(CheckOutcome::Declined(why)),
+                Verdict::Probe => match self.provisioned(m, t)? {
+                    Some(how) => {
+                        return Ok(CheckOutcome::Running(format!(
+                            "release {} is already running in slot {} ({how}); nothing to install",
+                            m.release.version, self.booted
+                        )));
+                    }
+                    None => booted = Booted::NotThisImage,
+                },
+                Verdict::Install { unreject, uncancel } => break (unreject, uncancel),
             }
-            if !operator && self.supersedable(state, origin) {
-                return self.supersede(origin, verified, t);
-            }
-            bail!(
-                Busy,
-                "an update to {} is in progress ({}); finish it before installing {}",
-                job.version,
-                state.name(),
-                m.release.version
-            );
-        }
-        let record = self.store.slot_record(self.booted)?;
-        if record.is_none() {
-            if let Some(how) = self.provisioned(m, t)? {
-                return Ok(CheckOutcome::Running(format!(
-                    "release {} is already running in slot {} ({how}); nothing to install",
-                    m.release.version, self.booted
-                )));
-            }
-        }
-        if let Some(rec) = record {
-            if rec.sha256 == m.image.sha256 && rec.size == m.image.size {
-                let why = match freshness {
-                    Freshness::Unchanged => format!(
-                        "manifest serial {} is unchanged; release {} is running",
-                        m.serial, m.release.version
-                    ),
-                    Freshness::New => format!(
-                        "release {} (serial {}) is already running in slot {}",
-                        m.release.version, m.serial, self.booted
-                    ),
-                };
-                return Ok(CheckOutcome::Running(why));
-            }
-        }
-        if let Some(reason) = self.store.rejected(&m.image.sha256)? {
-            if !operator {
-                return Ok(CheckOutcome::Declined(format!(
-                    "release {} was rolled back before ({reason}); it is not installed again automatically",
-                    m.release.version
-                )));
-            }
+        };
+        if unreject {
             log::info!(
                 "release {}: installing again on operator request despite an earlier rollback",
                 m.release.version
             );
             self.store.unreject(&m.image.sha256)?;
         }
-        let cancelled = self.store.get(operator::CANCELLED_IMAGE)?;
-        if cancelled.as_deref() == Some(m.image.sha256.to_hex().as_str()) {
-            if !operator {
-                return Ok(CheckOutcome::Declined(format!(
-                    "release {} was cancelled by the operator; it is installed again by `updraft install` or when a manifest names another image",
-                    m.release.version
-                )));
-            }
+        if uncancel {
             log::info!(
                 "release {}: installing on operator request after an earlier cancel",
                 m.release.version
@@ -177,14 +160,6 @@ impl Machine {
             self.store.set(operator::CANCELLED_IMAGE, "")?;
         }
         if !operator {
-            if let Some(r) = &m.release.rollout {
-                if !rollout::eligible(&self.device_id, &m.release.version, r.percent) {
-                    return Ok(CheckOutcome::Declined(format!(
-                        "release {} is rolled out to {}% of devices; this device is not selected",
-                        m.release.version, r.percent
-                    )));
-                }
-            }
             if let Some(why) = self.write_held(&m.release.version) {
                 return Ok(CheckOutcome::NoChange(why));
             }
@@ -396,6 +371,20 @@ impl Machine {
             target,
             delta: matches!(method, Method::Delta { .. }),
         })
+    }
+
+    /// The poller of this machine: the one place a [`Poller`] is made
+    /// from its store, trust, transport and configuration.
+    pub(super) fn poller(&mut self) -> Poller<'_> {
+        Poller {
+            store: &self.store,
+            trust: &mut self.trust,
+            fetcher: self.fetcher.as_ref(),
+            preferred: &mut self.preferred,
+            compatible: &self.cfg.device.compatible,
+            channel: &self.channel.name,
+            stale_limit: self.cfg.server.stale_limit.0,
+        }
     }
 
     pub(super) fn job_manifest(&self) -> Result<Manifest> {

@@ -293,15 +293,7 @@ impl Machine {
                 }
             }
         };
-        let mut poller = Poller {
-            store: &self.store,
-            trust: &mut self.trust,
-            fetcher: self.fetcher.as_ref(),
-            preferred: &mut self.preferred,
-            compatible: &self.cfg.device.compatible,
-            channel: &self.channel.name,
-            stale_limit: self.cfg.server.stale_limit.0,
-        };
+        let mut poller = self.poller();
         let answer = Ok(crate::fetch::Fetched::Body {
             bytes: raw.clone(),
             etag: None,

@@ -57,7 +57,7 @@ use crate::hash::Sha256;
 use crate::health::{HealthRun, Verdict};
 use crate::identity;
 use crate::install;
-use crate::manifest::{self, Freshness, Manifest};
+use crate::manifest::{self, Manifest};
 use crate::poll::{Polled, Poller, Verified};
 use crate::progress::{Progress, Ticker};
 use crate::reconcile::{Decision, reconcile};
@@ -83,6 +83,7 @@ mod operator;
 mod policy;
 mod retry;
 mod server;
+mod verdict;
 mod watch;
 
 pub use policy::Wait;

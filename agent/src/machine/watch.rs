@@ -360,15 +360,7 @@ impl Machine {
         if origin.is_remote() && self.fetcher.is_none() {
             self.fetcher = Some(Fetcher::new(&self.cfg)?);
         }
-        let mut poller = Poller {
-            store: &self.store,
-            trust: &mut self.trust,
-            fetcher: self.fetcher.as_ref(),
-            preferred: &mut self.preferred,
-            compatible: &self.cfg.device.compatible,
-            channel: &self.channel.name,
-            stale_limit: self.cfg.server.stale_limit.0,
-        };
+        let mut poller = self.poller();
         let not_switching = |e: Error| {
             e.wrap(format!(
                 "not switching to slot {}: the manifest of release {} (serial {}) expired at {} and fetching it again failed",
