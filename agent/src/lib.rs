@@ -7,6 +7,7 @@
 
 pub mod error;
 
+pub mod app;
 pub mod artifact;
 mod backoff;
 pub mod bootloader;

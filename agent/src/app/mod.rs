@@ -1,0 +1,13 @@
+//! Applications as components: a directory tree installed as a new
+//! generation on the data partition and activated by an atomic switch
+//! ([docs/components.md](../../docs/components.md)).
+//!
+//! `index` checks what a generation may hold; `tree` writes a generation
+//! from a checked index without ever following a link; `generation` keeps
+//! an application's generations and switches between them. None of them
+//! fetches, verifies a signature or makes a state transition: that is the
+//! machine's, once the release job carries components.
+
+pub mod generation;
+pub mod index;
+pub mod tree;

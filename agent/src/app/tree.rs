@@ -1,0 +1,297 @@
+//! Writing a generation: the tree a checked [`Index`] lists, created below
+//! a new directory without ever following a link.
+//!
+//! The daemon writes as root into a directory an application (or whoever
+//! wrote the previous generation) could have changed, from a listing an
+//! attacker may have shaped within the index rules. So every entry is
+//! created relative to its directory's descriptor, opened segment by
+//! segment with `O_NOFOLLOW | O_DIRECTORY`; files are created `O_EXCL |
+//! O_NOFOLLOW` with their final mode; the bytes of each file are counted
+//! and hashed as they are written and must be the listed size and hash. A
+//! symlink the tree itself holds is created, never followed: the next
+//! entry below it fails, as the index rules say it must.
+//!
+//! A file of the active generation with the listed size, executable bit
+//! and hash is hard-linked instead of fetched (apps keep their state in
+//! `data/`, not in a generation, so a file shared by two generations is
+//! never written); the hash is taken through the new link, so what was
+//! linked is what was checked.
+//!
+//! This module never fetches (its [`Blobs`] does), never writes outside
+//! the new directory, and never activates anything.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{Mode, mkdirat};
+use nix::unistd::{UnlinkatFlags, linkat, symlinkat, unlinkat};
+
+use super::index::{Entry, Index};
+use crate::error::{Context, Result};
+use crate::hash::{Hasher, Sha256};
+use crate::{bail, err};
+
+/// Where a file's bytes come from when the active generation does not
+/// hold them.
+pub trait Blobs {
+    /// The bytes of the file listed with `sha256` and `size` (they are
+    /// counted and hashed as they are written: a source that lies fails
+    /// the generation).
+    fn open(&mut self, sha256: &Sha256, size: u64) -> Result<Box<dyn Read + '_>>;
+}
+
+/// What writing a generation took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Written {
+    /// Files linked from the active generation, and their bytes.
+    pub reused: u64,
+    pub reused_bytes: u64,
+    /// Files written from their blobs, and their bytes.
+    pub fetched: u64,
+    pub fetched_bytes: u64,
+}
+
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+
+/// Open the directory `rel` (segments separated by `/`, `""` for `root`
+/// itself) below `root`, never following a link.
+fn open_dir(root: &OwnedFd, rel: &str) -> nix::Result<OwnedFd> {
+    let mut fd = root
+        .try_clone()
+        .map_err(|e| nix::Error::try_from(e).unwrap_or(nix::Error::EBADF))?;
+    for seg in rel.split('/').filter(|s| !s.is_empty()) {
+        fd = openat(&fd, seg, DIR_FLAGS, Mode::empty())?;
+    }
+    Ok(fd)
+}
+
+/// `path` split into its directory and its last segment.
+fn split(path: &str) -> (&str, &str) {
+    path.rsplit_once('/').unwrap_or(("", path))
+}
+
+/// The one directory descriptor kept open: entries come in path order, so
+/// most share the directory of the entry before them.
+struct DirCache {
+    root: OwnedFd,
+    last: Option<(String, OwnedFd)>,
+}
+
+impl DirCache {
+    fn get(&mut self, rel: &str) -> nix::Result<&OwnedFd> {
+        if self.last.as_ref().is_none_or(|(p, _)| p != rel) {
+            let fd = open_dir(&self.root, rel)?;
+            self.last = Some((rel.to_string(), fd));
+        }
+        match &self.last {
+            Some((_, fd)) => Ok(fd),
+            None => Err(nix::Error::EBADF),
+        }
+    }
+}
+
+/// Hash what `fd` holds, reading at most `limit + 1` bytes.
+fn hash_fd(fd: OwnedFd, limit: u64) -> std::io::Result<(u64, Sha256)> {
+    let mut f = File::from(fd).take(limit.saturating_add(1));
+    let mut h = Hasher::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut n: u64 = 0;
+    loop {
+        let k = f.read(&mut buf)?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+    Ok((n, h.finish()))
+}
+
+/// Write `index`'s tree into `dest`, which must not exist yet; files the
+/// directory `reuse` (the active generation) holds with the same size,
+/// executable bit and hash are linked from it. On error `dest` is left as
+/// far as it got, for the caller to remove.
+pub fn write(
+    dest: &Path,
+    index: &Index,
+    reuse: Option<&Path>,
+    blobs: &mut dyn Blobs,
+) -> Result<Written> {
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(dest)
+        .with_context(|| format!("creating {}", dest.display()))?;
+    let root = openat(nix::fcntl::AT_FDCWD, dest, DIR_FLAGS, Mode::empty())
+        .with_context(|| format!("opening {}", dest.display()))?;
+    let reuse_root =
+        reuse.and_then(|p| openat(nix::fcntl::AT_FDCWD, p, DIR_FLAGS, Mode::empty()).ok());
+    let mut dirs = DirCache {
+        root: root
+            .try_clone()
+            .with_context(|| format!("opening {}", dest.display()))?,
+        last: None,
+    };
+    let mut reuse_dirs = reuse_root.map(|root| DirCache { root, last: None });
+    let mut written = Written::default();
+    for entry in &index.entries {
+        let path = entry.path();
+        let (dir, leaf) = split(path);
+        let at = |e: nix::Error| err!(Io, "{}: {path}: {e}", dest.display());
+        match entry {
+            Entry::Dir { .. } => {
+                let parent = dirs.get(dir).map_err(at)?;
+                mkdirat(parent, leaf, Mode::from_bits_truncate(0o755)).map_err(at)?;
+            }
+            Entry::Symlink { target, .. } => {
+                let parent = dirs.get(dir).map_err(at)?;
+                symlinkat(target.as_str(), parent, leaf).map_err(at)?;
+            }
+            Entry::File {
+                executable,
+                size,
+                sha256,
+                ..
+            } => {
+                let mode = if *executable { 0o755 } else { 0o644 };
+                if let Some(r) = reuse_dirs.as_mut() {
+                    if link_same(r, &mut dirs, dir, leaf, mode, *size, sha256)? {
+                        written.reused += 1;
+                        written.reused_bytes += size;
+                        continue;
+                    }
+                }
+                let parent = dirs.get(dir).map_err(at)?;
+                let fd = openat(
+                    parent,
+                    leaf,
+                    OFlag::O_WRONLY
+                        | OFlag::O_CREAT
+                        | OFlag::O_EXCL
+                        | OFlag::O_NOFOLLOW
+                        | OFlag::O_CLOEXEC,
+                    Mode::from_bits_truncate(mode),
+                )
+                .map_err(at)?;
+                let mut file = File::from(fd);
+                // The umask must not narrow the listed mode.
+                file.set_permissions(std::fs::Permissions::from_mode(mode))
+                    .with_context(|| format!("{}: {path}", dest.display()))?;
+                let n = copy_checked(blobs.open(sha256, *size)?, &mut file, *size, sha256)
+                    .map_err(|e| e.wrap(format!("{}: {path}", dest.display())))?;
+                file.sync_all()
+                    .with_context(|| format!("{}: {path}", dest.display()))?;
+                written.fetched += 1;
+                written.fetched_bytes += n;
+            }
+        }
+    }
+    nix::unistd::syncfs(root.as_fd()).with_context(|| format!("syncing {}", dest.display()))?;
+    Ok(written)
+}
+
+/// Copy `from` into `to`, at most `size` bytes; the bytes must be exactly
+/// `size` long and hash to `sha256`.
+fn copy_checked(
+    mut from: Box<dyn Read + '_>,
+    to: &mut File,
+    size: u64,
+    sha256: &Sha256,
+) -> Result<u64> {
+    let mut h = Hasher::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut n: u64 = 0;
+    loop {
+        let k = from.read(&mut buf).context("reading its blob")?;
+        if k == 0 {
+            break;
+        }
+        n += k as u64;
+        if n > size {
+            bail!(
+                Integrity,
+                "its blob holds more than the {size} bytes listed"
+            );
+        }
+        h.update(&buf[..k]);
+        to.write_all(&buf[..k]).context("writing")?;
+    }
+    if n != size {
+        bail!(Integrity, "its blob holds {n} bytes, not the {size} listed");
+    }
+    let got = h.finish();
+    if got != *sha256 {
+        bail!(
+            Integrity,
+            "its blob hashes to {}, not the listed {}",
+            got.short(),
+            sha256.short()
+        );
+    }
+    Ok(n)
+}
+
+/// Link `dir/leaf` of the active generation into the new one when it is a
+/// regular file of `size` bytes, mode `mode` and hash `sha256` (checked
+/// through the new link). Whether it was linked; a file that does not
+/// qualify is no error.
+fn link_same(
+    from: &mut DirCache,
+    to: &mut DirCache,
+    dir: &str,
+    leaf: &str,
+    mode: u32,
+    size: u64,
+    sha256: &Sha256,
+) -> Result<bool> {
+    let Ok(src_dir) = from.get(dir) else {
+        return Ok(false);
+    };
+    let Ok(src) = openat(
+        src_dir,
+        leaf,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return Ok(false);
+    };
+    let Ok(meta) = File::from(src).metadata() else {
+        return Ok(false);
+    };
+    if !meta.is_file() || meta.len() != size || meta.mode() & 0o7777 != mode {
+        return Ok(false);
+    }
+    let Ok(dst_dir) = to.get(dir) else {
+        return Ok(false);
+    };
+    // linkat without AT_SYMLINK_FOLLOW links the entry itself, never what
+    // a symlink swapped in since would point at.
+    if linkat(src_dir, leaf, dst_dir, leaf, AtFlags::empty()).is_err() {
+        return Ok(false);
+    }
+    let linked = openat(
+        dst_dir,
+        leaf,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
+    .and_then(|fd| {
+        let meta = File::from(fd.try_clone().ok()?).metadata().ok()?;
+        (meta.is_file() && meta.mode() & 0o7777 == mode)
+            .then(|| hash_fd(fd, size).ok())
+            .flatten()
+    });
+    if linked == Some((size, *sha256)) {
+        return Ok(true);
+    }
+    unlinkat(dst_dir, leaf, UnlinkatFlags::NoRemoveDir)
+        .map_err(|e| err!(Io, "removing a link that did not match {dir}/{leaf}: {e}"))?;
+    Ok(false)
+}
