@@ -7,6 +7,7 @@
 //! so the two sides cannot drift apart. Nothing here is ever linked into the
 //! device binary.
 
+pub mod app;
 pub mod bundle;
 pub mod delta;
 pub mod keys;

@@ -8,6 +8,7 @@
 //! fetches, verifies a signature or makes a state transition: that is the
 //! machine's, once the release job carries components.
 
+pub mod blobs;
 pub mod generation;
 pub mod index;
 pub mod tree;
