@@ -25,6 +25,7 @@ pub mod direct_io;
 pub mod envelope;
 mod fetch;
 mod fsutil;
+pub mod handler;
 pub mod hash;
 mod hawkbit;
 mod health;
