@@ -36,7 +36,7 @@ use crate::progress::{Meter, Ticker};
 use crate::readback::ReadBack;
 use crate::slot::{SlotReader, SlotWriter};
 use crate::source::Source;
-use crate::worker::{Feed, FrameEvent, Frames};
+use crate::worker::Feed;
 
 /// Chunk size for reading compressed data, so ticks stay frequent on slow
 /// links.
@@ -114,8 +114,40 @@ pub struct WriteHooks<'a> {
     pub on_durable: &'a mut dyn FnMut(u64) -> Result<()>,
 }
 
+/// The slot's end of the frame pipeline: each verified frame written to
+/// the slot, hashed into the image (when the slot will not be read back)
+/// and, from frame 0 with a read-back, read back from the medium as the
+/// device completes it.
+struct SlotSink<'a, 'h> {
+    writer: &'a mut SlotWriter,
+    image_hash: Option<Hasher>,
+    readback: Option<ReadBack>,
+    before_write: &'h mut dyn FnMut(&mut dyn Ticker) -> Result<()>,
+}
+
+impl crate::pipeline::Sink for SlotSink<'_, '_> {
+    fn prepare(&mut self, t: &mut dyn Ticker) -> Result<()> {
+        (self.before_write)(t)
+    }
+
+    fn write(&mut self, _index: usize, data: &[u8]) -> Result<bool> {
+        if let Some(h) = self.image_hash.as_mut() {
+            h.update(data);
+        }
+        let stepped = self.writer.write_all(data)?;
+        if let Some(rb) = self.readback.as_mut() {
+            rb.complete_to(self.writer.completed());
+        }
+        Ok(stepped)
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        self.writer.sync()
+    }
+}
+
 /// Stream the full artifact from frame `opts.start` into `writer`,
-/// verifying each frame before writing it.
+/// verifying each frame before writing it ([`crate::pipeline`]).
 pub fn write_full(
     src: &mut Source,
     m: &Manifest,
@@ -137,88 +169,29 @@ pub fn write_full(
     if start >= frames.len() {
         return Ok(FullOutcome::default());
     }
-    let offset = frames[start].offset;
-    let feed = Feed::open(
-        src.clone(),
-        m.artifact.url.clone(),
-        offset,
-        m.artifact.size,
-        READ_CHUNK,
-    );
     let from_zero = start == 0;
-    // Frames are read, decoded and checked against the signed frame table
-    // on a helper thread (and, from frame 0, the artifact hash with them);
-    // only verified frames come back here to be written.
-    let mut stream = Frames::spawn(
-        feed,
-        frames.clone(),
-        start,
-        from_zero.then_some(m.artifact.sha256),
-    );
     // The whole-image hash is computed here only when the slot will not be
     // read back (the read-back checks it against the medium instead).
-    let mut image_hash = (from_zero && hash_image).then(Hasher::new);
-    let mut readback = if from_zero && read_back {
+    let readback = if from_zero && read_back {
         Some(ReadBack::start(writer.path())?)
     } else {
         None
     };
     writer.seek(frame_out_offset(frames, start));
-    let mut meter = Meter::new("download", offset, m.artifact.size);
-    let mut since_sync = 0usize;
-    let mut prepared = false;
-    // Frames on the slot (written, and recorded as durable), counted from
-    // the first frame of the image.
-    let mut written = start as u64;
-    let mut recorded = start as u64;
-    let streamed = (|| -> Result<()> {
-        loop {
-            match stream.wait()? {
-                FrameEvent::Read(n) => meter.advance(n),
-                FrameEvent::Idle => {}
-                FrameEvent::Frame { index, data } => {
-                    if let Some(h) = image_hash.as_mut() {
-                        h.update(&data);
-                    }
-                    if !prepared {
-                        before_write(&mut *ticker)?;
-                        prepared = true;
-                    }
-                    let stepped = writer.write_all(&data)?;
-                    written = (index + 1) as u64;
-                    stream.recycle(data);
-                    since_sync += 1;
-                    if stepped && since_sync >= 8 {
-                        writer.sync()?;
-                        on_durable(written)?;
-                        recorded = written;
-                        since_sync = 0;
-                    }
-                    if let Some(rb) = readback.as_mut() {
-                        rb.complete_to(writer.completed());
-                    }
-                }
-                FrameEvent::End { preferred } => {
-                    if let Some(p) = preferred {
-                        src.set_preferred(p);
-                    }
-                    return Ok(());
-                }
-            }
-            meter.tick(ticker)?;
-        }
-    })();
-    if let Err(e) = streamed {
-        // A download that stops (the network, its deadline, a frame that
-        // does not verify, a stop) keeps what it wrote: the frames written
-        // since the last sync point are made durable and recorded, so that
-        // whatever attempt comes next starts after them. Best effort: the
-        // error is what the caller hears.
-        if written > recorded && writer.sync().is_ok() {
-            let _ = on_durable(written);
-        }
-        return Err(e);
-    }
+    let mut sink = SlotSink {
+        writer,
+        image_hash: (from_zero && hash_image).then(Hasher::new),
+        readback,
+        before_write,
+    };
+    let bytes_read =
+        crate::pipeline::stream(src, &m.artifact, start, &mut sink, ticker, on_durable)?;
+    let SlotSink {
+        writer,
+        image_hash,
+        readback,
+        ..
+    } = sink;
     if let Some(h) = image_hash {
         let got = h.finish();
         if got != m.image.sha256 {
@@ -243,7 +216,7 @@ pub fn write_full(
         }
     }
     Ok(FullOutcome {
-        bytes_read: m.artifact.size - offset,
+        bytes_read,
         hashed_in_stream: from_zero && (hash_image || read_back),
         read_back,
     })

@@ -41,6 +41,7 @@ pub mod manifest;
 mod memory;
 pub mod metrics;
 mod notify;
+mod pipeline;
 mod poll;
 mod progress;
 pub mod protect;
