@@ -96,6 +96,49 @@ pub(super) struct Seen {
     manifest: Option<Vec<u8>>,
 }
 
+/// Why the DDI server holds `job`'s switch, if it does: a download-only
+/// action, or a maintenance window that is not open.
+pub(super) fn action_holds(job: &Job) -> Option<String> {
+    use crate::ddi::MaintenanceWindow;
+    let a = job.ddi.as_ref()?;
+    if a.update == Handling::Skip {
+        return Some(format!(
+            "the DDI server asked for a download only (action {}, update = skip)",
+            a.id
+        ));
+    }
+    if a.maintenance_window == Some(MaintenanceWindow::Unavailable) {
+        return Some(format!(
+            "the DDI server's maintenance window for action {} is not open",
+            a.id
+        ));
+    }
+    None
+}
+
+/// The action of `job`, when its server forced the update (`update =
+/// forced`): its id.
+pub(super) fn forced_action(job: &Job) -> Option<&str> {
+    job.ddi
+        .as_ref()
+        .filter(|a| a.update == Handling::Forced)
+        .map(|a| a.id.as_str())
+}
+
+/// The feedback closing a cancelAction the device carried out.
+pub(super) fn cancel_closed(cancel: &ddi::Cancel, detail: String) -> Pending {
+    hawkbit::feedback(
+        Answering::Cancel,
+        &feedback_now(
+            &cancel.action_id,
+            Execution::Closed,
+            Finished::Success,
+            None,
+            vec![detail],
+        ),
+    )
+}
+
 /// The milliseconds since the epoch, for feedback timestamps.
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -495,15 +538,23 @@ impl Machine {
     /// `note` once the server can be reached again. An outage is never a
     /// failure of the action. Nothing for a job the server did not assign.
     pub(super) fn note_outage(&mut self, job: &Job, note: &str) -> Result<()> {
-        let Some(action) = &job.ddi else {
-            return Ok(());
+        self.tell_action(job, note).map(|_| ())
+    }
+
+    /// Tell the action `job` belongs to `note` as `proceeding` feedback;
+    /// whether there was one to tell (a job the DDI server assigned).
+    pub(super) fn tell_action(&mut self, job: &Job, note: &str) -> Result<bool> {
+        let Some(action) = job.ddi.as_ref().filter(|_| self.fleet_mode()) else {
+            return Ok(false);
         };
+        let id = action.id.clone();
         self.queue_feedback(
-            &action.id,
+            &id,
             Execution::Proceeding,
             Finished::None,
             vec![note.to_string()],
-        )
+        )?;
+        Ok(true)
     }
 
     /// Whether a feedback closing `action` waits in the outbox: until the

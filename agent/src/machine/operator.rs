@@ -200,15 +200,9 @@ impl Machine {
             Some(&detail),
         )];
         if let Some(c) = &server {
-            extra.push(crate::hawkbit::feedback(
-                crate::hawkbit::Answering::Cancel,
-                &fleet::feedback_now(
-                    &c.action_id,
-                    crate::ddi::Execution::Closed,
-                    crate::ddi::Finished::Success,
-                    None,
-                    vec![format!("release {}: {detail}", job.version)],
-                ),
+            extra.push(fleet::cancel_closed(
+                c,
+                format!("release {}: {detail}", job.version),
             ));
         }
         self.enter(

@@ -69,7 +69,7 @@ impl Wait {
     /// (no inhibitor asked, no clock read): an inhibitor once one held it
     /// or when the gate lets it through, else the gate's own condition.
     pub fn of_held(job: &Job, gate: Gate) -> Wait {
-        if job.inhibited.is_none() && server_holds(job).is_some() {
+        if job.inhibited.is_none() && fleet::action_holds(job).is_some() {
             return Wait::Server;
         }
         match (job.inhibited, gate) {
@@ -104,26 +104,6 @@ pub(super) enum Allowed {
     },
 }
 
-/// Why the DDI server holds `job`'s switch, if it does: a download-only
-/// action, or a maintenance window that is not open.
-fn server_holds(job: &Job) -> Option<String> {
-    use crate::ddi::{Handling, MaintenanceWindow};
-    let a = job.ddi.as_ref()?;
-    if a.update == Handling::Skip {
-        return Some(format!(
-            "the DDI server asked for a download only (action {}, update = skip)",
-            a.id
-        ));
-    }
-    if a.maintenance_window == Some(MaintenanceWindow::Unavailable) {
-        return Some(format!(
-            "the DDI server's maintenance window for action {} is not open",
-            a.id
-        ));
-    }
-    None
-}
-
 /// Whether a DDI server's `forced` lets a job past the local `gate`: it
 /// skips a maintenance window, never an operator's `manual` gate unless
 /// `policy.server_may_force` lets the server decide.
@@ -145,7 +125,7 @@ impl Machine {
                 job.target
             );
             Allowed::Now
-        } else if let Some(why) = server_holds(job) {
+        } else if let Some(why) = fleet::action_holds(job) {
             Allowed::Later {
                 recheck: self
                     .server
@@ -155,12 +135,11 @@ impl Machine {
                 why,
                 wait: Wait::Server,
             }
-        } else if let Some(action) = job.ddi.as_ref().filter(|a| {
-            a.update == crate::ddi::Handling::Forced
-                && forced_passes(
-                    self.cfg.policy.switch_gate().0,
-                    self.cfg.policy.server_may_force,
-                )
+        } else if let Some(action) = fleet::forced_action(job).filter(|_| {
+            forced_passes(
+                self.cfg.policy.switch_gate().0,
+                self.cfg.policy.server_may_force,
+            )
         }) {
             // The server's operator forced it: a window does not hold it
             // (application inhibitors still do).
@@ -170,7 +149,7 @@ impl Machine {
                     "release {} slot {}: switched now, forced by DDI action {} ({key} = \"{}\" skipped)",
                     job.version,
                     job.target,
-                    action.id,
+                    action,
                     gate.as_str()
                 );
             }
@@ -267,21 +246,14 @@ impl Machine {
     }
 
     fn report_wait(&mut self, job: &Job, wait: Wait, why: &str) -> Result<()> {
-        if let (true, Some(action)) = (self.fleet_mode(), &job.ddi) {
-            let f = fleet::feedback_now(
-                &action.id,
-                crate::ddi::Execution::Proceeding,
-                crate::ddi::Finished::None,
-                None,
-                vec![format!(
-                    "release {} slot {}: waiting for {} before the switch: {why}",
-                    job.version,
-                    job.target,
-                    wait.as_str()
-                )],
-            );
-            let row = crate::hawkbit::feedback(crate::hawkbit::Answering::Deployment, &f);
-            return self.store.push_report(&row.as_report());
+        let note = format!(
+            "release {} slot {}: waiting for {} before the switch: {why}",
+            job.version,
+            job.target,
+            wait.as_str()
+        );
+        if self.tell_action(job, &note)? {
+            return Ok(());
         }
         if !self.server.takes(report::WAITING) {
             return Ok(());

@@ -20,8 +20,9 @@ use crate::cross::{self, TARGETS};
 use crate::toolchain::{Pick, Toolchain};
 use crate::util::{self, Result};
 
-/// The budget for the aarch64 binary, in bytes (3 MiB).
-const AARCH64_GOAL: u64 = 3 * 1024 * 1024;
+/// The budget for the aarch64 binary, in bytes (4 MiB, raised from 3 MiB:
+/// the room goes to clarity and features, not to size workarounds).
+const AARCH64_GOAL: u64 = 4 * 1024 * 1024;
 
 /// Measured from Debian's packages (bookworm): binary, shared libraries.
 const REFERENCE: &[(&str, &str, &str)] = &[
@@ -188,7 +189,7 @@ pub fn run(args: &[String]) -> Result {
             "NOT met"
         };
         println!(
-            "\ngoal: aarch64 binary <= 3 MiB ({AARCH64_GOAL} bytes): {verdict} ({} bytes, {:.2} MiB)",
+            "\ngoal: aarch64 binary <= 4 MiB ({AARCH64_GOAL} bytes): {verdict} ({} bytes, {:.2} MiB)",
             a.size,
             mib(a.size)
         );
