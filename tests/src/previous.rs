@@ -30,7 +30,7 @@ use std::time::Instant;
 
 /// The commit of the last landed release: the previous release a rollback
 /// runs. The one place that names it.
-pub const PINNED: &str = "57278ef1bef5e97b4a1bb3bd84727a085708ae09";
+pub const PINNED: &str = "ac98f5151bc174bb59752ef07d69cdf48f5ffe7e";
 
 /// Why the previous release cannot be tested in this run, when that is a
 /// legitimate skip rather than a failure: the binaries run under an emulator
