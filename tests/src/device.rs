@@ -617,6 +617,24 @@ impl Device {
         );
     }
 
+    /// Wait until the boot selection variable `var` reads `want` (as the
+    /// real tools list it); panics with the environment and the log after
+    /// `timeout`.
+    pub fn wait_boot_var(&self, var: &str, want: &str, timeout: Duration) {
+        let t = Instant::now();
+        while t.elapsed() < timeout {
+            if self.boot_vars().get(var).map(String::as_str) == Some(want) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "{var} did not become {want} within {timeout:?}: {}\n{}",
+            self.boot_state_text(),
+            self.log_tail()
+        );
+    }
+
     /// Poll `status --json` until `pred` holds; panics with the log after
     /// `timeout`.
     pub fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use updraft::slot::SlotName;
-use updraft_tests::device::{Device, DeviceSpec};
+use updraft_tests::device::{BootSpec, Device, DeviceSpec};
 use updraft_tests::publisher::{KeyPair, Repo, image, keygen};
 use updraft_tests::server::UpdateServer;
 use updraft_tests::tmp::TempDir;
@@ -153,20 +153,6 @@ fn key_aside(k: &KeyPair) -> std::path::PathBuf {
     aside
 }
 
-/// Wait until the boot environment's `var` reads `want`.
-fn wait_boot_var(dev: &Device, var: &str, want: &str) {
-    let t = Instant::now();
-    while dev.boot_vars().get(var).map(String::as_str) != Some(want) {
-        assert!(
-            t.elapsed() < WAIT,
-            "{var} never became {want}: {}\n{}",
-            dev.boot_state_text(),
-            dev.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// Reboot a device whose daemon cannot start `tries + 2` times: the boot
 /// script must find the committed slot A every time.
 fn committed_slot_survives_degraded_reboots(name: &str, break_it: fn(&mut Device, &KeyPair)) {
@@ -190,7 +176,7 @@ fn committed_slot_survives_degraded_reboots(name: &str, break_it: fn(&mut Device
         dev.reboot_into(SlotName::A);
         dev.start_daemon();
         // Degraded, and slot A's attempts are whole again.
-        wait_boot_var(&dev, "BOOT_A_LEFT", &tries.to_string());
+        dev.wait_boot_var("BOOT_A_LEFT", &tries.to_string(), WAIT);
         assert!(dev.daemon_running(), "{}", dev.log_tail());
     }
     assert!(dev.log().contains("cannot start:"), "{}", dev.log_tail());
@@ -257,6 +243,36 @@ fn a_trial_boot_is_not_committed_while_degraded_and_is_tested_once_mended() {
     dev.wait_for("release 2.0 committed", WAIT, |s| {
         s["state"] == json!("idle") && s["running_version"] == json!("2.0")
     });
-    wait_boot_var(&dev, "BOOT_B_LEFT", &dev.spec.tries.to_string());
+    dev.wait_boot_var("BOOT_B_LEFT", &dev.spec.tries.to_string(), WAIT);
+    dev.stop_daemon();
+}
+
+#[test]
+fn a_status_asked_while_a_start_fails_is_answered_degraded_not_cut_off() {
+    let keys = TempDir::new("degraded-slow-start-keys");
+    let key = keygen(keys.path(), "release");
+    let mut spec = DeviceSpec::simple(&key);
+    spec.system = "degraded_retry = \"1s\"\n".into();
+    let mut dev = Device::new("degraded-slow-start", spec);
+    dev.init();
+    // A boot selection script that takes two seconds to fail, at the
+    // start and again when degraded mode tries to keep the slot good.
+    let script = dev.path("boot-select");
+    updraft_tests::tmp::write_executable(
+        &script,
+        "#!/bin/sh\nsleep 2\necho 'boot selection unavailable' >&2\nexit 1\n",
+    );
+    dev.reconfigure(|s| s.boot = BootSpec::script(&script));
+    dev.start_daemon();
+    // Asked while the first start waits for the script: the socket that
+    // took the request stays open when the start fails, and the answer
+    // comes from degraded mode (also while it waits for the script again).
+    for _ in 0..3 {
+        let out = dev.updraft(&["status"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{err}\n{}", dev.log_tail());
+        assert!(err.contains("degraded since"), "{err}");
+    }
+    assert!(dev.daemon_running(), "{}", dev.log_tail());
     dev.stop_daemon();
 }

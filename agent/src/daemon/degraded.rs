@@ -32,11 +32,14 @@
 //! state read through [`reconcile`] says what a normal start would: "mark
 //! the booted slot good" (no install, no trial, no rollback under way). A
 //! trial boot whose daemon cannot start is therefore never committed, and
-//! a database that cannot be read marks nothing. Otherwise nothing is
+//! a database that cannot be read marks nothing. While the bootloader is
+//! waited for (a slow boot script), clients are answered and the watchdog
+//! is fed ([`Serving`]). Otherwise nothing is
 //! written: not a slot, not the database, not the configuration. Whatever
 //! failed is left as it is for the operator
 //! ([docs/operations.md](../../docs/operations.md), "Recovering a device").
 
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -46,6 +49,7 @@ use crate::control::{ControlServer, Reply};
 use crate::error::{Error, Kind, Result};
 use crate::fetch::Fetcher;
 use crate::lock::StateLock;
+use crate::progress::{Progress, Ticker};
 use crate::reconcile::{Decision, reconcile};
 use crate::slot::SlotName;
 use crate::state::State;
@@ -139,13 +143,23 @@ impl Degraded {
                 ),
             }
         }
+        let mut watchdog = Watchdog::new();
+        let answer = format!(
+            "degraded since {}: {reason}; starting again at the latest {}",
+            self.since,
+            next_start(until)
+        );
         if let Some(cfg) = &f.cfg {
             if !f.lock_held && !self.boot_settled {
-                self.boot_settled = settle_boot(cfg);
+                let mut serving = Serving {
+                    ctl: held.as_mut(),
+                    watchdog: &mut watchdog,
+                    answer: &answer,
+                };
+                self.boot_settled = settle_boot(cfg, &mut serving);
             }
             self.report(cfg, &f.error);
         }
-        let mut watchdog = Watchdog::new();
         loop {
             watchdog.ping_if_due();
             if signals::stop_requested() {
@@ -163,16 +177,7 @@ impl Degraded {
             match held.as_mut() {
                 Some(c) => {
                     if sleep_until_event(c, &[], timeout) {
-                        for client in c.accept_all() {
-                            client.reply(&Reply::error(&Error::new(
-                                Kind::Degraded,
-                                format!(
-                                    "degraded since {}: {reason}; starting again at the latest {}",
-                                    self.since,
-                                    next_start(until)
-                                ),
-                            )));
-                        }
+                        answer_all(c, &answer);
                     }
                 }
                 None => sleep_until_signal(timeout),
@@ -217,11 +222,50 @@ impl Degraded {
     }
 }
 
+/// Answer every waiting client with the degraded reason.
+fn answer_all(c: &mut ControlServer, answer: &str) {
+    for client in c.accept_all() {
+        client.reply(&Reply::error(&Error::new(Kind::Degraded, answer)));
+    }
+}
+
+/// What a wait for the bootloader in degraded mode serves: clients are
+/// answered with the degraded reason and the watchdog is fed, so that a
+/// slow boot script costs neither an answer nor a watchdog reset.
+struct Serving<'a> {
+    ctl: Option<&'a mut ControlServer>,
+    watchdog: &'a mut Watchdog,
+    answer: &'a str,
+}
+
+impl Ticker for Serving<'_> {
+    fn tick(&mut self, _: &Progress) -> Result<()> {
+        self.watchdog.ping_if_due();
+        Ok(())
+    }
+
+    fn wait(&mut self, fds: &[BorrowedFd<'_>], max: Duration) -> Result<()> {
+        let timeout = self.watchdog.next().map_or(max, |at| {
+            max.min(at.saturating_duration_since(Instant::now()))
+        });
+        match self.ctl.as_deref_mut() {
+            Some(c) => {
+                if sleep_until_event(c, fds, timeout) {
+                    answer_all(c, self.answer);
+                }
+            }
+            None => crate::progress::wait_readable(fds, timeout),
+        }
+        self.watchdog.ping_if_due();
+        Ok(())
+    }
+}
+
 /// Mark the booted slot good if [`keep_booted_good`] finds it should be,
 /// logging what was done. Whether the question is settled for this boot
 /// (`false`: ask again at the next start attempt).
-fn settle_boot(cfg: &Config) -> bool {
-    match keep_booted_good(cfg) {
+fn settle_boot(cfg: &Config, t: &mut dyn Ticker) -> bool {
+    match keep_booted_good(cfg, t) {
         Ok(Some(slot)) => {
             log::info!("degraded: booted slot {slot} marked good again (no update under way)");
             true
@@ -247,7 +291,7 @@ fn settle_boot(cfg: &Config) -> bool {
 /// when the stored state forbids it. Errors: the slots or the bootloader
 /// are configured wrongly, the state lock is held, or the booted slot, the
 /// boot id, the state or the bootloader cannot be read.
-fn keep_booted_good(cfg: &Config) -> Result<Option<SlotName>> {
+fn keep_booted_good(cfg: &Config, t: &mut dyn Ticker) -> Result<Option<SlotName>> {
     cfg.check_boot()?;
     // One-shot commands take the lock to install: never mark while one runs.
     let _lock = StateLock::acquire(&cfg.lock_path())?;
@@ -258,7 +302,7 @@ fn keep_booted_good(cfg: &Config) -> Result<Option<SlotName>> {
         return Ok(None);
     }
     bootloader::from_config(cfg)?
-        .mark_good(booted, cfg.bootloader.tries)
+        .mark_good_with(booted, cfg.bootloader.tries, t)
         .map_err(|e| e.wrap(format!("marking booted slot {booted} good")))?;
     Ok(Some(booted))
 }

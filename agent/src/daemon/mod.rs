@@ -130,9 +130,11 @@ pub fn serve(config: &Path) -> Result<()> {
 /// socket, this boot's reconciliation. What fails here degrades the
 /// daemon.
 ///
-/// `held`: the control socket degraded mode served, taken over once the
-/// machine opened, so that clients never find the socket gone between two
-/// start attempts (they would read the device without the daemon).
+/// `held`: the control socket degraded mode served (bound here at the
+/// first start), taken over only once nothing can fail any more, so that
+/// clients never find the socket gone between two start attempts (they
+/// would read the device without the daemon) and a client that connected
+/// during a start that fails is answered by degraded mode, not cut off.
 fn start(
     cfg: Config,
     held: &mut Option<ControlServer>,
@@ -145,10 +147,16 @@ fn start(
     let lock = StateLock::acquire(&cfg.lock_path()).map_err(|e| fail(e, &cfg))?;
     let started = (|| {
         let mut machine = Machine::open(cfg.clone(), Mode::Daemon)?;
-        let ctl = match held.take() {
-            Some(c) => c,
-            None => ControlServer::bind(&cfg.system.socket, cfg.system.socket_group.as_deref())?,
-        };
+        // The socket stays in `held` until nothing can fail any more: a
+        // start that fails after this leaves it listening for degraded
+        // mode, so a client that connected meanwhile is answered, never
+        // cut off with the socket.
+        if held.is_none() {
+            *held = Some(ControlServer::bind(
+                &cfg.system.socket,
+                cfg.system.socket_group.as_deref(),
+            )?);
+        }
         // Applications must find the inhibit directory; without it nothing
         // can inhibit, which is no reason not to update.
         if let Err(e) = crate::inhibit::prepare_dir(&cfg.policy) {
@@ -174,6 +182,13 @@ fn start(
             None => machine.read_boot(&mut progress::NoTick),
         };
         let snapshot = machine.status(&boot_view)?;
+        let Some(ctl) = held.take() else {
+            crate::bail!(
+                Io,
+                "the control socket {} is not open",
+                cfg.system.socket.display()
+            );
+        };
         let mut d = Daemon::new(machine, ctl, cfg.clone(), boot_view, snapshot);
         if let Some(e) = &boot_pending {
             d.postpone_boot(e);
