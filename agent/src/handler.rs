@@ -225,23 +225,7 @@ impl Handler {
         };
         let status = loop {
             for line in rx.try_iter() {
-                let (text, stream) = match line {
-                    Line::Out(s) => (s, "stdout"),
-                    Line::Err(s) => (s, "stderr"),
-                };
-                if stream == "stdout" {
-                    if let Some(p) = parse_progress(&text) {
-                        done.progress = Some(p);
-                        progress.done = p.0;
-                        progress.total = p.1;
-                        continue;
-                    }
-                }
-                log::info!("component {} {phase}: {text}", self.component);
-                if tail.len() == TAIL {
-                    tail.remove(0);
-                }
-                tail.push(text);
+                self.take(line, phase, &mut done, &mut progress, &mut tail);
             }
             match child.try_wait() {
                 Ok(Some(status)) => break status,
@@ -278,14 +262,7 @@ impl Handler {
             let _ = f.join();
         }
         for line in rx.try_iter() {
-            let (Line::Out(s) | Line::Err(s)) = line;
-            if parse_progress(&s).is_none() {
-                log::info!("component {} {phase}: {s}", self.component);
-                if tail.len() == TAIL {
-                    tail.remove(0);
-                }
-                tail.push(s);
-            }
+            self.take(line, phase, &mut done, &mut progress, &mut tail);
         }
         if status.success() {
             return Ok(done);
@@ -294,6 +271,37 @@ impl Handler {
             Kind::Io,
             format!("{what}: {prog} failed ({status}){}", said(&tail)),
         ))
+    }
+}
+
+impl Handler {
+    /// One line a handler wrote: progress, or a line for the log and the
+    /// tail kept for an error.
+    fn take(
+        &self,
+        line: Line,
+        phase: &str,
+        done: &mut Done,
+        progress: &mut Progress,
+        tail: &mut Vec<String>,
+    ) {
+        let (text, out) = match line {
+            Line::Out(s) => (s, true),
+            Line::Err(s) => (s, false),
+        };
+        if out {
+            if let Some(p) = parse_progress(&text) {
+                done.progress = Some(p);
+                progress.done = p.0;
+                progress.total = p.1;
+                return;
+            }
+        }
+        log::info!("component {} {phase}: {text}", self.component);
+        if tail.len() == TAIL {
+            tail.remove(0);
+        }
+        tail.push(text);
     }
 }
 
