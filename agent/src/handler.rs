@@ -17,8 +17,8 @@
 //! [`Ticker`], so it keeps answering clients and the watchdog.
 //!
 //! Lines `progress DONE TOTAL` on standard output are progress; every
-//! other line goes to the log with the component's name, and the last few
-//! are kept to say why a phase failed. Exit status 0 is success, anything
+//! other line goes to the log with the component's name, and the last one
+//! is kept to say why a phase failed. Exit status 0 is success, anything
 //! else (a signal included) failure.
 //!
 //! This module runs a phase and reports what happened; it never decides
@@ -37,9 +37,6 @@ use crate::{bail, err};
 
 /// The longest line read from a handler; longer ones are cut there.
 pub const MAX_LINE: usize = 4096;
-
-/// Lines of a handler's output kept for the error of a failed phase.
-const TAIL: usize = 5;
 
 /// The longest one wait for the child sleeps before the status line and
 /// the stop flag are looked at again.
@@ -213,11 +210,13 @@ impl Handler {
             _ => None,
         };
         let deadline = Instant::now() + self.timeout;
-        let mut done = Done::default();
-        let mut tail: Vec<String> = Vec::new();
-        let mut progress = Progress {
-            phase: format!("{} {phase}", self.component),
-            ..Progress::default()
+        let mut said = Said {
+            progress: Progress {
+                phase: format!("{} {phase}", self.component),
+                ..Progress::default()
+            },
+            reported: false,
+            last: None,
         };
         let kill_group = |child: &mut Watched| {
             let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
@@ -225,7 +224,7 @@ impl Handler {
         };
         let status = loop {
             for line in rx.try_iter() {
-                self.take(line, phase, &mut done, &mut progress, &mut tail);
+                said.take(&self.component, phase, line);
             }
             match child.try_wait() {
                 Ok(Some(status)) => break status,
@@ -242,11 +241,11 @@ impl Handler {
                     Io,
                     "{what}: did not finish within {}; killed{}",
                     crate::timestamp::format_duration(self.timeout),
-                    said(&tail)
+                    said.quote()
                 );
             }
             if let Err(e) = t
-                .tick(&progress)
+                .tick(&said.progress)
                 .and_then(|()| t.wait(child.fd().as_slice(), left.min(WAIT_SLICE)))
             {
                 kill_group(&mut child);
@@ -262,54 +261,56 @@ impl Handler {
             let _ = f.join();
         }
         for line in rx.try_iter() {
-            self.take(line, phase, &mut done, &mut progress, &mut tail);
+            said.take(&self.component, phase, line);
         }
         if status.success() {
-            return Ok(done);
+            return Ok(Done {
+                progress: said
+                    .reported
+                    .then_some((said.progress.done, said.progress.total)),
+            });
         }
         Err(Error::new(
             Kind::Io,
-            format!("{what}: {prog} failed ({status}){}", said(&tail)),
+            format!("{what}: {prog} failed ({status}){}", said.quote()),
         ))
     }
 }
 
-impl Handler {
-    /// One line a handler wrote: progress, or a line for the log and the
-    /// tail kept for an error.
-    fn take(
-        &self,
-        line: Line,
-        phase: &str,
-        done: &mut Done,
-        progress: &mut Progress,
-        tail: &mut Vec<String>,
-    ) {
-        let (text, out) = match line {
-            Line::Out(s) => (s, true),
-            Line::Err(s) => (s, false),
-        };
-        if out {
-            if let Some(p) = parse_progress(&text) {
-                done.progress = Some(p);
-                progress.done = p.0;
-                progress.total = p.1;
-                return;
-            }
-        }
-        log::info!("component {} {phase}: {text}", self.component);
-        if tail.len() == TAIL {
-            tail.remove(0);
-        }
-        tail.push(text);
-    }
+/// What a handler said during a phase: its progress, and the last line
+/// for the log, kept to say why the phase failed.
+struct Said {
+    progress: Progress,
+    /// A progress line came.
+    reported: bool,
+    last: Option<String>,
 }
 
-/// `: "last line"` of what a handler wrote, for an error.
-fn said(tail: &[String]) -> String {
-    match tail.last() {
-        Some(l) => format!("; it said {l:?}"),
-        None => String::new(),
+impl Said {
+    /// One line a handler wrote: progress, or a line for the log.
+    fn take(&mut self, component: &str, phase: &str, line: Line) {
+        let text = match line {
+            Line::Out(s) => match parse_progress(&s) {
+                Some((done, total)) => {
+                    self.progress.done = done;
+                    self.progress.total = total;
+                    self.reported = true;
+                    return;
+                }
+                None => s,
+            },
+            Line::Err(s) => s,
+        };
+        log::info!("component {component} {phase}: {text}");
+        self.last = Some(text);
+    }
+
+    /// `; it said "…"` for an error, when the handler said anything.
+    fn quote(&self) -> String {
+        match &self.last {
+            Some(l) => format!("; it said {l:?}"),
+            None => String::new(),
+        }
     }
 }
 

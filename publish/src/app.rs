@@ -16,15 +16,15 @@
 //! before anything is reported done.
 
 use std::fs::File;
-use std::io::{BufReader, Read, Write};
+use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use updraft::app::index::{Entry, Index, Limits};
-use updraft::hash::{Hasher, Sha256};
 use updraft::manifest::MAX_WINDOW_LOG;
 
 use crate::keys::Result;
+use crate::release::hash_file;
 
 /// A published tree.
 #[derive(Debug)]
@@ -67,25 +67,6 @@ fn walk(root: &Path) -> Result<Vec<(String, PathBuf, std::fs::Metadata)>> {
         }
     }
     Ok(out)
-}
-
-/// The sha256 and size of the file at `path`.
-fn hash_file(path: &Path) -> Result<(Sha256, u64)> {
-    let f = File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
-    let mut r = BufReader::with_capacity(256 * 1024, f);
-    let mut h = Hasher::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut n = 0u64;
-    loop {
-        let k = r
-            .read(&mut buf)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        if k == 0 {
-            return Ok((h.finish(), n));
-        }
-        h.update(&buf[..k]);
-        n += k as u64;
-    }
 }
 
 /// Compress the file at `src` into the blob `dest` (one frame, content
@@ -161,7 +142,7 @@ pub fn publish_tree(src: &Path, blobs: &Path, level: i32) -> Result<Tree> {
                 target: target.to_string(),
             }
         } else if ft.is_file() {
-            let (sha256, size) = hash_file(&full)?;
+            let (size, sha256) = hash_file(&full)?;
             if size != meta.size() {
                 return Err(format!("{} changed while it was read", full.display()));
             }

@@ -218,11 +218,15 @@ impl<W: Write> Write for HashingWriter<W> {
     }
 }
 
-/// Size and sha256 of a file, read in pieces.
-fn hash_file(path: &Path) -> Result<(u64, Sha256)> {
+/// Size and sha256 of a file, read in pieces of at most 1 MiB (no larger
+/// than the file: an app tree hashes thousands of small ones).
+pub(crate) fn hash_file(path: &Path) -> Result<(u64, Sha256)> {
     let mut f = File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
     let mut hasher = Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
+    let piece = f
+        .metadata()
+        .map_or(1 << 20, |m| m.len().saturating_add(1).clamp(4096, 1 << 20));
+    let mut buf = vec![0u8; piece as usize];
     let mut size = 0u64;
     loop {
         let n =

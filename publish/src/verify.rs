@@ -6,8 +6,6 @@
 //! whole image's sha256, and each delta's size and sha256. `inspect` prints
 //! what a manifest says without verifying anything.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::Path;
 
 use updraft::artifact::FrameDecoder;
@@ -17,6 +15,7 @@ use updraft::manifest::{self, Manifest};
 use updraft::trust::{Anchor, KeySet, PublicKey, Trust};
 
 use crate::keys::Result;
+use crate::release::hash_file;
 
 /// Verify `manifest_path` with `keys` (threshold `threshold`) and every
 /// artifact beside it. Returns a summary line per check.
@@ -63,24 +62,6 @@ pub fn verify(manifest_path: &Path, keys: Vec<PublicKey>, threshold: usize) -> R
         return Err(format!("manifest expired at {}", m.expires));
     }
     Ok(lines)
-}
-
-fn hash_file(p: &Path) -> Result<(u64, Sha256)> {
-    let mut f = File::open(p).map_err(|e| format!("opening {}: {e}", p.display()))?;
-    let mut h = Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut len = 0u64;
-    loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| format!("reading {}: {e}", p.display()))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        len += n as u64;
-    }
-    Ok((len, h.finish()))
 }
 
 fn check_artifact(dir: &Path, m: &Manifest) -> Result<String> {

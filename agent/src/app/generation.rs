@@ -58,25 +58,41 @@ impl App {
         self.gen_dir().join(n.to_string())
     }
 
-    /// The whole generations present, oldest first.
-    pub fn generations(&self) -> Result<Vec<u64>> {
-        let mut out = Vec::new();
+    /// The generation directories present, in no order: each number, and
+    /// whether it is partial (being written, or left by an attempt that
+    /// stopped).
+    fn scan(&self) -> Result<Vec<(u64, bool)>> {
         let dir = self.gen_dir();
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => bail!(Io, "reading {}: {e}", dir.display()),
         };
+        let mut out = Vec::new();
         for entry in entries {
             let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
-            if let Some(n) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u64>().ok())
-            {
-                out.push(n);
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else {
+                continue;
+            };
+            let (number, partial) = match name.strip_suffix(PARTIAL) {
+                Some(n) => (n, true),
+                None => (name, false),
+            };
+            if let Ok(n) = number.parse::<u64>() {
+                out.push((n, partial));
             }
         }
+        Ok(out)
+    }
+
+    /// The whole generations present, oldest first.
+    pub fn generations(&self) -> Result<Vec<u64>> {
+        let mut out: Vec<u64> = self
+            .scan()?
+            .into_iter()
+            .filter_map(|(n, partial)| (!partial).then_some(n))
+            .collect();
         out.sort_unstable();
         Ok(out)
     }
@@ -115,25 +131,13 @@ impl App {
         std::fs::create_dir_all(self.dir.join("data"))
             .with_context(|| format!("creating {}", self.dir.join("data").display()))?;
         std::fs::create_dir_all(&gens).with_context(|| format!("creating {}", gens.display()))?;
-        let mut highest = 0;
-        for entry in
-            std::fs::read_dir(&gens).with_context(|| format!("reading {}", gens.display()))?
-        {
-            let entry = entry.with_context(|| format!("reading {}", gens.display()))?;
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if let Some(n) = name
-                .strip_suffix(PARTIAL)
-                .and_then(|s| s.parse::<u64>().ok())
-            {
-                std::fs::remove_dir_all(entry.path())
-                    .with_context(|| format!("removing {}", entry.path().display()))?;
-                highest = highest.max(n);
-            } else if let Ok(n) = name.parse::<u64>() {
-                highest = highest.max(n);
-            }
+        let found = self.scan()?;
+        for (n, _) in found.iter().filter(|(_, partial)| *partial) {
+            let path = gens.join(format!("{n}{PARTIAL}"));
+            std::fs::remove_dir_all(&path)
+                .with_context(|| format!("removing {}", path.display()))?;
         }
-        let n = highest + 1;
+        let n = found.iter().map(|(n, _)| n + 1).max().unwrap_or(1);
         let partial = gens.join(format!("{n}{PARTIAL}"));
         let reuse = self.active()?.map(|a| self.path(a));
         let written = tree::write(&partial, index, reuse.as_deref(), blobs)?;

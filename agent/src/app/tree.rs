@@ -63,9 +63,7 @@ const DIR_FLAGS: OFlag = OFlag::O_RDONLY
 /// Open the directory `rel` (segments separated by `/`, `""` for `root`
 /// itself) below `root`, never following a link.
 fn open_dir(root: &OwnedFd, rel: &str) -> nix::Result<OwnedFd> {
-    let mut fd = root
-        .try_clone()
-        .map_err(|e| nix::Error::try_from(e).unwrap_or(nix::Error::EBADF))?;
+    let mut fd = openat(root, ".", DIR_FLAGS, Mode::empty())?;
     for seg in rel.split('/').filter(|s| !s.is_empty()) {
         fd = openat(&fd, seg, DIR_FLAGS, Mode::empty())?;
     }
@@ -81,19 +79,24 @@ fn split(path: &str) -> (&str, &str) {
 /// most share the directory of the entry before them.
 struct DirCache {
     root: OwnedFd,
-    last: Option<(String, OwnedFd)>,
+    /// The directory last asked for, by its path below `root`.
+    last: (String, OwnedFd),
 }
 
 impl DirCache {
+    fn new(root: OwnedFd) -> nix::Result<DirCache> {
+        let top = open_dir(&root, "")?;
+        Ok(DirCache {
+            root,
+            last: (String::new(), top),
+        })
+    }
+
     fn get(&mut self, rel: &str) -> nix::Result<&OwnedFd> {
-        if self.last.as_ref().is_none_or(|(p, _)| p != rel) {
-            let fd = open_dir(&self.root, rel)?;
-            self.last = Some((rel.to_string(), fd));
+        if self.last.0 != rel {
+            self.last = (rel.to_string(), open_dir(&self.root, rel)?);
         }
-        match &self.last {
-            Some((_, fd)) => Ok(fd),
-            None => Err(nix::Error::EBADF),
-        }
+        Ok(&self.last.1)
     }
 }
 
@@ -128,17 +131,12 @@ pub fn write(
         .mode(0o755)
         .create(dest)
         .with_context(|| format!("creating {}", dest.display()))?;
-    let root = openat(nix::fcntl::AT_FDCWD, dest, DIR_FLAGS, Mode::empty())
-        .with_context(|| format!("opening {}", dest.display()))?;
-    let reuse_root =
-        reuse.and_then(|p| openat(nix::fcntl::AT_FDCWD, p, DIR_FLAGS, Mode::empty()).ok());
-    let mut dirs = DirCache {
-        root: root
-            .try_clone()
-            .with_context(|| format!("opening {}", dest.display()))?,
-        last: None,
+    let open = |p: &Path| {
+        openat(nix::fcntl::AT_FDCWD, p, DIR_FLAGS, Mode::empty()).and_then(DirCache::new)
     };
-    let mut reuse_dirs = reuse_root.map(|root| DirCache { root, last: None });
+    let mut dirs = open(dest).with_context(|| format!("opening {}", dest.display()))?;
+    // No active generation, or one that cannot be opened: nothing reused.
+    let mut reuse_dirs = reuse.and_then(|p| open(p).ok());
     let mut written = Written::default();
     for entry in &index.entries {
         let path = entry.path();
@@ -192,7 +190,8 @@ pub fn write(
             }
         }
     }
-    nix::unistd::syncfs(root.as_fd()).with_context(|| format!("syncing {}", dest.display()))?;
+    nix::unistd::syncfs(dirs.root.as_fd())
+        .with_context(|| format!("syncing {}", dest.display()))?;
     Ok(written)
 }
 

@@ -34,7 +34,7 @@
 //! trial boot whose daemon cannot start is therefore never committed, and
 //! a database that cannot be read marks nothing. While the bootloader is
 //! waited for (a slow boot script), clients are answered and the watchdog
-//! is fed ([`Serving`]). Otherwise nothing is
+//! is fed, as in every other wait of this module ([`Serving`]). Otherwise nothing is
 //! written: not a slot, not the database, not the configuration. Whatever
 //! failed is left as it is for the operator
 //! ([docs/operations.md](../../docs/operations.md), "Recovering a device").
@@ -143,25 +143,23 @@ impl Degraded {
                 ),
             }
         }
-        let mut watchdog = Watchdog::new();
-        let answer = format!(
-            "degraded since {}: {reason}; starting again at the latest {}",
-            self.since,
-            next_start(until)
-        );
+        let mut serving = Serving {
+            ctl: held.as_mut(),
+            watchdog: Watchdog::new(),
+            answer: format!(
+                "degraded since {}: {reason}; starting again at the latest {}",
+                self.since,
+                next_start(until)
+            ),
+        };
         if let Some(cfg) = &f.cfg {
             if !f.lock_held && !self.boot_settled {
-                let mut serving = Serving {
-                    ctl: held.as_mut(),
-                    watchdog: &mut watchdog,
-                    answer: &answer,
-                };
                 self.boot_settled = settle_boot(cfg, &mut serving);
             }
             self.report(cfg, &f.error);
         }
         loop {
-            watchdog.ping_if_due();
+            serving.watchdog.ping_if_due();
             if signals::stop_requested() {
                 return Ended::Stop;
             }
@@ -169,19 +167,7 @@ impl Degraded {
             if now >= until {
                 return Ended::Retry;
             }
-            let mut wake = until;
-            if let Some(w) = watchdog.next() {
-                wake = wake.min(w);
-            }
-            let timeout = wake.saturating_duration_since(now);
-            match held.as_mut() {
-                Some(c) => {
-                    if sleep_until_event(c, &[], timeout) {
-                        answer_all(c, &answer);
-                    }
-                }
-                None => sleep_until_signal(timeout),
-            }
+            serving.sleep(&[], until.saturating_duration_since(now));
         }
     }
 
@@ -222,20 +208,35 @@ impl Degraded {
     }
 }
 
-/// Answer every waiting client with the degraded reason.
-fn answer_all(c: &mut ControlServer, answer: &str) {
-    for client in c.accept_all() {
-        client.reply(&Reply::error(&Error::new(Kind::Degraded, answer)));
-    }
-}
-
-/// What a wait for the bootloader in degraded mode serves: clients are
-/// answered with the degraded reason and the watchdog is fed, so that a
-/// slow boot script costs neither an answer nor a watchdog reset.
+/// What degraded mode serves while it waits, for its own timer or for the
+/// bootloader (a slow boot script): clients are answered with the
+/// degraded reason, the watchdog is fed, and a signal wakes it.
 struct Serving<'a> {
     ctl: Option<&'a mut ControlServer>,
-    watchdog: &'a mut Watchdog,
-    answer: &'a str,
+    watchdog: Watchdog,
+    answer: String,
+}
+
+impl Serving<'_> {
+    /// Sleep until one of `fds` is readable, a client or a signal needs
+    /// attention, or `max` has passed; answer the clients, feed the
+    /// watchdog.
+    fn sleep(&mut self, fds: &[BorrowedFd<'_>], max: Duration) {
+        let timeout = self.watchdog.next().map_or(max, |at| {
+            max.min(at.saturating_duration_since(Instant::now()))
+        });
+        match self.ctl.as_deref_mut() {
+            Some(c) => {
+                if sleep_until_event(c, fds, timeout) {
+                    for client in c.accept_all() {
+                        client.reply(&Reply::error(&Error::new(Kind::Degraded, &*self.answer)));
+                    }
+                }
+            }
+            None => sleep_until_signal(fds, timeout),
+        }
+        self.watchdog.ping_if_due();
+    }
 }
 
 impl Ticker for Serving<'_> {
@@ -245,18 +246,7 @@ impl Ticker for Serving<'_> {
     }
 
     fn wait(&mut self, fds: &[BorrowedFd<'_>], max: Duration) -> Result<()> {
-        let timeout = self.watchdog.next().map_or(max, |at| {
-            max.min(at.saturating_duration_since(Instant::now()))
-        });
-        match self.ctl.as_deref_mut() {
-            Some(c) => {
-                if sleep_until_event(c, fds, timeout) {
-                    answer_all(c, self.answer);
-                }
-            }
-            None => crate::progress::wait_readable(fds, timeout),
-        }
-        self.watchdog.ping_if_due();
+        self.sleep(fds, max);
         Ok(())
     }
 }
@@ -340,15 +330,20 @@ fn next_start(until: Instant) -> Timestamp {
     Timestamp(Timestamp::now().0 + left.as_secs() as i64)
 }
 
-/// Sleep without a control socket, waking for signals.
-fn sleep_until_signal(timeout: Duration) {
+/// Sleep without a control socket until one of `fds` is readable, a
+/// signal arrives or `timeout` has passed.
+fn sleep_until_signal(fds: &[BorrowedFd<'_>], timeout: Duration) {
     let Ok(wake) = signals::wake_pipe() else {
-        std::thread::sleep(timeout.min(Duration::from_secs(1)));
+        crate::progress::wait_readable(fds, timeout.min(Duration::from_secs(1)));
         return;
     };
-    let mut fds = [nix::poll::PollFd::new(wake, nix::poll::PollFlags::POLLIN)];
+    let mut polled = vec![nix::poll::PollFd::new(wake, nix::poll::PollFlags::POLLIN)];
+    polled.extend(
+        fds.iter()
+            .map(|fd| nix::poll::PollFd::new(*fd, nix::poll::PollFlags::POLLIN)),
+    );
     let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
-    let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms));
+    let _ = nix::poll::poll(&mut polled, nix::poll::PollTimeout::from(ms));
     signals::drain_wake_pipe(wake);
 }
 

@@ -266,13 +266,11 @@ impl Machine {
                         job.target,
                         self.download_failures
                     );
-                    return Ok(Next::Retry(e.retry_after().unwrap_or_else(|| {
-                        crate::backoff::full_jitter(
-                            self.download_failures,
-                            Duration::from_secs(5),
-                            self.cfg.server.retry_max.0.min(retry::NETWORK_RETRY_CAP),
-                        )
-                    })));
+                    return Ok(Next::Retry(retry::delay(
+                        e.retry_after(),
+                        self.download_failures,
+                        self.cfg.server.retry_max.0,
+                    )));
                 }
                 let e = install::context(e, &job.version, job.target);
                 let state = self.state()?;

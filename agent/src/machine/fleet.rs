@@ -37,7 +37,7 @@
 //! folded `proceeding` feedback with `cnt` of `of`, at most one per tenth.
 //! A download that loses the network is no failure: the action hears
 //! `proceeding` with a note ("waiting for the network since …") once the
-//! server can be reached again ([`Machine::note_outage`]), and the
+//! server can be reached again ([`Machine::tell_action`]), and the
 //! download resumes where its verified frames end.
 //!
 //! This file decides what the server is told and what its documents lead
@@ -533,15 +533,8 @@ impl Machine {
         self.store.push_report(&row.as_report())
     }
 
-    /// The download of `job` lost the network (the first failed attempt
-    /// of an outage): the action it belongs to hears `proceeding` with
-    /// `note` once the server can be reached again. An outage is never a
-    /// failure of the action. Nothing for a job the server did not assign.
-    pub(super) fn note_outage(&mut self, job: &Job, note: &str) -> Result<()> {
-        self.tell_action(job, note).map(|_| ())
-    }
-
-    /// Tell the action `job` belongs to `note` as `proceeding` feedback;
+    /// Tell the action `job` belongs to `note` as `proceeding` feedback
+    /// (an outage, a wait for the policy: never a failure of the action);
     /// whether there was one to tell (a job the DDI server assigned).
     pub(super) fn tell_action(&mut self, job: &Job, note: &str) -> Result<bool> {
         let Some(action) = job.ddi.as_ref().filter(|_| self.fleet_mode()) else {

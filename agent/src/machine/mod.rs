@@ -682,13 +682,11 @@ impl Machine {
         self.download_failures = self.download_failures.saturating_add(1);
         let first = self.network_down_since.is_none();
         let since = *self.network_down_since.get_or_insert_with(Timestamp::now);
-        let delay = e.retry_after().unwrap_or_else(|| {
-            crate::backoff::full_jitter(
-                self.download_failures,
-                Duration::from_secs(5),
-                self.cfg.server.retry_max.0.min(retry::NETWORK_RETRY_CAP),
-            )
-        });
+        let delay = retry::delay(
+            e.retry_after(),
+            self.download_failures,
+            self.cfg.server.retry_max.0,
+        );
         let until = match job.download_deadline {
             Some(d) => format!("until its deadline {d}"),
             None => "with no deadline".into(),
@@ -699,7 +697,8 @@ impl Machine {
         );
         let waiting = format!("waiting for the network since {since}: {e}");
         if first {
-            self.note_outage(
+            // The action hears it once it can be reached again.
+            self.tell_action(
                 job,
                 &format!("{waiting}; the download resumes when it returns"),
             )?;

@@ -24,7 +24,7 @@ const MAX_DOWNLOAD_RETRIES: u32 = 8;
 /// The longest wait between two attempts of a download the network
 /// interrupted, whatever `server.retry_max` says: an outage's end is found
 /// within it.
-pub(super) const NETWORK_RETRY_CAP: Duration = Duration::from_secs(300);
+const NETWORK_RETRY_CAP: Duration = Duration::from_secs(300);
 
 /// Whether a step that failed with `kind`, after `failures` consecutive
 /// failures, is tried again (rather than failing its job): network
@@ -37,6 +37,19 @@ pub(crate) fn retries_after(kind: Kind, failures: u32, daemon: bool) -> bool {
             Kind::Busy => failures < MAX_DOWNLOAD_RETRIES,
             _ => false,
         }
+}
+
+/// How long to wait before trying a failed step again: what the server
+/// asked for (`Retry-After`), else a jittered backoff over `failures` from
+/// 5 s up to `retry_max`, never above [`NETWORK_RETRY_CAP`].
+pub(super) fn delay(retry_after: Option<Duration>, failures: u32, retry_max: Duration) -> Duration {
+    retry_after.unwrap_or_else(|| {
+        crate::backoff::full_jitter(
+            failures,
+            Duration::from_secs(5),
+            retry_max.min(NETWORK_RETRY_CAP),
+        )
+    })
 }
 
 /// What is known when a download or install step fails.

@@ -216,23 +216,17 @@ impl Store {
     /// which are errors. `quick_check` reads every page of a file of at
     /// most a few hundred kilobytes: milliseconds at each start.
     pub fn open_checked(path: &Path) -> Result<Opened> {
-        let damaged = |e: &rusqlite::Error| {
-            matches!(
-                e.sqlite_error_code(),
-                Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
-            )
-        };
         let conn = match Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        ) {
+        )
+        .map_err(Error::from)
+        {
             Ok(c) => c,
-            Err(e) if damaged(&e) => return Ok(Opened::Damaged(e.to_string())),
-            Err(e) => {
-                return Err(Error::from(e).wrap(format!("opening database {}", path.display())));
-            }
+            Err(e) if says_damaged(&e) => return Ok(Opened::Damaged(e.to_string())),
+            Err(e) => return Err(e.wrap(format!("opening database {}", path.display()))),
         };
         let store = Store { conn };
         let checked = store.configure().and_then(|()| {
