@@ -251,6 +251,101 @@ pub fn check_output(index: usize, frame: &Frame, data: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// A framed artifact read as what it decodes to, for a consumer that
+/// takes a stream (a `command` component's handler, an app's index). No
+/// byte of a frame is returned before the whole frame decoded to its
+/// signed length and hash; the artifact's own hash is checked at its end.
+/// A failure is an [`std::io::ErrorKind::InvalidData`] error naming
+/// `what` and the frame. Memory: one frame, compressed and decoded.
+pub struct VerifiedFrames {
+    inner: Box<dyn std::io::Read + Send>,
+    frames: Vec<Frame>,
+    sha256: Sha256,
+    what: String,
+    next: usize,
+    out: Vec<u8>,
+    pos: usize,
+    whole: crate::hash::Hasher,
+    dctx: zstd::bulk::Decompressor<'static>,
+}
+
+impl VerifiedFrames {
+    /// `inner` yields the artifact's bytes from its start.
+    pub fn new(
+        inner: Box<dyn std::io::Read + Send>,
+        artifact: &crate::manifest::Artifact,
+        what: &str,
+    ) -> Result<VerifiedFrames> {
+        let mut dctx = zstd::bulk::Decompressor::new()
+            .map_err(|e| Error::new(Kind::Malformed, format!("{what}: zstd: {e}")))?;
+        dctx.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(MAX_WINDOW_LOG))
+            .map_err(|e| Error::new(Kind::Malformed, format!("{what}: zstd: {e}")))?;
+        Ok(VerifiedFrames {
+            inner,
+            frames: artifact.frames.clone(),
+            sha256: artifact.sha256,
+            what: what.to_string(),
+            next: 0,
+            out: Vec::new(),
+            pos: 0,
+            whole: crate::hash::Hasher::new(),
+            dctx,
+        })
+    }
+
+    fn invalid(&self, why: String) -> std::io::Error {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: {why}", self.what),
+        )
+    }
+
+    /// Decode the next frame into `out`; false at the end.
+    fn next_frame(&mut self) -> std::io::Result<bool> {
+        let Some(f) = self.frames.get(self.next).copied() else {
+            return Ok(false);
+        };
+        let i = self.next;
+        let mut compressed = vec![0u8; f.size as usize];
+        self.inner.read_exact(&mut compressed)?;
+        self.whole.update(&compressed);
+        self.out = self
+            .dctx
+            .decompress(&compressed, f.out_size as usize)
+            .map_err(|e| self.invalid(format!("frame {i} does not decode: {e}")))?;
+        if self.out.len() as u64 != f.out_size || check_output(i, &f, &self.out).is_err() {
+            return Err(self.invalid(format!("frame {i} does not decode to its signed bytes")));
+        }
+        self.pos = 0;
+        self.next += 1;
+        if self.next == self.frames.len() {
+            let got = std::mem::take(&mut self.whole).finish();
+            if got != self.sha256 {
+                return Err(self.invalid(format!(
+                    "the artifact hashes to {}, not the signed {}",
+                    got.short(),
+                    self.sha256.short()
+                )));
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl std::io::Read for VerifiedFrames {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.pos == self.out.len() {
+            if !self.next_frame()? {
+                return Ok(0);
+            }
+        }
+        let n = buf.len().min(self.out.len() - self.pos);
+        buf[..n].copy_from_slice(&self.out[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -128,6 +128,29 @@ fn read_lines(r: impl Read, tx: mpsc::Sender<Line>, out: bool) {
     }
 }
 
+/// Copy the payload into the handler's standard input. A handler that
+/// exits early closes the pipe: the write fails, which its exit status
+/// explains, so that is no error here; a payload that cannot be read is.
+fn feed(
+    mut payload: Box<dyn Read + Send>,
+    mut stdin: std::process::ChildStdin,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match payload.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if stdin.write_all(&buf[..n]).is_err() {
+            return Ok(());
+        }
+    }
+    let _ = stdin.flush();
+    Ok(())
+}
+
 /// `progress DONE TOTAL`, DONE at most TOTAL.
 fn parse_progress(line: &str) -> Option<(u64, u64)> {
     let mut w = line.split_ascii_whitespace();
@@ -201,12 +224,7 @@ impl Handler {
         }
         drop(tx);
         let feeder = match (payload, child.child().stdin.take()) {
-            (Some(mut p), Some(mut stdin)) => Some(std::thread::spawn(move || {
-                // A handler that exits early closes the pipe: the copy
-                // ends with EPIPE, which its exit status explains.
-                let _ = std::io::copy(&mut p, &mut stdin);
-                let _ = stdin.flush();
-            })),
+            (Some(p), Some(stdin)) => Some(std::thread::spawn(move || feed(p, stdin))),
             _ => None,
         };
         let deadline = Instant::now() + self.timeout;
@@ -257,8 +275,15 @@ impl Handler {
         for th in threads {
             let _ = th.join();
         }
+        // A payload that could not be read whole (a frame that failed
+        // verification, a download cut) fails the phase whatever the
+        // handler made of the short input.
         if let Some(f) = feeder {
-            let _ = f.join();
+            match f.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => bail!(Integrity, "{what}: its payload: {e}"),
+                Err(_) => bail!(Io, "{what}: the payload thread panicked"),
+            }
         }
         for line in rx.try_iter() {
             said.take(&self.component, phase, line);

@@ -420,6 +420,37 @@ impl Source {
         }
     }
 
+    /// Open `rel`, a resource of at most `cap` bytes whose exact size is
+    /// not signed (an app's blob), from a directory or a server.
+    pub fn open_capped(&mut self, rel: &str, cap: u64) -> Result<Box<dyn Read + Send>> {
+        match &self.origin {
+            Origin::Local { dir, .. } => {
+                let path = dir.join(rel);
+                let (f, len) = open_with_len(&path)?;
+                if len > cap {
+                    bail!(
+                        Integrity,
+                        "{} is {len} bytes, more than the {cap} bytes its signed size allows",
+                        path.display()
+                    );
+                }
+                Ok(Box::new(f.take(cap)))
+            }
+            Origin::Remote { .. } => {
+                let fetcher = self.fetcher()?;
+                let rel = rel.to_string();
+                let dl = self.each_base(|base| fetcher.open_capped(&join(base, &rel), cap))?;
+                Ok(Box::new(dl))
+            }
+            Origin::Bundle { .. } | Origin::RemoteBundle { .. } | Origin::Links { .. } => bail!(
+                Config,
+                "{rel}: app blobs are read from a release directory or server, not from {}",
+                self.describe()
+            ),
+            Origin::Invalid { problem, .. } => bail!(Malformed, "{problem}"),
+        }
+    }
+
     /// Open `rel` (artifact or delta) at `offset`; the reader yields exactly
     /// `total - offset` bytes or fails.
     pub fn open(&mut self, rel: &str, offset: u64, total: u64) -> Result<Box<dyn Read + Send>> {
@@ -433,12 +464,7 @@ impl Source {
                 } else {
                     dir.join(rel)
                 };
-                let f =
-                    File::open(&path).map_err(|e| err!(Io, "opening {}: {e}", path.display()))?;
-                let len = f
-                    .metadata()
-                    .map_err(|e| err!(Io, "{}: {e}", path.display()))?
-                    .len();
+                let (f, len) = open_with_len(&path)?;
                 if len != total {
                     return Err(unsigned_size(&path.display().to_string(), len, total));
                 }
@@ -806,6 +832,16 @@ impl ReadAt for HttpBundle {
         self.last = Some(w);
         Ok(())
     }
+}
+
+/// A local file of a release, opened, and its length.
+fn open_with_len(path: &std::path::Path) -> Result<(File, u64)> {
+    let f = File::open(path).map_err(|e| err!(Io, "opening {}: {e}", path.display()))?;
+    let len = f
+        .metadata()
+        .map_err(|e| err!(Io, "{}: {e}", path.display()))?
+        .len();
+    Ok((f, len))
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::hash::Sha256;
 use crate::manifest::Image;
 use crate::slot::SlotName;
 use crate::timestamp::Timestamp;
@@ -128,6 +129,12 @@ pub struct Job {
     /// the job by its own policy alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ddi: Option<crate::ddi::Action>,
+    /// The release's other components that change with the slot (apps):
+    /// written before the reboot, activated in the trial boot, committed
+    /// or rolled back with the slot. An older release does not know them
+    /// and runs the slot's job alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<Record>,
 }
 
 impl Job {
@@ -164,6 +171,7 @@ impl Job {
             inhibited: None,
             awaiting_switch: false,
             ddi: None,
+            components: Vec::new(),
         }
     }
 
@@ -173,6 +181,45 @@ impl Job {
     pub fn switch_pending(&self) -> bool {
         self.held.is_some() || self.awaiting_switch
     }
+}
+
+/// Where one component of a release in progress stands.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    /// Its new generation is being written (or was, when the power went).
+    Writing,
+    /// Written and checked, not active.
+    Written,
+    /// Active, its units restarted; health not yet decided.
+    Active,
+}
+
+/// One component of a release in progress.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Record {
+    pub name: String,
+    pub kind: String,
+    pub version: String,
+    pub content: Sha256,
+    pub step: Step,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// The generation active before (an app's rollback target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<u64>,
+    /// Compressed bytes downloaded for it.
+    #[serde(default)]
+    pub bytes: u64,
+}
+
+/// A release of components in progress (`components_job`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ComponentsJob {
+    pub release: String,
+    pub serial: u64,
+    pub started: Timestamp,
+    pub components: Vec<Record>,
 }
 
 /// The persisted state of the update cycle.

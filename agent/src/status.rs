@@ -88,6 +88,10 @@ pub struct Status {
     /// it switches at once (`auto`, and releases before policies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyStatus>,
+    /// The components running besides the slot, by name; absent before
+    /// the first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<crate::store::Running>,
 }
 
 /// The switch gate and what it waits for.

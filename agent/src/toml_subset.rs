@@ -189,10 +189,19 @@ impl Parser {
                         );
                     }
                     self.skip_blanks();
-                    let name = self.key()?;
+                    let mut name = self.key()?;
                     self.skip_blanks();
+                    // One level of dotted name: `[components.web]`.
                     if self.peek() == Some('.') {
-                        return self.err("nested tables are not used by updraft's configuration");
+                        self.bump();
+                        self.skip_blanks();
+                        name = format!("{name}.{}", self.key()?);
+                        self.skip_blanks();
+                        if self.peek() == Some('.') {
+                            return self.err(
+                                "tables nested deeper than [section.name] are not used by updraft's configuration",
+                            );
+                        }
                     }
                     if self.peek() != Some(']') {
                         return self.err(format!("table header [{name}] is not closed with ]"));
@@ -495,7 +504,7 @@ mod tests {
             ("a = \"\"\"x\"\"\"\n", 1, "multi-line strings"),
             ("a.b = 1\n", 1, "dotted keys"),
             ("[[t]]\n", 1, "arrays of tables"),
-            ("[a.b]\n", 1, "nested tables"),
+            ("[a.b.c]\n", 1, "nested deeper"),
             ("[s]\n[s]\n", 2, "defined twice"),
             ("a = 1\na = 2\n", 2, "defined twice"),
             ("a = \"open\n", 1, "not closed"),

@@ -92,6 +92,16 @@ pub fn bundle(dir: &Path, out: &Path, part_size: u64) -> Result<Summary> {
     let env = Envelope::parse(&raw, "manifest").map_err(|e| e.to_string())?;
     let payload = env.payload_bytes("manifest").map_err(|e| e.to_string())?;
     let m = Manifest::parse(&payload).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
+    if let Some(c) = m.components.first() {
+        return Err(format!(
+            "{}: release {} has component {} ({}); a bundle carries a slot's artifacts only, \
+             serve a release of components from a directory or a server",
+            manifest_path.display(),
+            m.release.version,
+            c.name,
+            c.kind().as_str()
+        ));
+    }
 
     let mut pieces: Vec<Piece> = Vec::new();
     for (n, path) in key_documents(dir)? {

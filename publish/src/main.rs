@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use updraft::help::{self, Command, Opt, Program};
 use updraft_publish::bundle;
 use updraft_publish::keys::{self, Key, KeyDocSpec};
-use updraft_publish::release::{self, DEFAULT_FRAME_SIZE, ReleaseSpec};
+use updraft_publish::release::{self, ComponentSpec, DEFAULT_FRAME_SIZE, ReleaseSpec};
 use updraft_publish::verify;
 
 const fn opt(name: &'static str, value: &'static str, help: &'static str) -> Opt {
@@ -81,7 +81,8 @@ const PROGRAM: Program = Program {
             name: "release",
             summary: "sign a release: framed artifact, deltas and DIR/manifest.json",
             usage: "updraft-publish release --key K.key [--key K2.key]... --version V \\
-      --compatible HW [--compatible HW2]... --image NEW.img [--from OLD.img]... \\
+      --compatible HW [--compatible HW2]... [--image NEW.img [--from OLD.img]...] \\
+      [--app NAME[@VERSION]=DIR]... [--command NAME[@VERSION]=FILE]... [--slot-name NAME] \\
       [--channel NAME] [--serial N] [--allow-serial-jump] [--expires 30d] \\
       [--rollout PERCENT] [--frame-size BYTES] [--level N] [--threads N] [--delta-memory MIB] \
       [--bundle FILE.updraft] --out DIR",
@@ -98,7 +99,26 @@ const PROGRAM: Program = Program {
                     "HW",
                     "hardware id or comma-separated ids (repeatable, required)",
                 ),
-                opt("--image", "NEW.img", "the new slot image (required)"),
+                opt(
+                    "--image",
+                    "NEW.img",
+                    "the new slot image (required unless --app keeps the slot of DIR/manifest.json)",
+                ),
+                opt(
+                    "--app",
+                    "NAME[@VERSION]=DIR",
+                    "an application tree published as component NAME (repeatable; makes a release of components, spec_version 2)",
+                ),
+                opt(
+                    "--command",
+                    "NAME[@VERSION]=FILE",
+                    "a payload for the handler of command component NAME (repeatable; spec_version 2)",
+                ),
+                opt(
+                    "--slot-name",
+                    "NAME",
+                    "the slot component's name in a release of components (default rootfs)",
+                ),
                 opt(
                     "--from",
                     "OLD.img",
@@ -473,7 +493,20 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                 keys,
                 version: usage(f.required("version"))?.to_string(),
                 compatible,
-                image: PathBuf::from(usage(f.required("image"))?),
+                image: usage(f.one("image"))?.map(PathBuf::from),
+                slot_name: usage(f.one("slot-name"))?.unwrap_or("rootfs").to_string(),
+                apps: f
+                    .all("app")
+                    .iter()
+                    .map(|a| ComponentSpec::parse(a))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| Failure::Usage(None, format!("--app {e}")))?,
+                commands: f
+                    .all("command")
+                    .iter()
+                    .map(|a| ComponentSpec::parse(a))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| Failure::Usage(None, format!("--command {e}")))?,
                 from: f.all("from").iter().map(PathBuf::from).collect(),
                 serial: usage(f.number("serial"))?,
                 allow_serial_jump: f.switch("allow-serial-jump"),
@@ -501,6 +534,12 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
             }
             for (from, why) in &s.skipped {
                 println!("delta from {} not published: {why}", from.display());
+            }
+            for a in &s.apps {
+                println!(
+                    "app {}: {} entries, {} bytes; index {} bytes; {} new blob(s), {} bytes",
+                    a.name, a.entries, a.bytes, a.index_size, a.blobs_written, a.blob_bytes_written
+                );
             }
             if let Some(file) = usage(f.one("bundle"))? {
                 let out = PathBuf::from(file);

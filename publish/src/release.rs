@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use updraft::hash::{Hasher, Sha256};
+use updraft::manifest::component::{AppPart, CommandPart, Component, Named, Part, TreeSize};
 use updraft::manifest::{
     self, Artifact, Delta, Frame, Image, MAX_FRAME_OUTPUT, MAX_WINDOW_LOG, Manifest, PAYLOAD_TYPE,
     Release, Rollout, SPEC_VERSION,
@@ -46,11 +47,62 @@ pub const MAX_SERIAL: u64 = (1 << 53) - 1;
 /// no typo gets near [`MAX_SERIAL`] in fewer than two million releases).
 pub const MAX_SERIAL_JUMP: u64 = 1 << 32;
 
+/// A component of a release given on the command line:
+/// `--app NAME[@VERSION]=DIR`, `--command NAME[@VERSION]=FILE`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ComponentSpec {
+    pub name: String,
+    /// The release's version when not given.
+    pub version: Option<String>,
+    /// The app's tree, or the command's payload.
+    pub dir: PathBuf,
+}
+
+impl ComponentSpec {
+    /// `NAME=PATH` or `NAME@VERSION=PATH`.
+    pub fn parse(arg: &str) -> Result<ComponentSpec> {
+        let Some((left, dir)) = arg.split_once('=') else {
+            return Err(format!("{arg}: expected NAME=PATH or NAME@VERSION=PATH"));
+        };
+        let (name, version) = match left.split_once('@') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (left, None),
+        };
+        updraft::manifest::component::check_name(name).map_err(|e| format!("{arg}: {e}"))?;
+        if dir.is_empty() {
+            return Err(format!("{arg}: no path"));
+        }
+        Ok(ComponentSpec {
+            name: name.to_string(),
+            version,
+            dir: PathBuf::from(dir),
+        })
+    }
+}
+
+/// What publishing one app wrote.
+#[derive(Debug)]
+pub struct AppSummary {
+    pub name: String,
+    pub entries: u64,
+    pub bytes: u64,
+    pub index_size: u64,
+    pub blobs_written: u64,
+    pub blob_bytes_written: u64,
+}
+
 pub struct ReleaseSpec {
     pub keys: Vec<Key>,
     pub version: String,
     pub compatible: Vec<String>,
-    pub image: PathBuf,
+    /// The new slot image; `None` keeps the slot of the release in `out`
+    /// (a release of apps only).
+    pub image: Option<PathBuf>,
+    /// The slot component's name in a release of components.
+    pub slot_name: String,
+    pub apps: Vec<ComponentSpec>,
+    /// Payloads for command components' handlers.
+    pub commands: Vec<ComponentSpec>,
     pub from: Vec<PathBuf>,
     pub serial: Option<u64>,
     /// Allow a serial more than [`MAX_SERIAL_JUMP`] above the previous one.
@@ -79,6 +131,7 @@ pub struct Summary {
     pub deltas: Vec<(PathBuf, u64)>,
     /// (source image, reason) of deltas not published.
     pub skipped: Vec<(PathBuf, String)>,
+    pub apps: Vec<AppSummary>,
 }
 
 fn window_log(frame_size: usize) -> u32 {
@@ -115,14 +168,32 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Build the framed artifact for `image` into `artifacts/`.
-fn build_artifact(spec: &ReleaseSpec, artifacts: &Path) -> Result<(Image, Artifact)> {
+fn build_artifact(spec: &ReleaseSpec, image: &Path, artifacts: &Path) -> Result<(Image, Artifact)> {
+    let mut input = File::open(image).map_err(|e| format!("opening {}: {e}", image.display()))?;
+    frame_stream(
+        &mut input,
+        &image.display().to_string(),
+        spec,
+        artifacts,
+        "zst",
+    )
+}
+
+/// Cut `input` (named `what` in errors) into frames of `spec.frame_size`,
+/// compress them in parallel and write the artifact
+/// `artifacts/<sha256>.<suffix>`: what it decodes to and the artifact.
+fn frame_stream(
+    input: &mut dyn Read,
+    what: &str,
+    spec: &ReleaseSpec,
+    artifacts: &Path,
+    suffix: &str,
+) -> Result<(Image, Artifact)> {
     if spec.frame_size == 0 || spec.frame_size as u64 > MAX_FRAME_OUTPUT {
         return Err(format!(
             "frame size must be between 1 and {MAX_FRAME_OUTPUT} bytes"
         ));
     }
-    let mut input =
-        File::open(&spec.image).map_err(|e| format!("opening {}: {e}", spec.image.display()))?;
     let wlog = window_log(spec.frame_size);
     let tmp = artifacts.join(format!(".artifact.tmp.{}", std::process::id()));
     let mut out = File::create(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
@@ -137,8 +208,7 @@ fn build_artifact(spec: &ReleaseSpec, artifacts: &Path) -> Result<(Image, Artifa
         let mut batch: Vec<Vec<u8>> = Vec::new();
         for _ in 0..threads {
             let mut buf = vec![0u8; spec.frame_size];
-            let n = read_full(&mut input, &mut buf)
-                .map_err(|e| format!("reading {}: {e}", spec.image.display()))?;
+            let n = read_full(input, &mut buf).map_err(|e| format!("reading {what}: {e}"))?;
             if n == 0 {
                 break;
             }
@@ -179,12 +249,12 @@ fn build_artifact(spec: &ReleaseSpec, artifacts: &Path) -> Result<(Image, Artifa
     }
     if image_size == 0 {
         let _ = std::fs::remove_file(&tmp);
-        return Err(format!("{} is empty", spec.image.display()));
+        return Err(format!("{what} is empty"));
     }
     out.sync_all()
         .map_err(|e| format!("fsync {}: {e}", tmp.display()))?;
     let sha = artifact_hash.finish();
-    let rel = format!("artifacts/{sha}.zst");
+    let rel = format!("artifacts/{sha}.{suffix}");
     std::fs::rename(&tmp, spec.out.join(&rel)).map_err(|e| format!("renaming artifact: {e}"))?;
     Ok((
         Image {
@@ -262,6 +332,11 @@ fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
 /// `channel` (one directory, one channel). `None` when there is no manifest
 /// yet.
 fn previous_serial(dir: &Path, keys: &[Key], channel: &str) -> Result<Option<u64>> {
+    Ok(previous_manifest(dir, keys, channel)?.map(|m| m.serial))
+}
+
+/// The manifest already in `dir`, verified as [`previous_serial`] says.
+fn previous_manifest(dir: &Path, keys: &[Key], channel: &str) -> Result<Option<Manifest>> {
     let path = dir.join("manifest.json");
     let raw = match std::fs::read(&path) {
         Ok(raw) => raw,
@@ -307,7 +382,7 @@ fn previous_serial(dir: &Path, keys: &[Key], channel: &str) -> Result<Option<u64
             path.display()
         ));
     }
-    Ok(Some(m.serial))
+    Ok(Some(m))
 }
 
 /// The serial of the new manifest: `--serial` or the previous plus one,
@@ -396,16 +471,30 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     let artifacts = spec.out.join("artifacts");
     std::fs::create_dir_all(&artifacts)
         .map_err(|e| format!("creating {}: {e}", artifacts.display()))?;
-    let (image, artifact) = build_artifact(spec, &artifacts)?;
     let mut deltas = Vec::new();
     let mut published = Vec::new();
     let mut skipped = Vec::new();
-    if !spec.from.is_empty() {
+    let (image, artifact, slot) = match &spec.image {
+        Some(path) => {
+            let (image, artifact) = build_artifact(spec, path, &artifacts)?;
+            let slot = Named {
+                name: spec.slot_name.clone(),
+                version: spec.version.clone(),
+            };
+            (image, artifact, slot)
+        }
+        None => {
+            let (image, artifact, slot, kept) = previous_slot(spec)?;
+            deltas = kept;
+            (image, artifact, slot)
+        }
+    };
+    if let (Some(image_path), false) = (&spec.image, spec.from.is_empty()) {
         // Both images are read by offset as the delta plan needs, and the
         // delta goes to a file: memory stays within --delta-memory
         // whatever the image sizes.
-        let new = File::open(&spec.image)
-            .map_err(|e| format!("opening {}: {e}", spec.image.display()))?;
+        let new =
+            File::open(image_path).map_err(|e| format!("opening {}: {e}", image_path.display()))?;
         for old_path in &spec.from {
             let old =
                 File::open(old_path).map_err(|e| format!("opening {}: {e}", old_path.display()))?;
@@ -465,9 +554,33 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
             published.push((old_path.clone(), size));
         }
     }
+    let mut components = Vec::with_capacity(spec.apps.len());
+    let mut apps = Vec::with_capacity(spec.apps.len());
+    for a in &spec.apps {
+        let (component, summary) = publish_app(spec, a, &artifacts)?;
+        components.push(component);
+        apps.push(summary);
+    }
+    for c in &spec.commands {
+        updraft::manifest::component::check_name(&c.name).map_err(|e| format!("--command: {e}"))?;
+        let mut input =
+            File::open(&c.dir).map_err(|e| format!("opening {}: {e}", c.dir.display()))?;
+        let what = c.dir.display().to_string();
+        let (_, artifact) = frame_stream(&mut input, &what, spec, &artifacts, "zst")?;
+        components.push(Component {
+            name: c.name.clone(),
+            version: c.version.clone().unwrap_or_else(|| spec.version.clone()),
+            part: Part::Command(CommandPart { artifact }),
+        });
+    }
     let issued = Timestamp::now();
+    let of_components = !components.is_empty();
     let m = Manifest {
-        spec_version: SPEC_VERSION,
+        spec_version: if of_components {
+            updraft::manifest::component::SPEC_VERSION
+        } else {
+            SPEC_VERSION
+        },
         serial,
         issued,
         expires: issued.plus(spec.expires),
@@ -481,10 +594,12 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
         image,
         artifact,
         deltas,
+        slot: of_components.then_some(slot),
+        components,
     };
     m.validate()
         .map_err(|e| format!("the release would not validate: {e}"))?;
-    let payload = serde_json::to_vec_pretty(&m).map_err(|e| e.to_string())?;
+    let payload = updraft::manifest::component::to_payload(&m).map_err(|e| e.to_string())?;
     let envelope = sign_envelope(PAYLOAD_TYPE, &payload, &spec.keys)?;
     let path = spec.out.join("manifest.json");
     let previous_mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
@@ -498,5 +613,75 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
         frames: m.artifact.frames.len(),
         deltas: published,
         skipped,
+        apps,
     })
+}
+
+/// The slot component of the release already in `spec.out`, for a release
+/// that changes only its apps: a release describes everything a device
+/// runs, and a device that runs this slot neither downloads nor reboots
+/// for it. Its artifact must still be in `artifacts/`.
+fn previous_slot(spec: &ReleaseSpec) -> Result<(Image, Artifact, Named, Vec<Delta>)> {
+    if spec.apps.is_empty() && spec.commands.is_empty() {
+        return Err("--image is required (or --app or --command, to publish components beside the slot of the release in --out)".into());
+    }
+    if !spec.from.is_empty() {
+        return Err("--from needs --image: a delta is made to a new image".into());
+    }
+    let path = spec.out.join("manifest.json");
+    let Some(prev) = previous_manifest(&spec.out, &spec.keys, &spec.channel)? else {
+        return Err(format!(
+            "no --image, and no {} to take the slot component from: publish the slot with --image",
+            path.display()
+        ));
+    };
+    let artifact = spec.out.join(&prev.artifact.url);
+    if !artifact.is_file() {
+        return Err(format!(
+            "{} names the slot artifact {}, which is not in {}: publish the slot with --image",
+            path.display(),
+            prev.artifact.url,
+            spec.out.display()
+        ));
+    }
+    let slot = prev.slot.clone().unwrap_or(Named {
+        name: spec.slot_name.clone(),
+        version: prev.release.version.clone(),
+    });
+    Ok((prev.image, prev.artifact, slot, prev.deltas))
+}
+
+/// Publish one app: its blobs into `artifacts/blobs/`, its index framed
+/// like any artifact (`artifacts/<sha256>.index.zst`).
+fn publish_app(
+    spec: &ReleaseSpec,
+    a: &ComponentSpec,
+    artifacts: &Path,
+) -> Result<(Component, AppSummary)> {
+    updraft::manifest::component::check_name(&a.name).map_err(|e| format!("--app: {e}"))?;
+    let tree = crate::app::publish_tree(&a.dir, &artifacts.join("blobs"), spec.level)
+        .map_err(|e| format!("app {}: {e}", a.name))?;
+    let what = format!("the index of app {}", a.name);
+    let (_, index) = frame_stream(&mut &tree.lines[..], &what, spec, artifacts, "index.zst")?;
+    let summary = AppSummary {
+        name: a.name.clone(),
+        entries: tree.index.entries.len() as u64,
+        bytes: tree.index.bytes,
+        index_size: index.size,
+        blobs_written: tree.blobs_written,
+        blob_bytes_written: tree.blob_bytes_written,
+    };
+    let component = Component {
+        name: a.name.clone(),
+        version: a.version.clone().unwrap_or_else(|| spec.version.clone()),
+        part: Part::App(AppPart {
+            tree: TreeSize {
+                entries: summary.entries,
+                bytes: summary.bytes,
+            },
+            index,
+            blobs: "artifacts/blobs/".into(),
+        }),
+    };
+    Ok((component, summary))
 }

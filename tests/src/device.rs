@@ -72,6 +72,9 @@ pub struct DeviceSpec {
     /// `[policy]` lines; the section is left out when empty (releases
     /// before it existed refuse it).
     pub policy: String,
+    /// Whole sections appended after the others (`[apps]`,
+    /// `[components.NAME]`); releases before them refuse them.
+    pub sections: String,
     /// `system.reboot_command` as a TOML array; `None`: touch the reboot
     /// marker (`Device::reboot_marker`).
     pub reboot_command: Option<String>,
@@ -103,6 +106,7 @@ impl DeviceSpec {
             bootloader: String::new(),
             system: String::new(),
             policy: String::new(),
+            sections: String::new(),
             reboot_command: None,
             tries: 3,
             same_slot_twice: false,
@@ -306,7 +310,7 @@ impl Device {
              [bootloader]\n{boot}tries = {tries}\n{bootloader}\n\
              [health]\nchecks_dir = {checks:?}\n{health}\n\
              [system]\nstate_dir = {state:?}\nsocket = {sock:?}\nboot_id_file = {bootid:?}\n\
-             reboot_command = {reboot}\n{system}\n{policy}",
+             reboot_command = {reboot}\n{system}\n{policy}{sections}",
             server = s.server,
             compat = s.compatible,
             device = if s.device.is_empty() {
@@ -335,6 +339,7 @@ impl Device {
             } else {
                 format!("[policy]\n{}\n", s.policy)
             },
+            sections = s.sections,
         );
         std::fs::write(&self.config, text).expect("writing the config");
     }

@@ -7,6 +7,7 @@
 //! interop, through the `updraft` library API. Nothing here mocks updraft.
 
 pub mod activity;
+pub mod apps;
 pub mod bin;
 pub mod bootenv;
 pub mod bundle;

@@ -1,6 +1,7 @@
-//! A generation's file contents from a directory of blobs
-//! (`<dir>/<sha256>.zst`, one zstd frame each): a release on a USB stick
-//! or in a local directory, and the test harness's view of a server.
+//! A generation's file contents from blobs (`<sha256>.zst`, one zstd frame
+//! each): in a directory ([`DirBlobs`]) or through a release's source, a
+//! directory or a server ([`SourceBlobs`]); and the app's signed index
+//! ([`fetch_index`]).
 //!
 //! Each blob is decoded as a stream with the window bounded by the
 //! manifest's limit (8 MiB), whatever the frame header asks; the tree
@@ -13,10 +14,12 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use super::tree::Blobs;
+use crate::artifact::VerifiedFrames;
 use crate::err;
 use crate::error::Result;
 use crate::hash::Sha256;
-use crate::manifest::MAX_WINDOW_LOG;
+use crate::manifest::{Artifact, MAX_WINDOW_LOG, compress_bound};
+use crate::source::Source;
 
 /// Blobs read from a directory, counting the compressed bytes read.
 #[derive(Debug)]
@@ -67,4 +70,58 @@ impl Blobs for DirBlobs {
             .map_err(|e| err!(Malformed, "{}: {e}", path.display()))?;
         Ok(Box::new(decoder.single_frame()))
     }
+}
+
+/// Blobs read through a release's [`Source`] (a directory or a server):
+/// `<prefix><sha256>.zst`, each at most as long as zstd can make the
+/// listed size, counting the compressed bytes read.
+pub struct SourceBlobs<'s> {
+    source: &'s mut Source,
+    prefix: String,
+    pub opened: u64,
+    pub read_bytes: u64,
+}
+
+impl<'s> SourceBlobs<'s> {
+    /// `prefix`: the manifest's `blobs` (checked to end with `/`).
+    pub fn new(source: &'s mut Source, prefix: &str) -> SourceBlobs<'s> {
+        SourceBlobs {
+            source,
+            prefix: prefix.to_string(),
+            opened: 0,
+            read_bytes: 0,
+        }
+    }
+}
+
+impl Blobs for SourceBlobs<'_> {
+    fn open(&mut self, sha256: &Sha256, size: u64) -> Result<Box<dyn Read + '_>> {
+        let rel = format!("{}{}.zst", self.prefix, sha256.to_hex());
+        let reader = self.source.open_capped(&rel, compress_bound(size))?;
+        self.opened += 1;
+        let counted = Counted {
+            inner: reader,
+            count: &mut self.read_bytes,
+        };
+        let mut decoder = zstd::stream::read::Decoder::with_buffer(BufReader::new(counted))
+            .map_err(|e| err!(Malformed, "{rel}: {e}"))?;
+        decoder
+            .window_log_max(MAX_WINDOW_LOG)
+            .map_err(|e| err!(Malformed, "{rel}: {e}"))?;
+        Ok(Box::new(decoder.single_frame()))
+    }
+}
+
+/// Download an app's index artifact (it is bounded by
+/// [`crate::manifest::component::MAX_INDEX_BYTES`] decoded), each frame checked
+/// against its signed hash and the whole against the artifact's, and
+/// return the decoded index.
+pub fn fetch_index(source: &mut Source, index: &Artifact, what: &str) -> Result<Vec<u8>> {
+    let raw = source.open(&index.url, 0, index.size)?;
+    let mut frames = VerifiedFrames::new(raw, index, what)?;
+    let mut out = Vec::new();
+    frames
+        .read_to_end(&mut out)
+        .map_err(|e| err!(Integrity, "{what}: reading {}: {e}", index.url))?;
+    Ok(out)
 }

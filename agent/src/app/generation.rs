@@ -166,6 +166,17 @@ impl App {
         Ok(previous)
     }
 
+    /// Make no generation active: `current` removed (an app installed for
+    /// the first time, rolled back).
+    pub fn deactivate(&self) -> Result<()> {
+        let current = self.dir.join(CURRENT);
+        match std::fs::remove_file(&current) {
+            Ok(()) => sync_dir(&self.dir),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(err!(Io, "removing {}: {e}", current.display())),
+        }
+    }
+
     /// Remove generation `n`, which must not be active.
     pub fn remove(&self, n: u64) -> Result<()> {
         if self.active()? == Some(n) {

@@ -76,6 +76,7 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         outbox: store.outbox_len()?,
         outbox_dropped: store.outbox_dropped()?,
         last_install: status::last_install(&store)?,
+        components: store.running_components()?,
         policy: {
             // Without a daemon, what the job waits for is read from the
             // job as last written: no inhibitor is asked from here.
@@ -119,6 +120,16 @@ pub(crate) fn render_status(st: &Status, now: Timestamp) -> String {
             v.push_str("  <- next boot");
         }
         line(&format!("slot {}:", s.slot), v);
+    }
+    for c in &st.components {
+        let generation = c
+            .generation
+            .map(|g| format!(", generation {g}"))
+            .unwrap_or_default();
+        line(
+            &format!("{} {}:", c.kind, c.name),
+            format!("{} (release {}{generation})", c.version, c.release),
+        );
     }
     if let Some(e) = &st.bootloader_error {
         line("bootloader:", format!("ERROR {e}"));
@@ -331,6 +342,7 @@ mod tests {
                 slot: Some(SlotName::A),
             }),
             policy: None,
+            components: Vec::new(),
         }
     }
 

@@ -35,6 +35,60 @@ pub struct Config {
     pub health: Health,
     pub system: System,
     pub policy: Policy,
+    pub apps: Apps,
+    /// `[components.NAME]`, in the file's order.
+    pub components: Vec<ComponentConfig>,
+}
+
+/// `[apps]`: where applications live and how their units are restarted.
+#[derive(Debug, Clone)]
+pub struct Apps {
+    /// `<dir>/<name>/` holds an app's generations, `current` and `data/`.
+    pub dir: PathBuf,
+    /// Run with an app's units appended to restart them after its
+    /// generation is switched (`systemctl restart` by default).
+    pub restart_command: Vec<String>,
+    /// The longest the restart command may take.
+    pub restart_timeout: Dur,
+}
+
+impl Default for Apps {
+    fn default() -> Self {
+        Apps {
+            dir: PathBuf::from("/var/lib/updraft/apps"),
+            restart_command: vec!["systemctl".into(), "restart".into()],
+            restart_timeout: Dur(Duration::from_secs(120)),
+        }
+    }
+}
+
+/// `[components.NAME]`: a component this device installs besides its
+/// slot. A release naming a component that is not configured here is
+/// refused: the manifest never decides where bytes go or what runs.
+#[derive(Debug, Clone)]
+pub struct ComponentConfig {
+    pub name: String,
+    pub kind: crate::manifest::component::Kind,
+    /// `app`: the systemd units restarted, in order, when a generation is
+    /// activated or rolled back.
+    pub units: Vec<String>,
+    /// `app`: executables run after activation, like `health.checks_dir`
+    /// (every executable file in it, in name order).
+    pub health_dir: Option<PathBuf>,
+    /// `app`: generations kept, the active one included (at least 2).
+    pub keep: usize,
+    /// `command`: the handler and its arguments; the phase is appended.
+    pub handler: Vec<String>,
+    /// `command`: the longest a phase may run; `app`: the longest its
+    /// health checks may run together.
+    pub timeout: Dur,
+}
+
+impl Config {
+    /// The configuration of component `name`, if the device has one.
+    pub fn component(&self, name: &str) -> Option<&ComponentConfig> {
+        self.components.iter().find(|c| c.name == name)
+    }
 }
 
 #[derive(Debug, Clone)]

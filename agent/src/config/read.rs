@@ -9,7 +9,7 @@ use super::*;
 
 impl Config {
     pub(super) fn from_tables(tables: &[Table]) -> Result<Config> {
-        const SECTIONS: [&str; 8] = [
+        const SECTIONS: [&str; 10] = [
             "server",
             "device",
             "trust",
@@ -18,8 +18,16 @@ impl Config {
             "health",
             "system",
             "policy",
+            "apps",
+            "components.NAME",
         ];
         for t in tables {
+            if let Some(name) = t.name.strip_prefix("components.") {
+                crate::manifest::component::check_name(name).map_err(|e| {
+                    Error::new(Kind::Config, format!("line {}: [{}]: {e}", t.line, t.name))
+                })?;
+                continue;
+            }
             if t.name.is_empty() {
                 if let Some(e) = t.entries.first() {
                     return Err(Error::new(
@@ -253,6 +261,29 @@ impl Config {
         {
             server.token_file = Some(system.state_dir.join(DDI_TOKEN_FILE));
         }
+        let mut s = section("apps");
+        let d = Apps::default();
+        let apps = Apps {
+            dir: s.path("dir")?.unwrap_or(d.dir),
+            restart_command: s.strings("restart_command")?.unwrap_or(d.restart_command),
+            restart_timeout: s.duration("restart_timeout")?.unwrap_or(d.restart_timeout),
+        };
+        if apps.restart_command.is_empty() {
+            return Err(Error::new(
+                Kind::Config,
+                "apps.restart_command is empty (the default is [\"systemctl\", \"restart\"])",
+            ));
+        }
+        s.finish()?;
+
+        let mut components = Vec::new();
+        for t in tables {
+            let Some(name) = t.name.strip_prefix("components.") else {
+                continue;
+            };
+            components.push(component_config(name, t)?);
+        }
+
         Ok(Config {
             server,
             device,
@@ -262,22 +293,82 @@ impl Config {
             health,
             system,
             policy,
+            apps,
+            components,
         })
     }
+}
+
+/// One `[components.NAME]` table.
+fn component_config(name: &str, t: &Table) -> Result<ComponentConfig> {
+    use crate::manifest::component::Kind as C;
+    let mut s = Section::new(t.name.clone(), Some(t));
+    let kind = match s.choice("kind", &[("app", C::App), ("command", C::Command)])? {
+        Some(k) => k,
+        None => {
+            return Err(Error::new(
+                Kind::Config,
+                format!(
+                    "line {}: [{}] needs kind = \"app\" or \"command\" (the slot is [slots])",
+                    t.line, t.name
+                ),
+            ));
+        }
+    };
+    let c = ComponentConfig {
+        name: name.to_string(),
+        kind,
+        units: s.strings("units")?.unwrap_or_default(),
+        health_dir: s.path("health_dir")?,
+        keep: s.unsigned("keep")?.map(|k| k as usize).unwrap_or(2),
+        handler: s.strings("handler")?.unwrap_or_default(),
+        timeout: s
+            .duration("timeout")?
+            .unwrap_or(Dur(std::time::Duration::from_secs(600))),
+    };
+    let wrong = |key: &str, why: &str| {
+        Err(Error::new(
+            Kind::Config,
+            format!("line {}: {}.{key}: {why}", t.line, t.name),
+        ))
+    };
+    match kind {
+        C::App if c.keep < 2 => {
+            return wrong(
+                "keep",
+                "at least 2 generations are kept (the active one and the one to roll back to)",
+            );
+        }
+        C::App if !c.handler.is_empty() => {
+            return wrong("handler", "only a command component has a handler");
+        }
+        C::Command if c.handler.is_empty() => {
+            return wrong(
+                "handler",
+                "a command component needs its handler, e.g. [\"/usr/lib/updraft/handlers/file-copy\", \"/opt/fw.bin\"]",
+            );
+        }
+        C::Command if !c.units.is_empty() || c.health_dir.is_some() => {
+            return wrong("units", "units and health_dir are an app's");
+        }
+        _ => {}
+    }
+    s.finish()?;
+    Ok(c)
 }
 
 /// Reads one section's keys, remembering which were read so that anything
 /// left over is reported as unknown.
 struct Section<'a> {
-    name: &'static str,
+    name: String,
     table: Option<&'a Table>,
     used: Vec<String>,
 }
 
 impl<'a> Section<'a> {
-    fn new(name: &'static str, table: Option<&'a Table>) -> Section<'a> {
+    fn new(name: impl Into<String>, table: Option<&'a Table>) -> Section<'a> {
         Section {
-            name,
+            name: name.into(),
             table,
             used: Vec::new(),
         }

@@ -521,17 +521,7 @@ impl Fetcher {
                 );
             }
         }
-        let mut dl = Download {
-            url: truncate(url, 200).to_string(),
-            reader: resp.into_body().into_reader(),
-            remaining: want,
-            guard: RateGuard::new(self.min_rate, self.min_rate_window),
-            throttle: self
-                .artifact_rate()
-                .map(|r| Throttle::new(r, Instant::now())),
-            counters: self.counters.clone(),
-            received: 0,
-        };
+        let mut dl = self.download(url, resp, want);
         if skip > 0 {
             let mut sink = io::sink();
             let copied = io::copy(&mut (&mut dl.reader).take(skip), &mut sink)
@@ -545,6 +535,59 @@ impl Fetcher {
             }
         }
         Ok(dl)
+    }
+
+    /// Open a resource whose exact size is not signed, only a bound (an
+    /// app's blob: its decoded size and hash are, its compressed size is
+    /// at most `cap`). The server must announce its length, and that
+    /// length must be within `cap`; the reader yields exactly that.
+    pub fn open_capped(&self, url: &str, cap: u64) -> Result<Download> {
+        let (url, resp) = self.get(url, &[])?;
+        let url = url.as_str();
+        let status = resp.status().as_u16();
+        check_status("GET", url, status, resp.headers())?;
+        if status != 200 {
+            bail!(
+                Network,
+                "GET {}: unexpected status {status}",
+                truncate(url, 200)
+            );
+        }
+        let len = match content_length(resp.headers()) {
+            Some(len) if len <= cap => len,
+            Some(len) => bail!(
+                Integrity,
+                "GET {}: server announces {len} bytes, more than the {cap} bytes the signed size allows",
+                truncate(url, 200)
+            ),
+            None => bail!(
+                Network,
+                "GET {}: no Content-Length, which an app blob needs",
+                truncate(url, 200)
+            ),
+        };
+        Ok(self.download(url, resp, len))
+    }
+
+    /// The reader of a response body of `remaining` bytes: rate-checked,
+    /// capped by the bandwidth limit, counted.
+    fn download(
+        &self,
+        url: &str,
+        resp: ureq::http::Response<ureq::Body>,
+        remaining: u64,
+    ) -> Download {
+        Download {
+            url: truncate(url, 200).to_string(),
+            reader: resp.into_body().into_reader(),
+            remaining,
+            guard: RateGuard::new(self.min_rate, self.min_rate_window),
+            throttle: self
+                .artifact_rate()
+                .map(|r| Throttle::new(r, Instant::now())),
+            counters: self.counters.clone(),
+            received: 0,
+        }
     }
 
     /// POST a JSON body with an idempotency key; returns the status.

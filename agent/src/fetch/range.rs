@@ -96,17 +96,7 @@ impl Fetcher {
         let url = url.as_str();
         let status = resp.status().as_u16();
         let (info, _) = check_partial(url, status, resp.headers(), start, last, false)?;
-        let dl = Download {
-            url: truncate(url, 200).to_string(),
-            reader: resp.into_body().into_reader(),
-            remaining: len,
-            guard: RateGuard::new(self.min_rate, self.min_rate_window),
-            throttle: self
-                .artifact_rate()
-                .map(|r| Throttle::new(r, Instant::now())),
-            counters: self.counters.clone(),
-            received: 0,
-        };
+        let dl = self.download(url, resp, len);
         Ok((RangeDownload { dl }, info))
     }
 }

@@ -217,6 +217,26 @@ impl Machine {
                 let _ = std::fs::remove_file(&spool);
             }
         }
+        if !job.components.is_empty() {
+            // The apps that change with the slot: written now, activated
+            // in the trial boot.
+            let (origin, _) = self.job_origin(&job);
+            let mut records = std::mem::take(&mut job.components);
+            let base = job.clone();
+            self.write_records(
+                &origin,
+                &m.components,
+                &job.version,
+                &mut records,
+                t,
+                |mc, r| {
+                    let mut j = base.clone();
+                    j.components = r.to_vec();
+                    mc.store.update_state(&State::Installing(j))
+                },
+            )?;
+            job.components = records;
+        }
         self.store.set_slot_record(&SlotRecord {
             slot: job.target,
             version: job.version.clone(),
@@ -425,7 +445,7 @@ impl Machine {
         Ok(Next::WaitReboot)
     }
 
-    pub(super) fn testing(&mut self, job: Job, t: &mut dyn Ticker) -> Result<Next> {
+    pub(super) fn testing(&mut self, mut job: Job, t: &mut dyn Ticker) -> Result<Next> {
         if self.mode == Mode::Oneshot {
             bail!(
                 Busy,
@@ -433,6 +453,27 @@ impl Machine {
                 job.version,
                 job.target
             );
+        }
+        if self.health.is_none()
+            && job
+                .components
+                .iter()
+                .any(|r| r.step == crate::state::Step::Written)
+        {
+            // The new slot booted: its apps' generations become active
+            // before any health check runs.
+            let mut records = std::mem::take(&mut job.components);
+            let base = job.clone();
+            let activated = self.activate_records(&job.version, &mut records, t, |m, r| {
+                let mut j = base.clone();
+                j.components = r.to_vec();
+                m.store.update_state(&State::Testing(j))
+            })?;
+            job.components = records;
+            if let Err(why) = activated {
+                self.start_rollback(job, &why)?;
+                return Ok(Next::Continue);
+            }
         }
         if self.health.is_none() {
             let previous = self
@@ -475,6 +516,13 @@ impl Machine {
         self.health = None;
         let verdict = match verdict {
             Verdict::Pass if self.cfg.health.check_server => self.server_reachable(t),
+            v => v,
+        };
+        let verdict = match verdict {
+            Verdict::Pass => match self.records_healthy(&job.version, &job.components, t)? {
+                Ok(()) => Verdict::Pass,
+                Err(why) => Verdict::Fail(why),
+            },
             v => v,
         };
         match verdict {
@@ -521,45 +569,56 @@ pub(super) fn spool_path(state_dir: &std::path::Path, sha: &Sha256) -> std::path
     state_dir.join(format!("delta-{}.partial", sha.short()))
 }
 
-/// Run the configured reboot command, bounded. The wait sleeps on the
-/// command's pidfd through the ticker, so the daemon keeps answering.
+/// Run the configured reboot command, bounded. On a stop the command goes
+/// on (it is the reboot); this process does not wait for it.
 fn run_reboot(cmd: &[String], t: &mut dyn Ticker) -> Result<()> {
+    run_bounded("reboot command", cmd, REBOOT_COMMAND_LIMIT, "reboot", t)
+}
+
+/// Run `cmd` (`what` names it in errors), bounded by `limit`. The wait
+/// sleeps on the command's pidfd through the ticker, so the daemon keeps
+/// answering; `phase` is the status line's.
+pub(super) fn run_bounded(
+    what: &str,
+    cmd: &[String],
+    limit: Duration,
+    phase: &str,
+    t: &mut dyn Ticker,
+) -> Result<()> {
     let Some((prog, args)) = cmd.split_first() else {
-        bail!(Config, "system.reboot_command is empty");
+        bail!(Config, "{what} is empty");
     };
     let mut cmd = std::process::Command::new(prog);
     crate::notify::scrub(&mut cmd);
     cmd.args(args).stdin(std::process::Stdio::null());
     let mut child =
-        Watched::spawn(&mut cmd).map_err(|e| err!(Io, "starting reboot command {prog}: {e}"))?;
-    let deadline = std::time::Instant::now() + REBOOT_COMMAND_LIMIT;
+        Watched::spawn(&mut cmd).map_err(|e| err!(Io, "starting {what} {prog}: {e}"))?;
+    let deadline = std::time::Instant::now() + limit;
     let progress = Progress {
-        phase: "reboot".into(),
+        phase: phase.into(),
         ..Progress::default()
     };
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => return Ok(()),
-            Ok(Some(status)) => bail!(Io, "reboot command {prog} failed: {status}"),
+            Ok(Some(status)) => bail!(Io, "{what} {prog} failed: {status}"),
             Ok(None) => {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 if left.is_zero() {
                     child.kill();
                     bail!(
                         Io,
-                        "reboot command {prog} did not finish within {} s",
-                        REBOOT_COMMAND_LIMIT.as_secs()
+                        "{what} {prog} did not finish within {} s",
+                        limit.as_secs()
                     );
                 }
-                // On a stop the command goes on (it is the reboot); this
-                // process does not wait for it.
                 t.tick(&progress)?;
                 t.wait(child.fd().as_slice(), left.min(WAIT_SLICE))?;
             }
             Err(e) => {
                 return Err(Error::new(
                     Kind::Io,
-                    format!("waiting for reboot command {prog}: {e}"),
+                    format!("waiting for {what} {prog}: {e}"),
                 ));
             }
         }

@@ -6,6 +6,10 @@
 use super::verdict::{Booted, Facts, InProgress, Verdict, verdict};
 use super::*;
 
+/// The job's manifest of version 2 as signed (its components), beside
+/// `job_manifest`.
+const JOB_MANIFEST_COMPONENTS: &str = "job_manifest_components";
+
 impl Machine {
     // ---- checking -------------------------------------------------------------
 
@@ -131,14 +135,17 @@ impl Machine {
                 Verdict::NoChange(why) => return Ok(CheckOutcome::NoChange(why)),
                 Verdict::Supersede => return self.supersede(origin, verified, t),
                 Verdict::Busy(why) => bail!(Busy, "{why}"),
-                Verdict::Running(why) => return Ok(CheckOutcome::Running(why)),
+                Verdict::Running(why) => {
+                    return self.running_slot(origin, operator, m, why, t);
+                }
                 Verdict::Declined(why) => return Ok(CheckOutcome::Declined(why)),
                 Verdict::Probe => match self.provisioned(m, t)? {
                     Some(how) => {
-                        return Ok(CheckOutcome::Running(format!(
+                        let why = format!(
                             "release {} is already running in slot {} ({how}); nothing to install",
                             m.release.version, self.booted
-                        )));
+                        );
+                        return self.running_slot(origin, operator, m, why, t);
                     }
                     None => booted = Booted::NotThisImage,
                 },
@@ -279,6 +286,9 @@ impl Machine {
         m: &Manifest,
         t: &mut dyn Ticker,
     ) -> Result<CheckOutcome> {
+        // A component this device cannot install refuses the release
+        // before a byte of the slot is written.
+        let components = self.slot_job_components(m)?;
         let target = self.booted.other();
         let target_path = self.slots.path(target).to_path_buf();
         let booted_path = self.slots.path(self.booted).to_path_buf();
@@ -340,6 +350,7 @@ impl Machine {
             Method::Full => m.artifact.size,
             Method::Delta { size, .. } => *size,
         };
+        job.components = components;
         job.download_deadline = Some(job.started.plus(self.cfg.download_time(size)));
         job.ddi = self.server.fleet_mut().and_then(|f| f.action.take());
         if method == Method::Full {
@@ -357,9 +368,22 @@ impl Machine {
                 );
             }
         }
+        // `job_manifest` keeps the shape of version 1, which releases
+        // before components read; the components go beside it.
         let payload =
             serde_json::to_string(m).map_err(|e| err!(Store, "encoding manifest: {e}"))?;
-        self.store.set("job_manifest", &payload)?;
+        let with_components = match m.slot {
+            Some(_) => String::from_utf8(
+                crate::manifest::component::to_payload(m)
+                    .map_err(|e| err!(Store, "encoding manifest: {e}"))?,
+            )
+            .map_err(|e| err!(Store, "encoding manifest: {e}"))?,
+            None => String::new(),
+        };
+        self.store.atomically(|s| {
+            s.set("job_manifest", &payload)?;
+            s.set(JOB_MANIFEST_COMPONENTS, &with_components)
+        })?;
         let how = match &method {
             Method::Full => format!("full image, {} bytes", m.artifact.size),
             Method::Delta { size, .. } => format!("delta, {size} bytes"),
@@ -394,8 +418,23 @@ impl Machine {
                 "the manifest of the current job is missing from the database"
             )
         })?;
-        serde_json::from_slice(text.as_bytes())
-            .map_err(|e| err!(Store, "stored job manifest is unreadable: {e}"))
+        let m: Manifest = serde_json::from_slice(text.as_bytes())
+            .map_err(|e| err!(Store, "stored job manifest is unreadable: {e}"))?;
+        // The components, when this release stored them for this very
+        // manifest (a release before components stores none, and may
+        // have replaced the job since).
+        let Some(v2) = self
+            .store
+            .get(JOB_MANIFEST_COMPONENTS)?
+            .filter(|t| !t.is_empty())
+        else {
+            return Ok(m);
+        };
+        match Manifest::parse(v2.as_bytes()) {
+            Ok(full) if full.serial == m.serial && full.image == m.image => Ok(full),
+            Ok(_) => Ok(m),
+            Err(e) => Err(e.wrap("stored job manifest with components")),
+        }
     }
 }
 

@@ -78,6 +78,7 @@ use server::Server;
 
 mod actions;
 mod check;
+mod components;
 mod fleet;
 mod operator;
 mod policy;
@@ -492,6 +493,7 @@ impl Machine {
     /// [`Machine::on_boot`], serving the driver through `t` while the
     /// bootloader is waited for (a held lock).
     pub fn on_boot_with(&mut self, t: &mut dyn Ticker) -> Result<()> {
+        self.recover_components(t)?;
         let state = self.state()?;
         match reconcile(state, self.booted, &self.boot_id) {
             Decision::Resume => Ok(()),
@@ -529,6 +531,7 @@ impl Machine {
     /// result. With `reject`, the image is remembered as rejected first, so
     /// a crash in between cannot lose the rejection.
     fn roll_back(&mut self, mut job: Job, reason: &str, reject: bool) -> Result<()> {
+        self.undo_job_components(&job);
         if reject {
             self.store.reject(&job.image.sha256, &job.version, reason)?;
             job.reason = Some(reason.to_string());
@@ -547,6 +550,7 @@ impl Machine {
     /// its install result, history `event`.
     fn fail(&mut self, job: Job, reason: &str, event: &str) -> Result<()> {
         self.keep_partial_write(&job)?;
+        self.undo_job_components(&job);
         let r = report::install_result(&self.device_id, self.booted, "failed", &job, Some(reason));
         self.enter(
             State::Failed {
@@ -582,6 +586,9 @@ impl Machine {
     /// image as rejected, then `rebooting` back to the old slot.
     fn start_rollback(&mut self, mut job: Job, reason: &str) -> Result<()> {
         self.health = None;
+        // The apps go back before the slot does: the old slot boots with
+        // the generations it ran.
+        self.undo_job_components(&job);
         self.store.reject(&job.image.sha256, &job.version, reason)?;
         job.reason = Some(reason.to_string());
         job.purpose = Some(RebootPurpose::Rollback);
@@ -760,7 +767,13 @@ impl Machine {
         let took = Timestamp::now().0 - job.started.0;
         self.last_install_duration = Some(Duration::from_secs(took.max(0) as u64));
         let r = report::install_result(&self.device_id, self.booted, "committed", &job, None);
-        self.enter(State::Committed(job), "committed", Some(why), vec![r])?;
+        let why = if job.components.is_empty() {
+            why.to_string()
+        } else {
+            let done = self.commit_records(&job.version, &job.components)?;
+            format!("{why}; component(s) {}", done.join(", "))
+        };
+        self.enter(State::Committed(job), "committed", Some(&why), vec![r])?;
         Ok(Next::Continue)
     }
 }

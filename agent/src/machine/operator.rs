@@ -315,6 +315,7 @@ impl Machine {
             outbox: self.store.outbox_len()?,
             outbox_dropped: self.store.outbox_dropped()?,
             last_install: status::last_install(&self.store)?,
+            components: self.store.running_components()?,
             policy: {
                 let job = state.job();
                 let pending = self.write_waiting.as_ref().filter(|_| job.is_none());

@@ -27,7 +27,10 @@ use crate::state::State;
 use crate::timestamp::Timestamp;
 use crate::{bail, err};
 
+pub mod component;
 mod outbox;
+
+pub use component::Running;
 
 /// Current schema version; migrations below bring older files up to it.
 const SCHEMA_VERSION: i64 = 1;

@@ -17,6 +17,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod component;
+
 use crate::envelope::{Envelope, Verified};
 use crate::error::{Error, Kind, Result};
 use crate::hash::{Sha256, truncate};
@@ -66,6 +68,14 @@ pub struct Manifest {
     pub artifact: Artifact,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deltas: Vec<Delta>,
+    /// Version 2: the `slot` component's name and version; `image`,
+    /// `artifact` and `deltas` above are its own. Written and read by
+    /// [`crate::manifest::component`], never by the derived serde of version 1.
+    #[serde(skip)]
+    pub slot: Option<component::Named>,
+    /// Version 2: the components besides the slot, in manifest order.
+    #[serde(skip)]
+    pub components: Vec<component::Component>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -233,11 +243,17 @@ impl Manifest {
         })?;
         match v.spec_version.as_ref().and_then(|v| v.as_u64()) {
             Some(n) if n == SPEC_VERSION as u64 => {}
+            Some(n) if n == component::SPEC_VERSION as u64 => {
+                let m = component::parse(payload)?;
+                m.validate()?;
+                return Ok(m);
+            }
             Some(n) => {
                 return Err(Error::new(
                     Kind::Policy,
                     format!(
-                        "manifest spec_version {n} is not supported (this updraft reads {SPEC_VERSION})"
+                        "manifest spec_version {n} is not supported (this updraft reads {SPEC_VERSION} and {})",
+                        component::SPEC_VERSION
                     ),
                 ));
             }
@@ -258,12 +274,7 @@ impl Manifest {
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(Error::new(Kind::Malformed, format!("manifest: {msg}")));
         let r = &self.release;
-        if r.version.is_empty()
-            || r.version.len() > 128
-            || r.version
-                .chars()
-                .any(|c| c.is_control() || c.is_whitespace())
-        {
+        if !version_ok(&r.version) {
             return bad(format!(
                 "release version {:?} is empty, too long or has spaces or control characters",
                 truncate(&r.version, 140)
@@ -293,60 +304,10 @@ impl Manifest {
                 self.expires, self.issued
             ));
         }
-        check_url(&self.artifact.url, "artifact url")?;
-        let a = &self.artifact;
         if self.image.size == 0 {
             return bad("image size is 0".into());
         }
-        if a.frames.is_empty() {
-            return bad("artifact has no frames".into());
-        }
-        if a.frames.len() > MAX_FRAMES {
-            return bad(format!(
-                "artifact has {} frames, at most {MAX_FRAMES} are accepted",
-                a.frames.len()
-            ));
-        }
-        let mut offset: u64 = 0;
-        let mut out: u64 = 0;
-        for (i, f) in a.frames.iter().enumerate() {
-            if f.offset != offset {
-                return bad(format!(
-                    "frame {i} starts at {} but the previous frame ends at {offset}",
-                    f.offset
-                ));
-            }
-            if f.out_size == 0 || f.out_size > MAX_FRAME_OUTPUT {
-                return bad(format!(
-                    "frame {i} decodes to {} bytes; frames must decode to 1..={MAX_FRAME_OUTPUT} bytes",
-                    f.out_size
-                ));
-            }
-            if f.size == 0 || f.size > compress_bound(f.out_size) {
-                return bad(format!(
-                    "frame {i} is {} bytes compressed, impossible for {} bytes of output",
-                    f.size, f.out_size
-                ));
-            }
-            offset = offset
-                .checked_add(f.size)
-                .ok_or_else(|| Error::new(Kind::Malformed, "manifest: frame sizes overflow"))?;
-            out = out.checked_add(f.out_size).ok_or_else(|| {
-                Error::new(Kind::Malformed, "manifest: frame output sizes overflow")
-            })?;
-        }
-        if offset != a.size {
-            return bad(format!(
-                "frames cover {offset} bytes but the artifact is {} bytes",
-                a.size
-            ));
-        }
-        if out != self.image.size {
-            return bad(format!(
-                "frames decode to {out} bytes but the image is {} bytes",
-                self.image.size
-            ));
-        }
+        check_artifact(&self.artifact, Some(self.image.size), "artifact")?;
         if self.deltas.len() > MAX_DELTAS {
             return bad(format!(
                 "{} deltas listed, at most {MAX_DELTAS} are accepted",
@@ -359,7 +320,7 @@ impl Manifest {
                 return bad(format!("delta {i} has a zero size"));
             }
         }
-        Ok(())
+        component::check(self)
     }
 
     /// The channel rule: the manifest must name the channel this device
@@ -484,10 +445,84 @@ impl Manifest {
     }
 }
 
+/// The structural rules of a framed artifact (the slot's, an app's index,
+/// a command's payload): a URL below the manifest, 1 to [`MAX_FRAMES`]
+/// frames that tile it exactly, each decoding to at most
+/// [`MAX_FRAME_OUTPUT`] bytes and no larger compressed than zstd can make
+/// it. `decoded`, when the manifest states it, must be what the frames
+/// decode to. `what` names it in every refusal; the decoded size.
+pub fn check_artifact(a: &Artifact, decoded: Option<u64>, what: &str) -> Result<u64> {
+    let bad = |msg: String| Err(Error::new(Kind::Malformed, format!("manifest: {msg}")));
+    // The slot's artifact keeps its messages of version 1.
+    let of = if what == "artifact" {
+        String::new()
+    } else {
+        format!(" of {what}")
+    };
+    check_url(&a.url, &format!("{what} url"))?;
+    if a.frames.is_empty() {
+        return bad(format!("{what} has no frames"));
+    }
+    if a.frames.len() > MAX_FRAMES {
+        return bad(format!(
+            "{what} has {} frames, at most {MAX_FRAMES} are accepted",
+            a.frames.len()
+        ));
+    }
+    let mut offset: u64 = 0;
+    let mut out: u64 = 0;
+    for (i, f) in a.frames.iter().enumerate() {
+        if f.offset != offset {
+            return bad(format!(
+                "frame {i}{of} starts at {} but the previous frame ends at {offset}",
+                f.offset
+            ));
+        }
+        if f.out_size == 0 || f.out_size > MAX_FRAME_OUTPUT {
+            return bad(format!(
+                "frame {i}{of} decodes to {} bytes; frames must decode to 1..={MAX_FRAME_OUTPUT} bytes",
+                f.out_size
+            ));
+        }
+        if f.size == 0 || f.size > compress_bound(f.out_size) {
+            return bad(format!(
+                "frame {i}{of} is {} bytes compressed, impossible for {} bytes of output",
+                f.size, f.out_size
+            ));
+        }
+        offset = offset
+            .checked_add(f.size)
+            .ok_or_else(|| Error::new(Kind::Malformed, "manifest: frame sizes overflow"))?;
+        out = out
+            .checked_add(f.out_size)
+            .ok_or_else(|| Error::new(Kind::Malformed, "manifest: frame output sizes overflow"))?;
+    }
+    if offset != a.size {
+        return bad(format!(
+            "frames{of} cover {offset} bytes but the {what} is {} bytes",
+            a.size
+        ));
+    }
+    if let Some(size) = decoded {
+        if out != size {
+            return bad(format!(
+                "frames{of} decode to {out} bytes but the image is {size} bytes"
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// A release or component version: 1 to 128 characters, no spaces or
+/// control characters.
+pub fn version_ok(v: &str) -> bool {
+    !v.is_empty() && v.len() <= 128 && !v.chars().any(|c| c.is_control() || c.is_whitespace())
+}
+
 /// Artifact and delta URLs are relative paths below the manifest's
 /// directory, or absolute https URLs. `..` segments, queries with control
 /// characters and other schemes are refused.
-fn check_url(url: &str, what: &str) -> Result<()> {
+pub(crate) fn check_url(url: &str, what: &str) -> Result<()> {
     let bad = |why: &str| {
         Err(Error::new(
             Kind::Malformed,
@@ -554,6 +589,8 @@ mod tests {
                 ],
             },
             deltas: vec![],
+            slot: None,
+            components: vec![],
         }
     }
 
@@ -613,10 +650,10 @@ mod tests {
     #[test]
     fn unknown_spec_version_is_named() {
         let mut v = serde_json::to_value(sample()).unwrap();
-        v["spec_version"] = 2.into();
+        v["spec_version"] = 3.into();
         let e = Manifest::parse(&serde_json::to_vec(&v).unwrap()).unwrap_err();
         assert_eq!(e.kind(), Kind::Policy);
-        assert!(e.to_string().contains("spec_version 2"));
+        assert!(e.to_string().contains("spec_version 3"));
     }
 
     #[test]

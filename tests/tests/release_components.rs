@@ -1,0 +1,487 @@
+//! Releases of components beside the slot (manifest `spec_version` 2),
+//! end to end against real nginx: an app installed as a new generation
+//! and switched without a reboot when the slot runs already; a failing
+//! health check switching it back; a crash before the commit undone at the
+//! next start; a new slot and an app tried and committed or rolled back as
+//! one; a `command` component run through its handler's phases, a handler
+//! that fails, crashes, hangs or prints garbage in any phase leaving the
+//! device as it was; a release naming a component the device is not
+//! configured for refused before anything is written.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use updraft::hash::Sha256;
+use updraft::slot::SlotName;
+use updraft_tests::apps::{
+    active_file, active_generation, app_device, generations, health_needs_healthy_file,
+    millis_after, publish_apps, publish_components, write_tree,
+};
+use updraft_tests::proxied::{ProxiedServer, history, wait_history};
+use updraft_tests::tmp::TempDir;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+fn committed(release: &'static str) -> impl Fn(&serde_json::Value) -> bool {
+    move |e| e["event"] == json!("committed") && e["release"] == json!(release)
+}
+
+#[test]
+fn an_app_only_release_switches_without_a_reboot_and_a_failing_one_switches_back() {
+    updraft_tests::require!("nginx");
+    let ps = ProxiedServer::start("app-only", false);
+    let trees = TempDir::new("app-only-trees");
+    let v13 = trees.join("web-1.3");
+    write_tree(
+        &v13,
+        &[
+            ("bin/web", "web binary"),
+            ("VERSION", "1.3"),
+            ("healthy", ""),
+        ],
+    );
+    ps.publish(
+        "1.0",
+        1,
+        1 << 20,
+        &["--app", &format!("web@1.3={}", v13.display())],
+    );
+    let mut dev = app_device(&ps, "app-only", "1.0", "web");
+    health_needs_healthy_file(&dev, "web");
+    let slot_b = Sha256::of(&dev.slot_bytes(SlotName::B));
+    dev.start_daemon();
+
+    // Release 1.0: its slot runs (the marker says so); its app is new.
+    let e = wait_history(&dev, "release 1.0 committed", WAIT, committed("1.0"));
+    let detail = e["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("web 1.3") && detail.contains("without a reboot"),
+        "{e}"
+    );
+    assert_eq!(active_generation(&dev, "web"), Some(1));
+    assert_eq!(active_file(&dev, "web", "VERSION").as_deref(), Some("1.3"));
+
+    // Release 1.1 changes the app only.
+    let v14 = trees.join("web-1.4");
+    write_tree(
+        &v14,
+        &[
+            ("bin/web", "web binary"),
+            ("VERSION", "1.4"),
+            ("healthy", ""),
+        ],
+    );
+    let out = publish_apps(&ps, "1.1", &[format!("web@1.4={}", v14.display())]);
+    assert!(out.contains("app web"), "{out}");
+    let e = wait_history(&dev, "release 1.1 committed", WAIT, committed("1.1"));
+    let install_ms = millis_after(e["detail"].as_str().unwrap_or_default(), "committed in");
+    assert_eq!(active_generation(&dev, "web"), Some(2));
+    assert_eq!(active_file(&dev, "web", "VERSION").as_deref(), Some("1.4"));
+    assert_eq!(generations(&dev, "web"), [1, 2]);
+
+    // Release 1.2's app fails its health check: back on 1.4.
+    let v15 = trees.join("web-1.5");
+    write_tree(&v15, &[("bin/web", "web binary"), ("VERSION", "1.5")]);
+    publish_apps(&ps, "1.2", &[format!("web@1.5={}", v15.display())]);
+    let e = wait_history(&dev, "release 1.2 rolled back", WAIT, |e| {
+        e["event"] == json!("rolled-back") && e["release"] == json!("1.2")
+    });
+    let rollback_ms = millis_after(e["detail"].as_str().unwrap_or_default(), "rolled back in");
+    assert_eq!(active_generation(&dev, "web"), Some(2), "{e}");
+    assert_eq!(active_file(&dev, "web", "VERSION").as_deref(), Some("1.4"));
+    assert_eq!(
+        generations(&dev, "web"),
+        [1, 2],
+        "the failed generation stays"
+    );
+    // It is not tried again.
+    dev.wait_log("was rolled back on this device before", WAIT);
+    let attempts = history(&dev)
+        .iter()
+        .filter(|e| e["release"] == json!("1.2"))
+        .count();
+    assert_eq!(attempts, 1, "{:#?}", history(&dev));
+
+    // No reboot, no slot written, the state machine idle throughout.
+    assert!(!dev.reboot_marker.exists(), "a reboot was requested");
+    assert_eq!(Sha256::of(&dev.slot_bytes(SlotName::B)), slot_b);
+    let st = dev.status();
+    assert_eq!(st["state"], json!("idle"), "{st:#}");
+    eprintln!(
+        "app-only release: committed in {install_ms} ms; failed health check rolled back in {rollback_ms} ms"
+    );
+    dev.stop_daemon();
+}
+
+#[test]
+fn a_release_changing_one_file_of_ten_thousand_downloads_that_file_and_the_index() {
+    updraft_tests::require!("nginx");
+    let ps = ProxiedServer::start("app-files", false);
+    let trees = TempDir::new("app-files-trees");
+    // 10,000 files of 2 KiB of hex text each: about 20 MiB, a few files
+    // compressing to little more than half.
+    let contents: Vec<(String, String)> = (0..10_000)
+        .map(|i| {
+            let bytes = updraft_tests::publisher::image_bytes(1024, 1000 + i as u64);
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            (format!("share/{:02}/file-{i:05}.txt", i % 100), hex)
+        })
+        .collect();
+    let tree = |dir: &std::path::Path, changed: &str| {
+        let mut files: Vec<(&str, &str)> = contents
+            .iter()
+            .map(|(p, c)| (p.as_str(), c.as_str()))
+            .collect();
+        files.push(("VERSION", changed));
+        write_tree(dir, &files);
+    };
+    let a = trees.join("a");
+    tree(&a, "1");
+    ps.publish(
+        "1.0",
+        2,
+        1 << 20,
+        &["--app", &format!("web={}", a.display())],
+    );
+    let mut dev = app_device(&ps, "app-files", "1.0", "web");
+    let started = Instant::now();
+    dev.start_daemon();
+    let first = wait_history(&dev, "release 1.0 committed", WAIT, committed("1.0"));
+    let first_took = started.elapsed();
+    let full = downloaded(first["detail"].as_str().unwrap_or_default());
+
+    let b = trees.join("b");
+    tree(&b, "2");
+    publish_apps(&ps, "1.1", &[format!("web={}", b.display())]);
+    let second = wait_history(&dev, "release 1.1 committed", WAIT, committed("1.1"));
+    let changed = downloaded(second["detail"].as_str().unwrap_or_default());
+    assert_eq!(active_file(&dev, "web", "VERSION").as_deref(), Some("2"));
+    assert_eq!(
+        active_file(&dev, "web", "share/07/file-00007.txt"),
+        Some(contents[7].1.clone())
+    );
+    dev.wait_log("1 file(s) fetched", WAIT);
+    let index = ps.server.repo.payload()["components"][1]["index"]["size"]
+        .as_u64()
+        .expect("the index's size");
+    // The index and one blob of a few bytes: nothing else of the tree.
+    assert!(
+        changed < index + 1024,
+        "{changed} bytes for one file (index {index})"
+    );
+    assert!(
+        full > 10 * changed,
+        "the whole tree took {full} bytes, one file {changed}"
+    );
+    eprintln!(
+        "10,000-file app: first install {full} bytes in {:.1} s; one file changed: {changed} bytes (index {index})",
+        first_took.as_secs_f64()
+    );
+    dev.stop_daemon();
+}
+
+/// The bytes a committed component downloaded, from its history detail.
+fn downloaded(detail: &str) -> u64 {
+    let before = detail
+        .split_once(" bytes downloaded")
+        .unwrap_or_else(|| panic!("no bytes in {detail:?}"))
+        .0;
+    before
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no bytes in {detail:?}"))
+}
+
+#[test]
+fn a_crash_before_the_commit_puts_the_app_back_at_the_next_start() {
+    updraft_tests::require!("nginx");
+    let ps = ProxiedServer::start("app-cut", false);
+    let trees = TempDir::new("app-cut-trees");
+    let v1 = trees.join("v1");
+    write_tree(&v1, &[("VERSION", "1")]);
+    ps.publish(
+        "1.0",
+        3,
+        1 << 20,
+        &["--app", &format!("web={}", v1.display())],
+    );
+    let mut dev = app_device(&ps, "app-cut", "1.0", "web");
+    // The check of release 1.1 hangs while the gate file exists.
+    let gate = dev.path("hold-health");
+    updraft_tests::tmp::write_executable(
+        &updraft_tests::apps::health_dir(dev.dir(), "web").join("10-gate"),
+        &format!(
+            "#!/bin/sh\nwhile [ -e {gate:?} ]; do sleep 0.1; done\nexit 0\n",
+            gate = gate.display().to_string()
+        ),
+    );
+    dev.start_daemon();
+    wait_history(&dev, "release 1.0 committed", WAIT, committed("1.0"));
+    std::fs::write(&gate, "").unwrap();
+    let v2 = trees.join("v2");
+    write_tree(&v2, &[("VERSION", "2")]);
+    publish_apps(&ps, "1.1", &[format!("web={}", v2.display())]);
+    dev.wait_log("release 1.1 component web: running its health checks", WAIT);
+    assert_eq!(active_generation(&dev, "web"), Some(2));
+    dev.kill_daemon();
+    std::fs::remove_file(&gate).unwrap();
+    // Stop polling a server that would install 1.1 again at once: the
+    // next start must undo the interrupted release by itself.
+    ps.proxy
+        .set_default(updraft_tests::proxy::Behaviour::Refuse);
+    dev.start_daemon();
+    let e = wait_history(&dev, "release 1.1 interrupted", WAIT, |e| {
+        e["event"] == json!("interrupted") && e["release"] == json!("1.1")
+    });
+    assert_eq!(active_generation(&dev, "web"), Some(1), "{e}");
+    assert_eq!(active_file(&dev, "web", "VERSION").as_deref(), Some("1"));
+    assert_eq!(generations(&dev, "web"), [1]);
+    // Back online, the release is installed again.
+    ps.proxy.set_default(updraft_tests::proxy::Behaviour::Pass);
+    wait_history(&dev, "release 1.1 committed", WAIT, committed("1.1"));
+    assert_eq!(active_file(&dev, "web", "VERSION").as_deref(), Some("2"));
+    dev.stop_daemon();
+}
+
+#[test]
+fn a_release_naming_a_component_the_device_lacks_is_refused_before_anything_is_written() {
+    updraft_tests::require!("nginx");
+    let ps = ProxiedServer::start("app-unknown", false);
+    let trees = TempDir::new("app-unknown-trees");
+    let db = trees.join("db");
+    write_tree(&db, &[("VERSION", "1")]);
+    ps.publish(
+        "1.0",
+        4,
+        1 << 20,
+        &["--app", &format!("db={}", db.display())],
+    );
+    let dev = app_device(&ps, "app-unknown", "1.0", "web");
+    let out = dev.fails(&["install", &ps.manifest_url()]);
+    assert!(
+        out.contains("component db (app) is not configured on this device")
+            && out.contains("[components.db]"),
+        "{out}"
+    );
+    assert!(!updraft_tests::apps::apps_dir(dev.dir()).join("db").exists());
+}
+
+#[test]
+fn a_release_of_a_slot_and_an_app_is_tried_and_committed_or_rolled_back_as_one() {
+    updraft_tests::require!("nginx");
+    let ps = ProxiedServer::start("slot-app", false);
+    let trees = TempDir::new("slot-app-trees");
+    let v13 = trees.join("web-1.3");
+    write_tree(&v13, &[("VERSION", "1.3"), ("healthy", "")]);
+    ps.publish(
+        "1.0",
+        5,
+        1 << 20,
+        &["--app", &format!("web@1.3={}", v13.display())],
+    );
+    let mut dev = app_device(&ps, "slot-app", "1.0", "web");
+    health_needs_healthy_file(&dev, "web");
+    dev.start_daemon();
+    wait_history(&dev, "release 1.0 committed", WAIT, committed("1.0"));
+    assert_eq!(active_generation(&dev, "web"), Some(1));
+
+    // Release 2.0: a new root filesystem and app 1.4, tried together.
+    let v14 = trees.join("web-1.4");
+    write_tree(&v14, &[("VERSION", "1.4"), ("healthy", "")]);
+    let image = ps.publish(
+        "2.0",
+        6,
+        1 << 20,
+        &["--app", &format!("web@1.4={}", v14.display())],
+    );
+    dev.wait_reboot_requested(WAIT);
+    // Written, not active: the old slot still runs app 1.3.
+    assert_eq!(active_generation(&dev, "web"), Some(1));
+    assert_eq!(generations(&dev, "web"), [1, 2]);
+    assert_eq!(dev.reboot(), SlotName::B);
+    dev.start_daemon();
+    let e = wait_history(&dev, "release 2.0 committed", WAIT, committed("2.0"));
+    assert!(
+        e["detail"].as_str().unwrap_or_default().contains("web 1.4"),
+        "{e}"
+    );
+    assert_eq!(active_file(&dev, "web", "VERSION").as_deref(), Some("1.4"));
+    assert_eq!(&dev.slot_bytes(SlotName::B)[..image.len()], &image[..]);
+    let st = dev.status();
+    assert_eq!(st["components"][0]["version"], json!("1.4"), "{st:#}");
+    assert_eq!(st["components"][0]["generation"], json!(2), "{st:#}");
+    assert!(dev.ok(&["status"]).contains("app web:"));
+
+    // Release 3.0's app fails its health check in the trial boot: the
+    // slot and the app go back together.
+    let v15 = trees.join("web-1.5");
+    write_tree(&v15, &[("VERSION", "1.5")]);
+    ps.publish(
+        "3.0",
+        7,
+        1 << 20,
+        &["--app", &format!("web@1.5={}", v15.display())],
+    );
+    dev.wait_reboot_requested(WAIT);
+    assert_eq!(dev.reboot(), SlotName::A);
+    dev.start_daemon();
+    // The check fails, the apps switch back, a reboot into B is asked.
+    dev.wait_reboot_requested(WAIT);
+    assert_eq!(active_file(&dev, "web", "VERSION").as_deref(), Some("1.4"));
+    assert_eq!(dev.reboot(), SlotName::B);
+    dev.start_daemon();
+    let e = wait_history(&dev, "release 3.0 rolled back", WAIT, |e| {
+        e["event"] == json!("rolled-back") && e["release"] == json!("3.0")
+    });
+    assert!(
+        e["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("component web"),
+        "{e}"
+    );
+    assert_eq!(active_generation(&dev, "web"), Some(2));
+    assert_eq!(generations(&dev, "web"), [1, 2]);
+    let st = dev.status();
+    assert_eq!(st["components"][0]["version"], json!("1.4"), "{st:#}");
+    dev.stop_daemon();
+}
+
+/// A handler wrapping the shipped file copier that misbehaves in the
+/// phase and way its mode file names (`activate:crash`), else copies.
+fn misbehaving_handler(
+    dev: &updraft_tests::device::Device,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let mode = dev.path("handler-mode");
+    let script = dev.path("mcu-handler");
+    let copier = updraft_tests::repo_root().join("contrib/handlers/file-copy");
+    updraft_tests::tmp::write_executable(
+        &script,
+        &format!(
+            "#!/bin/sh\n\
+             mode=$(cat {mode:?} 2>/dev/null)\n\
+             case \"$mode\" in \"$2:\"*) how=${{mode#*:}} ;; *) how= ;; esac\n\
+             case \"$how\" in\n\
+             fail) echo 'flash verify failed' >&2; exit 3 ;;\n\
+             crash) kill -SEGV $$ ;;\n\
+             hang) sleep 600 ;;\n\
+             garbage) head -c 3000 /dev/urandom; exit 1 ;;\n\
+             esac\n\
+             exec {copier:?} \"$@\"\n",
+            mode = mode.display().to_string(),
+            copier = copier.display().to_string()
+        ),
+    );
+    (script, mode)
+}
+
+#[test]
+fn a_command_component_runs_its_handlers_phases_and_any_misbehaving_phase_leaves_it_as_it_was() {
+    updraft_tests::require!("nginx");
+    let ps = ProxiedServer::start("command", false);
+    let files = TempDir::new("command-payloads");
+    let fw = |n: u32| {
+        let path = files.join(format!("fw-{n}.bin"));
+        std::fs::write(&path, format!("firmware build {n}\n").repeat(1000)).unwrap();
+        path
+    };
+    let first = fw(1);
+    ps.publish(
+        "1.0",
+        8,
+        1 << 20,
+        &["--command", &format!("mcu@4.1={}", first.display())],
+    );
+    let spec = ps.device_spec("1s", "");
+    let mut dev = updraft_tests::device::Device::new("command", spec);
+    let marker = dev.path("etc-updraft-release");
+    std::fs::write(&marker, "UPDRAFT_RELEASE=1.0\n").unwrap();
+    let (handler, mode) = misbehaving_handler(&dev);
+    let target = dev.path("mcu.bin");
+    dev.reconfigure(|s| {
+        s.device = format!("release_file = {:?}", marker.display().to_string());
+        s.sections = format!(
+            "[components.mcu]\nkind = \"command\"\nhandler = [{:?}, {:?}]\ntimeout = \"3s\"\n",
+            handler.display().to_string(),
+            target.display().to_string()
+        );
+    });
+    dev.init();
+    dev.start_daemon();
+    let e = wait_history(&dev, "release 1.0 committed", WAIT, committed("1.0"));
+    assert!(
+        e["detail"].as_str().unwrap_or_default().contains("mcu 4.1"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        std::fs::read(&first).unwrap()
+    );
+    assert_eq!(dev.status()["components"][0]["version"], json!("4.1"));
+
+    let mut serial = 1;
+    for phase in ["install", "activate"] {
+        for how in ["fail", "crash", "hang", "garbage"] {
+            serial += 1;
+            let release = format!("1.{serial}");
+            std::fs::write(&mode, format!("{phase}:{how}")).unwrap();
+            let payload = fw(serial);
+            publish_components(
+                &ps,
+                &release,
+                &[
+                    "--command",
+                    &format!("mcu@4.{serial}={}", payload.display()),
+                ],
+            );
+            let e = wait_history(&dev, &format!("release {release} ended"), WAIT, |e| {
+                e["release"] == json!(release.as_str())
+                    && (e["event"] == json!("failed") || e["event"] == json!("rolled-back"))
+            });
+            // The file is the committed firmware: the rollback phase
+            // restored it, or activate never replaced it.
+            assert_eq!(
+                std::fs::read(&target).unwrap(),
+                std::fs::read(&first).unwrap(),
+                "{phase}:{how}: {e}"
+            );
+            let st = dev.status();
+            assert_eq!(
+                st["components"][0]["version"],
+                json!("4.1"),
+                "{phase}:{how}: {st:#}"
+            );
+            assert_eq!(st["state"], json!("idle"), "{phase}:{how}");
+            let detail = e["detail"].as_str().unwrap_or_default();
+            assert!(
+                detail.contains("component mcu handler, phase"),
+                "{phase}:{how}: {detail}"
+            );
+        }
+    }
+    // A payload that passes verification and a well-behaved handler:
+    // the next release goes in.
+    std::fs::remove_file(&mode).unwrap();
+    serial += 1;
+    let release = format!("1.{serial}");
+    let last = fw(serial);
+    publish_components(
+        &ps,
+        &release,
+        &["--command", &format!("mcu@5.0={}", last.display())],
+    );
+    let release_static: &'static str = Box::leak(release.into_boxed_str());
+    wait_history(
+        &dev,
+        "the last release committed",
+        WAIT,
+        committed(release_static),
+    );
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        std::fs::read(&last).unwrap()
+    );
+    assert_eq!(dev.status()["components"][0]["version"], json!("5.0"));
+    dev.stop_daemon();
+}
