@@ -22,6 +22,7 @@
 //! | `updraft_last_install_duration_seconds` | gauge | from the start of the last committed release's job to its commit, reboot included (absent before the first) |
 //! | `updraft_booted_slot{slot}` | gauge | 1 for the booted slot, 0 for the other |
 //! | `updraft_release_info{slot,version}` | gauge | 1 per slot whose installed release is known |
+//! | `updraft_component_info{component,kind,version}` | gauge | 1 per component running besides the slot (absent before the first) |
 //! | `updraft_state{state}` | gauge | 1 for the current state, 0 for every other (a state set) |
 //! | `updraft_outbox_depth` | gauge | reports queued, not yet delivered |
 //! | `updraft_held_since_timestamp_seconds` | gauge | Unix time since when a verified release waits for the policy (its maintenance window or `updraft apply`); absent when none does |
@@ -120,6 +121,8 @@ pub struct Metrics {
     held_since: Option<Timestamp>,
     waiting: Option<String>,
     inhibitors: u64,
+    /// (name, kind, version) of each component running besides the slot.
+    components: Vec<(String, String, String)>,
 }
 
 /// What a held release can wait for (`updraft_waiting`).
@@ -150,6 +153,7 @@ impl Metrics {
             held_since: None,
             waiting: None,
             inhibitors: 0,
+            components: Vec::new(),
         }
     }
 
@@ -196,6 +200,11 @@ impl Metrics {
             SlotName::A => self.release_a = v,
             SlotName::B => self.release_b = v,
         }
+    }
+
+    /// The components running besides the slot: (name, kind, version).
+    pub fn set_components(&mut self, components: Vec<(String, String, String)>) {
+        self.components = components;
     }
 
     /// The current state by name (`crate::state::State::name`).
@@ -328,6 +337,21 @@ impl Metrics {
                         1,
                     );
                 }
+            }
+        }
+
+        if !self.components.is_empty() {
+            f.header(
+                "updraft_component_info",
+                "gauge",
+                "Version of each component running besides the slot.",
+            );
+            for (name, kind, version) in &self.components {
+                f.sample(
+                    "updraft_component_info",
+                    &[("component", name), ("kind", kind), ("version", version)],
+                    1,
+                );
             }
         }
 
@@ -533,6 +557,29 @@ mod tests {
         );
         assert!(!text.contains("updraft_booted_slot"), "{text}");
         assert!(!text.contains("updraft_release_info"), "{text}");
+    }
+
+    #[test]
+    fn components_show_up_one_series_each_and_not_before_the_first() {
+        let mut m = Metrics::new();
+        assert!(!m.render().contains("updraft_component_info"));
+        m.set_components(vec![
+            ("web".into(), "app".into(), "1.4".into()),
+            ("mcu".into(), "command".into(), "4.\"1".into()),
+        ]);
+        let text = m.render();
+        assert!(
+            text.contains(
+                "updraft_component_info{component=\"web\",kind=\"app\",version=\"1.4\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "updraft_component_info{component=\"mcu\",kind=\"command\",version=\"4.\\\"1\"} 1\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

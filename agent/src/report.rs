@@ -29,6 +29,8 @@ use crate::timestamp::Timestamp;
 /// Report kinds.
 pub const STATE: &str = "state";
 pub const INSTALL: &str = "install";
+/// How a release of components whose slot ran already ended.
+pub const COMPONENTS: &str = "components";
 pub const HEARTBEAT: &str = "heartbeat";
 pub const CHECK_FAILED: &str = "check_failed";
 pub const WAITING: &str = "waiting";
@@ -60,7 +62,7 @@ pub const OUTBOX_MAX_BYTES: u64 = 1024 * 1024;
 /// and are therefore never dropped from a full outbox. There are a few
 /// per job, so they stay few whatever the outage.
 pub fn is_result(kind: &str) -> bool {
-    kind == INSTALL || kind == DDI_FEEDBACK
+    kind == INSTALL || kind == COMPONENTS || kind == DDI_FEEDBACK
 }
 
 /// The rows to drop (by `seq`) so that `rows` (oldest first) fit
@@ -164,14 +166,66 @@ fn pending(kind: &'static str, foldable: bool, body: Value) -> Pending {
 }
 
 fn job_fields(job: &Job) -> Value {
-    json!({
+    let mut v = json!({
         "job": job.id,
         "release": job.version,
         "serial": job.serial,
         "target_slot": job.target.as_str(),
         "image_sha256": job.image.sha256,
         "method": match &job.method { crate::state::Method::Full => "full", crate::state::Method::Delta { .. } => "delta" },
-    })
+    });
+    if !job.components.is_empty() {
+        v["components"] = component_fields(&job.components);
+    }
+    v
+}
+
+/// The components of a release as reports list them.
+fn component_fields(records: &[crate::state::Record]) -> Value {
+    records
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.name,
+                "kind": r.kind,
+                "version": r.version,
+                "content_sha256": r.content,
+                "generation": r.generation,
+                "bytes_downloaded": r.bytes,
+            })
+        })
+        .collect()
+}
+
+/// How a release of components whose slot ran already ended: `result`
+/// `committed`, `rolled_back`, `failed` or `interrupted`.
+#[allow(clippy::too_many_arguments)]
+pub fn components_result(
+    device: &str,
+    booted: SlotName,
+    release: &str,
+    serial: u64,
+    result: &str,
+    records: &[crate::state::Record],
+    duration_s: u64,
+    reason: Option<&str>,
+) -> Pending {
+    pending(
+        COMPONENTS,
+        false,
+        json!({
+            "kind": COMPONENTS,
+            "device_id": device,
+            "time": Timestamp::now(),
+            "booted_slot": booted.as_str(),
+            "release": release,
+            "serial": serial,
+            "result": result,
+            "components": component_fields(records),
+            "duration_s": duration_s,
+            "reason": reason,
+        }),
+    )
 }
 
 /// A state change.

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::device::{Device, DeviceSpec};
 use crate::proxied::ProxiedServer;
+use crate::publisher::KeyPair;
 
 /// Write an app tree at `dir` (replacing what was there): `files` as
 /// (relative path, content); directories are made as needed.
@@ -58,8 +59,12 @@ pub fn app_device(ps: &ProxiedServer, dev_name: &str, release: &str, name: &str)
 
 /// The generation `current` names for app `name` (`None`: none active).
 pub fn active_generation(dev: &Device, name: &str) -> Option<u64> {
-    let link = apps_dir(dev.dir()).join(name).join("current");
-    let target = std::fs::read_link(link).ok()?;
+    active_generation_at(&apps_dir(dev.dir()).join(name))
+}
+
+/// The generation `current` names in the app directory `app`.
+pub fn active_generation_at(app: &Path) -> Option<u64> {
+    let target = std::fs::read_link(app.join("current")).ok()?;
     target.strip_prefix("gen").ok()?.to_str()?.parse().ok()
 }
 
@@ -95,9 +100,15 @@ pub fn publish_apps(ps: &ProxiedServer, version: &str, apps: &[String]) -> Strin
 /// Publish release `version` with the component flags `flags`
 /// (`--app`, `--command`) into `ps`'s site, keeping its slot.
 pub fn publish_components(ps: &ProxiedServer, version: &str, flags: &[&str]) -> String {
-    let repo = &ps.server.repo;
-    let key = ps.key.key.to_str().expect("utf-8 path").to_string();
-    let out = repo.dir.to_str().expect("utf-8 path").to_string();
+    publish_into(&ps.key, &ps.server.repo.dir, version, flags)
+}
+
+/// `updraft-publish release` of `version` signed by `key` into `site`
+/// (compatible with the test board, fast compression), with `flags`
+/// (`--app`, `--command`, `--image`).
+pub fn publish_into(key: &KeyPair, site: &Path, version: &str, flags: &[&str]) -> String {
+    let key = key.key.to_str().expect("utf-8 path").to_string();
+    let out = site.to_str().expect("utf-8 path").to_string();
     let mut args: Vec<&str> = vec![
         "release",
         "--key",

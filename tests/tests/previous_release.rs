@@ -474,3 +474,54 @@ fn the_previous_release_settles_a_job_the_current_one_cancelled() {
     assert!(dev.daemon_running(), "{}", dev.log_tail());
     dev.stop_daemon();
 }
+
+/// A release of components left stored state the previous release never
+/// knew: `component.<name>` keys, a slot job carrying `components` and its
+/// manifest of version 2 beside `job_manifest`. The previous release reads
+/// the status offline, its daemon comes up and waits for the reboot the
+/// job asked for, and after it commits the slot, refusing the manifests
+/// of version 2 it polls meanwhile.
+#[test]
+fn the_previous_release_runs_a_slot_job_a_release_of_components_started() {
+    updraft_tests::require!("nginx");
+    let old = updraft_tests::previous_release!();
+    let ps = updraft_tests::proxied::ProxiedServer::start("components-to-old", false);
+    let trees = TempDir::new("components-to-old-trees");
+    let web = |v: &str| {
+        let dir = trees.join(format!("web-{v}"));
+        updraft_tests::apps::write_tree(&dir, &[("VERSION", v)]);
+        format!("web@{v}={}", dir.display())
+    };
+    ps.publish("1.0", 44, IMAGE, &["--app", &web("1.0")]);
+    let mut dev = updraft_tests::apps::app_device(&ps, "components-to-old", "1.0", "web");
+    dev.start_daemon();
+    updraft_tests::proxied::wait_history(&dev, "release 1.0 committed", WAIT, |e| {
+        e["event"] == json!("committed") && e["release"] == json!("1.0")
+    });
+    let image = ps.publish("2.0", 45, IMAGE, &["--app", &web("2.0")]);
+    dev.wait_reboot_requested(WAIT);
+    dev.stop_daemon();
+    assert_eq!(dev.status()["job"]["components"][0]["name"], json!("web"));
+    // The previous release's image carries its own configuration.
+    dev.reconfigure(|s| s.sections.clear());
+    dev.use_binary(Some(old));
+    let st = dev.status();
+    assert_eq!(st["state"], json!("rebooting"), "{st:#}");
+    assert_eq!(st["job"]["version"], json!("2.0"), "{st:#}");
+    dev.start_daemon();
+    std::thread::sleep(STAY_UP);
+    assert!(dev.daemon_running(), "{}", dev.log_tail());
+    assert_eq!(dev.reboot(), updraft::slot::SlotName::B);
+    dev.start_daemon();
+    let st = dev.wait_for("the previous release committing 2.0", WAIT, |s| {
+        s["state"] == json!("committed") || s["last_install"]["result"] == json!("committed")
+    });
+    assert_eq!(st["running_version"], json!("2.0"), "{st:#}");
+    assert_eq!(
+        &dev.slot_bytes(updraft::slot::SlotName::B)[..image.len()],
+        &image[..]
+    );
+    std::thread::sleep(STAY_UP);
+    assert!(dev.daemon_running(), "{}", dev.log_tail());
+    dev.stop_daemon();
+}

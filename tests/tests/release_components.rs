@@ -29,7 +29,7 @@ fn committed(release: &'static str) -> impl Fn(&serde_json::Value) -> bool {
 #[test]
 fn an_app_only_release_switches_without_a_reboot_and_a_failing_one_switches_back() {
     updraft_tests::require!("nginx");
-    let ps = ProxiedServer::start("app-only", false);
+    let ps = ProxiedServer::start("app-only", true);
     let trees = TempDir::new("app-only-trees");
     let v13 = trees.join("web-1.3");
     write_tree(
@@ -101,6 +101,15 @@ fn an_app_only_release_switches_without_a_reboot_and_a_failing_one_switches_back
         .filter(|e| e["release"] == json!("1.2"))
         .count();
     assert_eq!(attempts, 1, "{:#?}", history(&dev));
+
+    // The server hears of both, with each component.
+    for (release, result) in [("1.1", "committed"), ("1.2", "rolled_back")] {
+        let r = ps.wait_report(&format!("release {release} {result}"), WAIT, |r| {
+            r["kind"] == json!("components") && r["release"] == json!(release)
+        });
+        assert_eq!(r["result"], json!(result), "{r:#}");
+        assert_eq!(r["components"][0]["name"], json!("web"), "{r:#}");
+    }
 
     // No reboot, no slot written, the state machine idle throughout.
     assert!(!dev.reboot_marker.exists(), "a reboot was requested");
@@ -484,4 +493,149 @@ fn a_command_component_runs_its_handlers_phases_and_any_misbehaving_phase_leaves
     );
     assert_eq!(dev.status()["components"][0]["version"], json!("5.0"));
     dev.stop_daemon();
+}
+
+/// Power cuts, seeded, anywhere in releases of an app whose slot runs: the
+/// apps directory and the state directory on a filesystem that drops
+/// whatever was not made durable when the power goes, the daemon killed at
+/// that instant. After every power-on and the daemon's start, the active
+/// generation is the one the database says is committed, holding that
+/// version's files: never a mixed or a partial tree.
+#[test]
+fn power_cuts_in_app_releases_leave_the_committed_generation_active() {
+    use updraft_tests::powerfs::{self, PowerFs};
+    updraft_tests::require!("nginx");
+    if let Some(why) = powerfs::unavailable() {
+        updraft_tests::skip!("{why}");
+    }
+    const CUTS: usize = 60;
+    let keys = TempDir::new("app-cuts-keys");
+    let key = updraft_tests::publisher::keygen(keys.path(), "release");
+    let disk = keys.join("disk");
+    std::fs::create_dir_all(&disk).unwrap();
+    let mut fs = PowerFs::mount(&disk).expect("mounting the power-cut filesystem");
+    let server = updraft_tests::server::UpdateServer::start(&keys.join("site"), false);
+    let mut spec = updraft_tests::device::DeviceSpec::simple(&key);
+    spec.disk = Some(disk.clone());
+    spec.server = server.server_toml("1h", "1s");
+    let mut dev = updraft_tests::device::Device::new("app-cuts", spec);
+    let marker = dev.path("etc-updraft-release");
+    std::fs::write(&marker, "UPDRAFT_RELEASE=1\n").unwrap();
+    let health = dev.path("health-web.d");
+    std::fs::create_dir_all(&health).unwrap();
+    dev.reconfigure(|s| {
+        s.device = format!("release_file = {:?}", marker.display().to_string());
+        s.sections = format!(
+            "[apps]\ndir = {:?}\n\n[components.web]\nkind = \"app\"\nhealth_dir = {:?}\n",
+            disk.join("apps").display().to_string(),
+            health.display().to_string()
+        );
+    });
+    dev.init();
+    fs.sync_all();
+    let repo = &server.repo;
+    let image = keys.join("rootfs.img");
+    updraft_tests::publisher::image(&image, 1 << 20, 9);
+    let tree = |k: u64| {
+        let dir = keys.join(format!("tree-{k}"));
+        let files: Vec<(String, String)> = (0..40)
+            .map(|i| {
+                (
+                    format!("lib/part-{i:02}"),
+                    format!("part {i} of build {}\n", k / 3).repeat(50),
+                )
+            })
+            .chain([("VERSION".to_string(), k.to_string())])
+            .collect();
+        let refs: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(p, c)| (p.as_str(), c.as_str()))
+            .collect();
+        write_tree(&dir, &refs);
+        format!("web@{k}={}", dir.display())
+    };
+    let publish = |k: u64, with_image: bool| {
+        let (version, app, img) = (k.to_string(), tree(k), image.display().to_string());
+        let mut flags = vec!["--app", &app];
+        if with_image {
+            flags.extend(["--image", &img]);
+        }
+        updraft_tests::apps::publish_into(&key, &repo.dir, &version, &flags);
+    };
+    let active_version = || std::fs::read_to_string(disk.join("apps/web/current/VERSION")).ok();
+    // Calibrate with a clean first install.
+    publish(1, true);
+    let ops0 = fs.mutating_ops();
+    dev.start_daemon();
+    let _ = dev.updraft(&["check"]);
+    wait_history(&dev, "release 1 committed", WAIT, committed("1"));
+    let per_install = (fs.mutating_ops() - ops0).max(20);
+    dev.stop_daemon();
+    let mut rng = updraft_tests::rng::Rng(0x00a9_c075 | 1);
+    let (mut cuts, mut k, mut committed_releases) = (0usize, 1u64, 0usize);
+    let mut states: Vec<String> = Vec::new();
+    while cuts < CUTS {
+        k += 1;
+        publish(k, false);
+        dev.start_daemon();
+        fs.kill_on_cut(dev.daemon_pid().expect("daemon pid"));
+        fs.arm_cut_after(1 + rng.below(per_install));
+        let _ = dev.updraft(&["check"]);
+        let t = Instant::now();
+        loop {
+            assert!(
+                t.elapsed() < WAIT,
+                "release {k} neither committed nor cut\n{}",
+                dev.log_tail()
+            );
+            if fs.is_dead() {
+                break;
+            }
+            // The power may go while status reads the database.
+            let out = dev.updraft(&["status", "--json"]);
+            let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            if out.status.success() && st["components"][0]["version"] == json!(k.to_string()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        fs.disarm();
+        if fs.is_dead() {
+            cuts += 1;
+            dev.kill_daemon();
+            fs.restore_power().expect("power on");
+            // Power on: the daemon's start puts back what was not committed.
+            fs.clear_kill_on_cut();
+            dev.start_daemon();
+            dev.wait_for("the daemon after the cut", WAIT, |s| s["state"].is_string());
+        } else {
+            committed_releases += 1;
+        }
+        let st = dev.status();
+        let stored = st["components"][0]["version"].as_str().map(str::to_string);
+        let active = active_version();
+        states.push(format!("{k}:{}", stored.as_deref().unwrap_or("-")));
+        if active != stored {
+            let tree = std::process::Command::new("find")
+                .arg(disk.join("apps"))
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            panic!(
+                "after release {k} (cut {cuts}): the active generation holds {active:?}, the committed one is {stored:?}\n{tree}\n{}",
+                dev.log_tail()
+            );
+        }
+        let generation = st["components"][0]["generation"].as_u64();
+        assert_eq!(
+            updraft_tests::apps::active_generation_at(&disk.join("apps/web")),
+            generation,
+            "{st:#}"
+        );
+        dev.stop_daemon();
+    }
+    eprintln!(
+        "{cuts} power cuts across {} app releases ({committed_releases} committed without a cut); 0 mixed states; releases:committed {states:?}",
+        k - 1
+    );
 }

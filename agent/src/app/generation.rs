@@ -128,9 +128,8 @@ impl App {
     /// from an earlier attempt is removed first.
     pub fn install(&self, index: &Index, blobs: &mut dyn Blobs) -> Result<(u64, Written)> {
         let gens = self.gen_dir();
-        std::fs::create_dir_all(self.dir.join("data"))
-            .with_context(|| format!("creating {}", self.dir.join("data").display()))?;
-        std::fs::create_dir_all(&gens).with_context(|| format!("creating {}", gens.display()))?;
+        create_dir_durable(&self.dir.join("data"))?;
+        create_dir_durable(&gens)?;
         let found = self.scan()?;
         for (n, _) in found.iter().filter(|(_, partial)| *partial) {
             let path = gens.join(format!("{n}{PARTIAL}"));
@@ -213,6 +212,24 @@ impl App {
         }
         Ok(removed)
     }
+}
+
+/// Create `dir` and any missing parent, each made durable in its parent
+/// (a directory only exists after a power cut once its parent is synced).
+fn create_dir_durable(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) else {
+        bail!(Io, "{} has no parent directory", dir.display());
+    };
+    create_dir_durable(parent)?;
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => bail!(Io, "creating {}: {e}", dir.display()),
+    }
+    sync_dir(parent)
 }
 
 /// `fsync` a directory, so that the renames in it are durable.

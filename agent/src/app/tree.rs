@@ -22,7 +22,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
@@ -190,8 +190,20 @@ pub fn write(
             }
         }
     }
-    nix::unistd::syncfs(dirs.root.as_fd())
-        .with_context(|| format!("syncing {}", dest.display()))?;
+    // Every directory's entries made durable, deepest first: a file's data
+    // is synced as it is written, and a name only counts once its
+    // directory is (POSIX promises no more; `syncfs` is not passed on by
+    // every file system, FUSE among them).
+    for entry in index.entries.iter().rev() {
+        if let Entry::Dir { .. } = entry {
+            let path = entry.path();
+            let fd = open_dir(&dirs.root, path)
+                .map_err(|e| err!(Io, "{}: {path}: {e}", dest.display()))?;
+            nix::unistd::fsync(&fd)
+                .map_err(|e| err!(Io, "syncing {}: {path}: {e}", dest.display()))?;
+        }
+    }
+    nix::unistd::fsync(&dirs.root).with_context(|| format!("syncing {}", dest.display()))?;
     Ok(written)
 }
 

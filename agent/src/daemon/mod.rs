@@ -563,6 +563,12 @@ impl Daemon {
                 for s in &st.slots {
                     self.metrics.set_release(s.slot, s.version.as_deref());
                 }
+                self.metrics.set_components(
+                    st.components
+                        .iter()
+                        .map(|c| (c.name.clone(), c.kind.clone(), c.version.clone()))
+                        .collect(),
+                );
                 self.metrics.set_outbox_depth(st.outbox);
                 let policy = st.policy.as_ref();
                 self.metrics

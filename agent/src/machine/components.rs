@@ -230,8 +230,7 @@ impl Machine {
         );
         if let Err(e) = self.write_components(origin, changed, &mut job, t) {
             self.undo_components(&job, t);
-            self.save_components_job(None)?;
-            self.components_history("failed", &release, &format!("{e}"))?;
+            self.components_ended("failed", "failed", &job, &format!("{e}"))?;
             return Err(e.wrap(format!("release {release}")));
         }
         // All written: switch them together.
@@ -552,28 +551,52 @@ impl Machine {
                 }
                 continue;
             }
+            // Back to what is committed, whatever the record says: a power
+            // cut between the switch and the record's save leaves `current`
+            // on the new generation with the record still `written`.
             let app = self.app(&r.name);
-            if r.step == Step::Active {
-                let back = match r.previous {
+            let committed = match self.store.running_component(&r.name) {
+                Ok(c) => c.and_then(|c| c.generation),
+                Err(e) => {
+                    log::error!("release {release} component {}: {e}", r.name);
+                    r.previous
+                }
+            };
+            let active = app.active().unwrap_or_else(|e| {
+                log::error!("release {release} component {}: {e}", r.name);
+                r.generation
+            });
+            if active != committed {
+                let back = match committed {
                     Some(p) => app.activate(p).map(|_| ()),
                     None => app.deactivate(),
                 };
                 if let Err(e) = back {
                     log::error!(
-                        "release {} component {}: switching back: {e}",
-                        release,
+                        "release {release} component {}: switching back: {e}",
                         r.name
                     );
                 }
                 if let Err(e) = self.restart_units(&r.name, t) {
-                    log::error!("release {} component {}: {e}", release, r.name);
+                    log::error!("release {release} component {}: {e}", r.name);
                 }
             }
-            if let Some(n) = r.generation {
+            // The record's generation, or, for one whose number was not
+            // saved yet (a cut right after it was made whole), every
+            // generation newer than the committed one.
+            let newer: Vec<u64> = match r.generation {
+                Some(n) => vec![n],
+                None => app
+                    .generations()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|n| Some(*n) > committed)
+                    .collect(),
+            };
+            for n in newer.into_iter().filter(|n| Some(*n) != committed) {
                 if let Err(e) = app.remove(n) {
                     log::error!(
-                        "release {} component {}: removing generation {n}: {e}",
-                        release,
+                        "release {release} component {}: removing generation {n}: {e}",
                         r.name
                     );
                 }
@@ -602,14 +625,14 @@ impl Machine {
             for r in &job.components {
                 s.reject_component(&r.name, &r.content)?;
             }
-            s.set(JOB_KEY, "")
+            Ok(())
         })?;
         let detail = format!(
             "{why}; rolled back in {} ms: {}",
             started.elapsed().as_millis(),
             back.join(", ")
         );
-        self.components_history("rolled-back", &job.release, &detail)?;
+        self.components_ended("rolled-back", "rolled_back", &job, &detail)?;
         log::warn!("rolled back: release {}: {detail}", job.release);
         bail!(Health, "release {}: {detail}", job.release)
     }
@@ -621,7 +644,7 @@ impl Machine {
             done.join(", "),
             took.as_millis()
         );
-        self.components_history("committed", &job.release, &detail)?;
+        self.components_ended("committed", "committed", job, &detail)?;
         log::info!("committed: release {}: {detail}", job.release);
         Ok(CheckOutcome::Running(format!(
             "release {}: {detail}",
@@ -695,12 +718,39 @@ impl Machine {
         Ok(done)
     }
 
-    fn components_history(&self, event: &str, release: &str, detail: &str) -> Result<()> {
-        self.store.add_history(&Event {
-            event,
-            release: Some(release),
-            slot: None,
-            detail: Some(detail),
+    /// How `job` ended (history `event`, report `result`), in one
+    /// transaction with the end of `components_job`.
+    fn components_ended(
+        &self,
+        event: &str,
+        result: &str,
+        job: &ComponentsJob,
+        detail: &str,
+    ) -> Result<()> {
+        let took = Timestamp::now().0.saturating_sub(job.started.0).max(0) as u64;
+        let report = self.server.takes(report::COMPONENTS).then(|| {
+            report::components_result(
+                &self.device_id,
+                self.booted,
+                &job.release,
+                job.serial,
+                result,
+                &job.components,
+                took,
+                Some(detail),
+            )
+        });
+        self.store.atomically(|s| {
+            s.add_history(&Event {
+                event,
+                release: Some(&job.release),
+                slot: None,
+                detail: Some(detail),
+            })?;
+            if let Some(r) = &report {
+                s.push_report(&r.as_report())?;
+            }
+            s.set(JOB_KEY, "")
         })
     }
 
@@ -712,10 +762,9 @@ impl Machine {
             return Ok(());
         };
         self.undo_components(&job, t);
-        self.save_components_job(None)?;
         let detail = "interrupted before its commit (power cut or crash); \
                       every app is back on the generation it ran before";
-        self.components_history("interrupted", &job.release, detail)?;
+        self.components_ended("interrupted", "interrupted", &job, detail)?;
         log::warn!("release {}: {detail}", job.release);
         Ok(())
     }

@@ -565,8 +565,9 @@ impl Machine {
 
     /// The attributes the server keeps about this device. `sw_version` is
     /// the committed release: a release under its trial boot is not
-    /// reported as running until it commits.
-    fn config_attributes(&self, state: &State) -> Result<Vec<(&'static str, String)>> {
+    /// reported as running until it commits. Each component besides the
+    /// slot adds `component.<name>` = its committed version.
+    fn config_attributes(&self, state: &State) -> Result<Vec<(String, String)>> {
         let committed_slot = match state {
             State::Testing(j) => j.target.other(),
             State::Rebooting(j) if j.purpose == Some(RebootPurpose::Rollback) => j.target.other(),
@@ -582,7 +583,7 @@ impl Machine {
             },
         };
         let compatible = self.cfg.device.compatible.clone();
-        Ok(vec![
+        let mut attrs: Vec<(String, String)> = [
             ("sw_version", running),
             ("compatible", compatible.clone()),
             // SWUpdate's name for it, which gooseBit matches against the
@@ -590,7 +591,14 @@ impl Machine {
             ("hw_revision", compatible),
             ("booted_slot", self.booted.as_str().to_string()),
             ("updraft_version", env!("CARGO_PKG_VERSION").to_string()),
-        ])
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        for c in self.store.running_components()? {
+            attrs.push((format!("component.{}", c.name), c.version));
+        }
+        Ok(attrs)
     }
 
     /// The configData row for `state`, when the server asks (`asked`,
@@ -598,14 +606,17 @@ impl Machine {
     /// queued; `None` otherwise. Marks them queued.
     fn config_row(&mut self, state: &State, asked: bool) -> Result<Option<Pending>> {
         let attrs = self.config_attributes(state)?;
-        let text = serde_json::to_string(&attrs.iter().map(|(k, v)| (*k, v)).collect::<Vec<_>>())
-            .map_err(|e| err!(Store, "encoding configData: {e}"))?;
+        let text =
+            serde_json::to_string(&attrs).map_err(|e| err!(Store, "encoding configData: {e}"))?;
         let changed = self.store.get(CONFIG_SENT)?.as_deref() != Some(text.as_str());
         let owed = asked && !self.fleet()?.config_sent;
         if !changed && !owed {
             return Ok(None);
         }
-        let pairs: Vec<(&str, &str)> = attrs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let pairs: Vec<(&str, &str)> = attrs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         let row = hawkbit::config_data(&pairs)?;
         if changed {
             self.store.set(CONFIG_SENT, &text)?;
