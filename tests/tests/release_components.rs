@@ -639,3 +639,72 @@ fn power_cuts_in_app_releases_leave_the_committed_generation_active() {
         k - 1
     );
 }
+
+/// What the server serves for an app is checked before anything is
+/// activated: a blob whose bytes are not the signed file's, and an index
+/// whose bytes are not the signed index, each fail the release with the
+/// reason named, the running generation untouched and nothing left
+/// behind.
+#[test]
+fn a_tampered_blob_or_index_fails_the_release_before_anything_is_switched() {
+    updraft_tests::require!("nginx");
+    let ps = ProxiedServer::start("app-tampered", false);
+    let trees = TempDir::new("app-tampered-trees");
+    let v1 = trees.join("v1");
+    write_tree(&v1, &[("VERSION", "1"), ("bin/web", "web 1")]);
+    ps.publish(
+        "1.0",
+        11,
+        1 << 20,
+        &["--app", &format!("web@1={}", v1.display())],
+    );
+    let dev = app_device(&ps, "app-tampered", "1.0", "web");
+    dev.ok(&["install", &ps.manifest_url()]);
+    assert_eq!(active_generation(&dev, "web"), Some(1));
+
+    // Release 1.1: its new file's blob replaced on the server by another
+    // valid zstd frame of the same length.
+    let v2 = trees.join("v2");
+    write_tree(&v2, &[("VERSION", "2"), ("bin/web", "web 2")]);
+    publish_apps(&ps, "1.1", &[format!("web@2={}", v2.display())]);
+    let sha = Sha256::of(b"web 2").to_hex();
+    let blob = ps
+        .server
+        .repo
+        .dir
+        .join(format!("artifacts/blobs/{sha}.zst"));
+    std::fs::write(&blob, zstd::bulk::compress(b"evil!", 3).unwrap()).unwrap();
+    let out = dev.fails(&["install", &ps.manifest_url()]);
+    assert!(
+        out.contains("bin/web") && out.contains("hashes to"),
+        "{out}"
+    );
+    assert_eq!(active_generation(&dev, "web"), Some(1));
+    assert_eq!(
+        generations(&dev, "web"),
+        [1],
+        "the failed generation is removed"
+    );
+    assert_eq!(active_file(&dev, "web", "VERSION").as_deref(), Some("1"));
+
+    // Release 1.2: its index's bytes changed on the server.
+    let v3 = trees.join("v3");
+    write_tree(&v3, &[("VERSION", "3"), ("bin/web", "web 3")]);
+    publish_apps(&ps, "1.2", &[format!("web@3={}", v3.display())]);
+    let payload = ps.server.repo.payload();
+    let index = payload["components"][1]["index"]["url"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = ps.server.repo.dir.join(&index);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x55;
+    std::fs::write(&path, bytes).unwrap();
+    let out = dev.fails(&["install", &ps.manifest_url()]);
+    assert!(out.contains("component web"), "{out}");
+    assert_eq!(active_generation(&dev, "web"), Some(1));
+    assert_eq!(generations(&dev, "web"), [1]);
+    let st = dev.status();
+    assert_eq!(st["components"][0]["version"], json!("1"), "{st:#}");
+}
