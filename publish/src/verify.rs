@@ -3,14 +3,21 @@
 //! `verify` checks the manifest signature against the given public keys,
 //! validates the payload, then reads every artifact the manifest names from
 //! the release directory: sizes, sha256, each frame's decoded sha256, the
-//! whole image's sha256, and each delta's size and sha256. `inspect` prints
+//! whole image's sha256, and each delta's size and sha256; a release of
+//! components also every app's index and blobs and every command's
+//! payload, as a device reads them. `inspect` prints
 //! what a manifest says without verifying anything.
 
 use std::path::Path;
 
-use updraft::artifact::FrameDecoder;
+use std::io::Read;
+
+use updraft::app::index::{Entry, Index, Limits};
+use updraft::artifact::{FrameDecoder, VerifiedFrames};
 use updraft::envelope::Envelope;
 use updraft::hash::{Hasher, Sha256};
+use updraft::manifest::MAX_WINDOW_LOG;
+use updraft::manifest::component::{Component, Part};
 use updraft::manifest::{self, Manifest};
 use updraft::trust::{Anchor, KeySet, PublicKey, Trust};
 
@@ -58,10 +65,94 @@ pub fn verify(manifest_path: &Path, keys: Vec<PublicKey>, threshold: usize) -> R
             d.size
         ));
     }
+    for c in &m.components {
+        lines.push(check_component(dir, c)?);
+    }
     if m.expires <= updraft::timestamp::Timestamp::now() {
         return Err(format!("manifest expired at {}", m.expires));
     }
     Ok(lines)
+}
+
+/// A component's artifacts read as a device reads them: a command's
+/// payload frame by frame; an app's index, checked by the device's own
+/// rules, and every file's blob decoded to its listed size and hash.
+fn check_component(dir: &Path, c: &Component) -> Result<String> {
+    let what = format!("component {}", c.name);
+    let frames = |a: &updraft::manifest::Artifact| -> Result<Vec<u8>> {
+        if a.url.contains("://") {
+            return Err(format!(
+                "{what}: {} is remote; verify it where it is served",
+                a.url
+            ));
+        }
+        let path = dir.join(&a.url);
+        let file = std::fs::File::open(&path)
+            .map_err(|e| format!("{what}: opening {}: {e}", path.display()))?;
+        let mut r = VerifiedFrames::new(Box::new(file), a, &what).map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        r.read_to_end(&mut out)
+            .map_err(|e| format!("{what}: {e}"))?;
+        Ok(out)
+    };
+    match &c.part {
+        Part::Command(p) => {
+            let payload = frames(&p.artifact)?;
+            Ok(format!(
+                "{what} ok: command payload of {} bytes, {} frames",
+                payload.len(),
+                p.artifact.frames.len()
+            ))
+        }
+        Part::App(a) => {
+            let bytes = frames(&a.index)?;
+            let limits = Limits {
+                entries: a.tree.entries,
+                bytes: a.tree.bytes,
+            };
+            let index = Index::parse(&bytes, limits).map_err(|e| format!("{what}: {e}"))?;
+            let mut checked = 0u64;
+            for e in &index.entries {
+                let Entry::File {
+                    path, size, sha256, ..
+                } = e
+                else {
+                    continue;
+                };
+                let blob = dir.join(format!("{}{}.zst", a.blobs, sha256.to_hex()));
+                let file = std::fs::File::open(&blob)
+                    .map_err(|e| format!("{what}: {path}: opening {}: {e}", blob.display()))?;
+                let mut dec = zstd::stream::read::Decoder::new(file)
+                    .and_then(|mut d| d.window_log_max(MAX_WINDOW_LOG).map(|_| d))
+                    .map_err(|e| format!("{what}: {path}: {e}"))?;
+                let mut h = Hasher::new();
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut n = 0u64;
+                loop {
+                    let k = dec
+                        .read(&mut buf)
+                        .map_err(|e| format!("{what}: {path}: {}: {e}", blob.display()))?;
+                    if k == 0 {
+                        break;
+                    }
+                    n += k as u64;
+                    h.update(&buf[..k]);
+                }
+                if n != *size || h.finish() != *sha256 {
+                    return Err(format!(
+                        "{what}: {path}: {} does not decode to the {size} listed bytes of sha256 {}",
+                        blob.display(),
+                        sha256.short()
+                    ));
+                }
+                checked += 1;
+            }
+            Ok(format!(
+                "{what} ok: app index of {} entries, {checked} file blobs decoded and hashed",
+                index.entries.len()
+            ))
+        }
+    }
 }
 
 fn check_artifact(dir: &Path, m: &Manifest) -> Result<String> {
@@ -122,7 +213,8 @@ pub fn inspect(path: &Path, json: bool) -> Result<String> {
     }
     let m = Manifest::parse(&payload).map_err(|e| e.to_string())?;
     if json {
-        return serde_json::to_string_pretty(&m).map_err(|e| e.to_string());
+        let payload = updraft::manifest::component::to_payload(&m).map_err(|e| e.to_string())?;
+        return String::from_utf8(payload).map_err(|e| e.to_string());
     }
     let mut s = String::new();
     s.push_str(&format!("release:      {}\n", m.release.version));
@@ -154,6 +246,16 @@ pub fn inspect(path: &Path, json: bool) -> Result<String> {
             "delta:        {} ({} bytes) from {} bytes sha256 {}\n",
             d.url, d.size, d.from_size, d.from_sha256
         ));
+    }
+    for c in &m.components {
+        let what = match &c.part {
+            Part::App(a) => format!(
+                "app, index {} ({} entries, {} bytes)",
+                a.index.url, a.tree.entries, a.tree.bytes
+            ),
+            Part::Command(p) => format!("command, {} ({} bytes)", p.artifact.url, p.artifact.size),
+        };
+        s.push_str(&format!("component:    {} {}: {what}\n", c.name, c.version));
     }
     for sig in &env.signatures {
         s.push_str(&format!("signature:    keyid {}\n", sig.keyid));

@@ -667,6 +667,14 @@ fn a_tampered_blob_or_index_fails_the_release_before_anything_is_switched() {
     let v2 = trees.join("v2");
     write_tree(&v2, &[("VERSION", "2"), ("bin/web", "web 2")]);
     publish_apps(&ps, "1.1", &[format!("web@2={}", v2.display())]);
+    let manifest = ps.server.repo.manifest_str();
+    let public = ps.key.public.display().to_string();
+    let verify = || updraft_tests::publisher::publish(&["verify", "--pub", &public, &manifest]);
+    let out = String::from_utf8_lossy(&verify().stdout).into_owned();
+    assert!(
+        out.contains("component web ok: app index of 3 entries, 2 file blobs"),
+        "{out}"
+    );
     let sha = Sha256::of(b"web 2").to_hex();
     let blob = ps
         .server
@@ -674,6 +682,13 @@ fn a_tampered_blob_or_index_fails_the_release_before_anything_is_switched() {
         .dir
         .join(format!("artifacts/blobs/{sha}.zst"));
     std::fs::write(&blob, zstd::bulk::compress(b"evil!", 3).unwrap()).unwrap();
+    // The publisher's check reads it as a device would, and says so.
+    let checked = verify();
+    let err = String::from_utf8_lossy(&checked.stderr).into_owned();
+    assert!(
+        !checked.status.success() && err.contains("bin/web"),
+        "{err}"
+    );
     let out = dev.fails(&["install", &ps.manifest_url()]);
     assert!(
         out.contains("bin/web") && out.contains("hashes to"),
