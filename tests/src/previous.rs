@@ -30,7 +30,7 @@ use std::time::Instant;
 
 /// The commit of the last landed release: the previous release a rollback
 /// runs. The one place that names it.
-pub const PINNED: &str = "ac98f5151bc174bb59752ef07d69cdf48f5ffe7e";
+pub const PINNED: &str = "8b776ae4273d1445b87a2e6c198fd6a8c90170de";
 
 /// Why the previous release cannot be tested in this run, when that is a
 /// legitimate skip rather than a failure: the binaries run under an emulator
