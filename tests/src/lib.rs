@@ -21,6 +21,7 @@ pub mod goosebit;
 pub mod hostile_client;
 pub mod http;
 pub mod nginx;
+pub mod oci;
 pub mod outage;
 pub mod powerfs;
 pub mod prereq;
