@@ -10,6 +10,7 @@
 pub mod app;
 pub mod bundle;
 pub mod delta;
+pub mod description;
 pub mod keys;
 pub mod release;
 pub mod sign;

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use updraft::help::{self, Command, Opt, Program};
 use updraft_publish::bundle;
+use updraft_publish::description::{self, Description};
 use updraft_publish::keys::{self, Key, KeyDocSpec};
 use updraft_publish::release::{self, ComponentSpec, DEFAULT_FRAME_SIZE, ReleaseSpec};
 use updraft_publish::verify;
@@ -80,8 +81,8 @@ const PROGRAM: Program = Program {
         Command {
             name: "release",
             summary: "sign a release: framed artifact, deltas and DIR/manifest.json",
-            usage: "updraft-publish release --key K.key [--key K2.key]... --version V \\
-      --compatible HW [--compatible HW2]... [--image NEW.img [--from OLD.img]...] \\
+            usage: "updraft-publish release --key K.key [--key K2.key]... [--description RELEASE.toml] \\
+      --version V --compatible HW [--compatible HW2]... [--image NEW.img [--from OLD.img]...] \\
       [--app NAME[@VERSION]=DIR]... [--command NAME[@VERSION]=FILE]... [--slot-name NAME] \\
       [--channel NAME] [--serial N] [--allow-serial-jump] [--expires 30d] \\
       [--rollout PERCENT] [--frame-size BYTES] [--level N] [--threads N] [--delta-memory MIB] \
@@ -93,11 +94,20 @@ const PROGRAM: Program = Program {
                     "K.key",
                     "release key that signs the manifest (repeatable, required)",
                 ),
-                opt("--version", "V", "the release version (required)"),
+                opt(
+                    "--description",
+                    "RELEASE.toml",
+                    "the release described in a file (docs/components.md); flags beside it add components and override its values",
+                ),
+                opt(
+                    "--version",
+                    "V",
+                    "the release version (required, here or in --description)",
+                ),
                 opt(
                     "--compatible",
                     "HW",
-                    "hardware id or comma-separated ids (repeatable, required)",
+                    "hardware id or comma-separated ids (repeatable; required, here or in --description)",
                 ),
                 opt(
                     "--image",
@@ -450,7 +460,20 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
             if keys.is_empty() {
                 return Err(Failure::Usage(None, "--key is required".into()));
             }
-            let compatible: Vec<String> = f
+            let described = match usage(f.one("description"))? {
+                None => Description::default(),
+                Some(file) => {
+                    let path = PathBuf::from(file);
+                    let text = std::fs::read_to_string(&path).map_err(|e| {
+                        Failure::Usage(
+                            None,
+                            format!("--description: reading {}: {e}", path.display()),
+                        )
+                    })?;
+                    description::parse(&text, &path).map_err(|e| Failure::Usage(None, e))?
+                }
+            };
+            let mut compatible: Vec<String> = f
                 .all("compatible")
                 .iter()
                 .flat_map(|c| c.split(','))
@@ -458,8 +481,39 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                 .filter(|c| !c.is_empty())
                 .collect();
             if compatible.is_empty() {
+                compatible = described.compatible.clone();
+            }
+            if compatible.is_empty() {
                 return Err(Failure::Usage(None, "--compatible is required".into()));
             }
+            let version = match (usage(f.one("version"))?, &described.version) {
+                (Some(v), _) => v.to_string(),
+                (None, Some(v)) => v.clone(),
+                (None, None) => {
+                    return Err(Failure::Usage(
+                        None,
+                        "--version is required (or version in --description)".into(),
+                    ));
+                }
+            };
+            let mut apps = described.apps.clone();
+            apps.extend(
+                f.all("app")
+                    .iter()
+                    .map(|a| ComponentSpec::parse(a))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| Failure::Usage(None, format!("--app {e}")))?,
+            );
+            let mut commands = described.commands.clone();
+            commands.extend(
+                f.all("command")
+                    .iter()
+                    .map(|a| ComponentSpec::parse(a))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| Failure::Usage(None, format!("--command {e}")))?,
+            );
+            let mut from: Vec<PathBuf> = described.deltas_from.clone();
+            from.extend(f.all("from").iter().map(PathBuf::from));
             let expires = match usage(f.one("expires"))? {
                 Some(e) => updraft::timestamp::parse_duration(e)
                     .map_err(|e| Failure::Usage(None, format!("--expires: {e}")))?,
@@ -491,26 +545,24 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
             };
             let spec = ReleaseSpec {
                 keys,
-                version: usage(f.required("version"))?.to_string(),
+                version,
                 compatible,
-                image: usage(f.one("image"))?.map(PathBuf::from),
-                slot_name: usage(f.one("slot-name"))?.unwrap_or("rootfs").to_string(),
-                apps: f
-                    .all("app")
-                    .iter()
-                    .map(|a| ComponentSpec::parse(a))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| Failure::Usage(None, format!("--app {e}")))?,
-                commands: f
-                    .all("command")
-                    .iter()
-                    .map(|a| ComponentSpec::parse(a))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| Failure::Usage(None, format!("--command {e}")))?,
-                from: f.all("from").iter().map(PathBuf::from).collect(),
+                image: usage(f.one("image"))?
+                    .map(PathBuf::from)
+                    .or(described.image.clone()),
+                slot_name: usage(f.one("slot-name"))?
+                    .map(str::to_string)
+                    .or(described.slot_name.clone())
+                    .unwrap_or_else(|| "rootfs".into()),
+                apps,
+                commands,
+                from,
                 serial: usage(f.number("serial"))?,
                 allow_serial_jump: f.switch("allow-serial-jump"),
-                channel: usage(f.one("channel"))?.unwrap_or("stable").to_string(),
+                channel: usage(f.one("channel"))?
+                    .map(str::to_string)
+                    .or(described.channel.clone())
+                    .unwrap_or_else(|| "stable".into()),
                 expires,
                 rollout,
                 out: PathBuf::from(usage(f.required("out"))?),

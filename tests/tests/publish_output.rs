@@ -110,3 +110,128 @@ fn a_delta_made_in_bounded_memory_rebuilds_the_image_whatever_the_thread_count()
         }
     }
 }
+
+/// A release described in a file (`--description`) is the release the
+/// same flags make: the same components, versions and content, the
+/// description's relative paths taken from its directory; flags beside it
+/// override its values and add components. A description that is not one
+/// is refused before anything is written.
+#[test]
+fn a_release_description_file_makes_the_release_its_flags_make() {
+    let dir = TempDir::new("publish-description");
+    let key = keygen(dir.path(), "release");
+    let build = dir.join("build");
+    std::fs::create_dir_all(build.join("web/bin")).expect("app tree");
+    std::fs::write(build.join("web/bin/web"), b"#!/bin/sh\necho web\n").expect("app file");
+    std::fs::write(build.join("web/VERSION"), b"1.4").expect("app file");
+    std::fs::write(build.join("mcu.bin"), b"firmware 4.1").expect("payload");
+    image(&build.join("rootfs.ext4"), 3 * 1024 * 1024 + 17, 5);
+    let described = build.join("release.toml");
+    std::fs::write(
+        &described,
+        "version = \"2.0\"\ncompatible = [\"gw-2000\"]\nchannel = \"beta\"\n\
+         [slot]\nname = \"os\"\nimage = \"rootfs.ext4\"\n\
+         [components.web]\nkind = \"app\"\nversion = \"1.4\"\npath = \"web\"\n\
+         [components.mcu]\nkind = \"command\"\nversion = \"4.1\"\npath = \"mcu.bin\"\n",
+    )
+    .expect("description");
+
+    let by_file = dir.join("site-file");
+    let k = key.key.display().to_string();
+    let desc = described.display().to_string();
+    updraft_tests::publisher::publish_ok(&[
+        "release",
+        "--key",
+        &k,
+        "--description",
+        &desc,
+        "--level",
+        "3",
+        "--out",
+        &by_file.display().to_string(),
+    ]);
+    let by_flags = dir.join("site-flags");
+    updraft_tests::publisher::publish_ok(&[
+        "release",
+        "--key",
+        &k,
+        "--version",
+        "2.0",
+        "--compatible",
+        "gw-2000",
+        "--channel",
+        "beta",
+        "--slot-name",
+        "os",
+        "--image",
+        &build.join("rootfs.ext4").display().to_string(),
+        "--app",
+        &format!("web@1.4={}", build.join("web").display()),
+        "--command",
+        &format!("mcu@4.1={}", build.join("mcu.bin").display()),
+        "--level",
+        "3",
+        "--out",
+        &by_flags.display().to_string(),
+    ]);
+    let file = timeless(Repo::new(by_file).payload());
+    let flags = timeless(Repo::new(by_flags).payload());
+    assert_eq!(file["spec_version"], 2);
+    assert_eq!(
+        file, flags,
+        "the description and the flags make different releases"
+    );
+
+    // A flag overrides the file's version and adds a component.
+    let more = dir.join("site-more");
+    std::fs::write(build.join("api.bin"), b"api").expect("payload");
+    updraft_tests::publisher::publish_ok(&[
+        "release",
+        "--key",
+        &k,
+        "--description",
+        &desc,
+        "--version",
+        "2.1",
+        "--command",
+        &format!("api={}", build.join("api.bin").display()),
+        "--level",
+        "3",
+        "--out",
+        &more.display().to_string(),
+    ]);
+    let p = Repo::new(more).payload();
+    assert_eq!(p["release"]["version"], "2.1");
+    let names: Vec<&str> = p["components"]
+        .as_array()
+        .expect("components")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names.len(), 4, "{names:?}");
+    assert!(names.contains(&"api") && names.contains(&"os"), "{names:?}");
+
+    // A description that is not one: refused, naming the file and the key.
+    std::fs::write(
+        &described,
+        "version = \"2.0\"\ncompatibel = [\"gw-2000\"]\n",
+    )
+    .expect("bad");
+    let bad = dir.join("site-bad");
+    let out = updraft_tests::publisher::publish(&[
+        "release",
+        "--key",
+        &k,
+        "--description",
+        &desc,
+        "--out",
+        &bad.display().to_string(),
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("release description {desc}")) && stderr.contains("compatibel"),
+        "{stderr}"
+    );
+    assert!(!bad.join("manifest.json").exists(), "nothing written");
+}
