@@ -14,7 +14,8 @@
 //! `--full` then runs every other stage CI runs, each with its whole
 //! scope: the demo with each server, `cross-test --full` (every test file
 //! on both emulated targets, where CI runs the pyramid's selection) and the
-//! real boots of both machines with eight power cuts each.
+//! real boots of both machines with eight power cuts each and six in
+//! releases of an app.
 //!
 //! A test that cannot run here skips and says why; the skips are collected
 //! through `UPDRAFT_SKIP_LOG` and listed at the end, one line each (`name —
@@ -42,7 +43,8 @@ use crate::util::{self, Result, cargo, is_root};
 const USAGE: &str = "usage: cargo xtask test [--no-install] [--strict] [--full] [TEST ARGS...]
   --no-install   do not install missing prerequisites (also UPDRAFT_NO_INSTALL=1)
   --strict       fail when a test skipped, except expected skips (on when CI=true)
-  --full         then the demos, cross-test --full and vm-test of both machines with 8 power cuts:
+  --full         then the demos, cross-test --full and vm-test of both machines with 8 power cuts
+                 and 6 in app releases:
                  everything CI runs, and what it leaves out
   other arguments go to `cargo nextest run` (or `cargo test` without nextest),
   e.g. -p updraft-tests --test fleet";
@@ -214,12 +216,26 @@ fn doc_tests(skip_log: &std::path::Path) -> Result {
 /// out, each through its own `cargo xtask` command; each stage's time is
 /// printed, and the first failure ends the run.
 fn full_stages() -> Result {
+    // Each machine with every power cut: 8 in slot releases, 6 in app releases.
+    let vm = |m| {
+        [
+            "vm-test",
+            m,
+            "--cuts",
+            "8",
+            "--app-cuts",
+            "6",
+            "--seed",
+            "3",
+        ]
+    };
+    let (x86, arm) = (vm("x86_64"), vm("aarch64"));
     let stages: [&[&str]; 5] = [
         &["demo", "--server", "embedded"],
         &["demo", "--server", "nginx"],
         &["cross-test", "--full"],
-        &["vm-test", "x86_64", "--cuts", "8", "--seed", "3"],
-        &["vm-test", "aarch64", "--cuts", "8", "--seed", "3"],
+        &x86,
+        &arm,
     ];
     for args in stages {
         let shown = args.join(" ");

@@ -18,15 +18,20 @@
 //!   GRUB, and reading results back from it;
 //! * [`guest`]: the initramfs, the slot images and their scripts;
 //! * [`console`]: the QEMU process and its serial console, split into boots;
+//! * [`app`]: the application component a guest runs (its tree, its
+//!   configuration tables, its health check, its console line);
 //! * [`scenario`]: the server, the releases and the assertions; scenario 6
 //!   (`vm/systemd.rs`, a child of it) boots slots that hold a Debian
-//!   systemd userspace running the shipped unit.
+//!   systemd userspace running the shipped unit and an app's unit,
+//!   scenario 8 (`vm/app_cuts.rs`, another child) cuts the power in
+//!   releases of an app.
 //!
 //! This module owns the prerequisites (installed with apt-get as root on
 //! Debian; otherwise the command is printed and the run skips, or fails
 //! with `CI=true`), the build of the binaries and the summary. It must
 //! never start QEMU or write a disk itself.
 
+mod app;
 mod console;
 mod debs;
 mod disk;
@@ -42,16 +47,20 @@ use crate::util::{self, Result};
 use machine::{Loader, Machine};
 
 const USAGE: &str =
-    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--seed S] [--systemd-only|--previous-only|--no-previous|--prerequisites]
+    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--app-cuts N] [--seed S] [--systemd-only|--previous-only|--apps-only|--no-previous|--prerequisites]
   boots a QEMU machine with Debian's generic kernel, busybox and updraft: x86_64 (SeaBIOS,
   GRUB; the default) or aarch64 (-M virt, U-Boot, the aarch64 release build), or both,
   and runs: 1 full-image update, 3 failing health check, 4 release that cannot boot
   (a kernel panic, then a hang reset by QEMU's emulated 6300ESB watchdog), 2 delta update;
-  6 a full-image update on slots holding Debian with systemd, updraft from its unit;
+  6 a release of a slot and an app on slots holding Debian with systemd, updraft from
+  its unit, the app's unit restarted; then an app-only release without a reboot;
   --cuts N: then 5, N power cuts (QEMU killed) at points chosen from --seed S (default 1);
+  --app-cuts N: then 8, an app on a disk of its own: an app-only release, then N power
+  cuts alternating between app-only releases and releases of a slot and the app;
   then 7, slot A holding the previous landed release of updraft: its update to this
   one rolled back (old code on the new state), then committed;
-  --systemd-only: scenario 6 alone; --previous-only: scenario 7 alone; --no-previous: all
+  --systemd-only: scenario 6 alone; --previous-only: scenario 7 alone; --apps-only: scenario
+  8 alone; --no-previous: all
   but 7 (CI's x86_64 run: the aarch64 machine boots 7 beside it);
   --prerequisites: install (as root on Debian) what the machines need, and stop: two runs
   for different machines can then go on side by side without both calling apt-get";
@@ -70,6 +79,7 @@ const PACKAGES: &[(&str, &str)] = &[
 
 pub fn run(args: &[String]) -> Result {
     let mut cuts: u32 = 0;
+    let mut app_cuts: u32 = 0;
     let mut seed: u64 = 1;
     let mut only: Option<Only> = None;
     let mut previous = true;
@@ -81,18 +91,21 @@ pub fn run(args: &[String]) -> Result {
             "all" => machines.extend(machine::MACHINES),
             "--systemd-only" => only = Some(Only::Systemd),
             "--previous-only" => only = Some(Only::Previous),
+            "--apps-only" => only = Some(Only::Apps),
             "--no-previous" => previous = false,
             "--prerequisites" => prerequisites_only = true,
             name if Machine::by_name(name).is_some() => {
                 machines.extend(Machine::by_name(name));
             }
-            "--cuts" | "--seed" => {
+            "--cuts" | "--app-cuts" | "--seed" => {
                 let v = it
                     .next()
                     .ok_or_else(|| format!("{a} needs a number\n{USAGE}"))?;
                 let bad = || format!("{a} {v:?} is not a number\n{USAGE}");
                 if a == "--cuts" {
                     cuts = v.parse().map_err(|_| bad())?;
+                } else if a == "--app-cuts" {
+                    app_cuts = v.parse().map_err(|_| bad())?;
                 } else {
                     seed = v.parse().map_err(|_| bad())?;
                 }
@@ -131,22 +144,28 @@ pub fn run(args: &[String]) -> Result {
         // booting a cross build (7), the Debian tree of the systemd guest
         // on x86_64 (6).
         let mut early = Vec::new();
-        if previous && !matches!(only, Some(Only::Systemd)) {
+        if previous && !matches!(only, Some(Only::Systemd | Only::Apps)) {
             early.extend(build_previous_release_early(m));
         }
-        if m.name == machine::X86_64.name && !matches!(only, Some(Only::Previous)) {
+        if m.name == machine::X86_64.name && !matches!(only, Some(Only::Previous | Only::Apps)) {
             early.extend(scenario::prepare_debian_tree());
         }
-        let result = util::guarded("vm-test", || scenarios(m, &p, cuts, seed, only, previous));
+        let counts = Cuts {
+            slot: cuts,
+            app: app_cuts,
+            seed,
+        };
+        let result = util::guarded("vm-test", || scenarios(m, &p, counts, only, previous));
         // Never leave a build running behind a failed run.
         for work in early {
             let _ = work.join();
         }
-        let (outcomes, cut) = result?;
+        let (outcomes, cut, app_cut) = result?;
         summary(m, &outcomes, total.elapsed(), &p.work);
         if cuts > 0 {
             cut_summary(&cut, seed);
         }
+        scenario::app_cut_summary(&app_cut, seed);
     }
     Ok(())
 }
@@ -183,6 +202,16 @@ enum Only {
     Systemd,
     /// Scenario 7, the previous release in slot A.
     Previous,
+    /// Scenario 8, the app under power cuts.
+    Apps,
+}
+
+/// How many power cuts scenarios 5 and 8 make, and from which seed.
+#[derive(Clone, Copy)]
+struct Cuts {
+    slot: u32,
+    app: u32,
+    seed: u64,
 }
 
 /// What a run works with: the host binaries' directory (the publisher,
@@ -240,14 +269,19 @@ fn prepare(m: &'static Machine, dir: &str) -> Result<Option<Prepared>> {
     }))
 }
 
+type Outcomes = (
+    Vec<scenario::Outcome>,
+    Vec<scenario::Cut>,
+    Vec<scenario::AppCut>,
+);
+
 fn scenarios(
     m: &'static Machine,
     p: &Prepared,
-    cuts: u32,
-    seed: u64,
+    cuts: Cuts,
     only: Option<Only>,
     previous: bool,
-) -> Result<(Vec<scenario::Outcome>, Vec<scenario::Cut>)> {
+) -> Result<Outcomes> {
     let work = &p.work;
     let mut lab = scenario::Lab::new(m, work, &p.bin_dir, &p.guest_updraft)?;
     // Scenario 6 (a Debian systemd root, GRUB) runs on the x86_64
@@ -261,6 +295,7 @@ fn scenarios(
             )),
             Only::Systemd => lab.systemd_update(),
             Only::Previous => lab.previous_release(),
+            Only::Apps => lab.app_power_cuts(cuts.app, cuts.seed),
         }
     } else {
         lab.full_update()
@@ -269,7 +304,15 @@ fn scenarios(
             .and_then(|()| lab.hangs())
             .and_then(|()| lab.delta_update())
             .and_then(|()| if x86 { lab.systemd_update() } else { Ok(()) })
-            .and_then(|()| lab.power_cuts(cuts, seed))
+            .and_then(|()| lab.power_cuts(cuts.slot, cuts.seed))
+            .and_then(|()| {
+                if cuts.app > 0 {
+                    lab.app_power_cuts(cuts.app, cuts.seed)
+                } else {
+                    println!("== 8-apps: left out (--app-cuts 0)");
+                    Ok(())
+                }
+            })
             .and_then(|()| {
                 if previous {
                     lab.previous_release()
@@ -283,6 +326,7 @@ fn scenarios(
         Ok(()) => Ok((
             std::mem::take(&mut lab.outcomes),
             std::mem::take(&mut lab.cuts),
+            std::mem::take(&mut lab.app_cuts),
         )),
         Err(e) => Err(format!(
             "{e}\n(the disk, the console logs and the server's files are in {})",

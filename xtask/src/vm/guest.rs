@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::app;
 use super::disk;
 use super::machine::{Loader, Machine};
 use crate::util::{self, Result};
@@ -115,6 +116,9 @@ pub enum Behaviour {
 pub struct Release {
     pub version: String,
     pub behaviour: Behaviour,
+    /// Configures the app component (`super::app`), carries its health
+    /// check and prints its line on the console.
+    pub app: bool,
 }
 
 /// What every slot image configures updraft with.
@@ -374,11 +378,17 @@ impl Guest {
             &root.join("etc/updraft/release.pub"),
             0o644,
         )?;
-        write(
-            &root.join("etc/updraft/updraft.toml"),
-            &config(settings, self.machine),
-            0o644,
-        )?;
+        let mut toml = config(settings, self.machine);
+        if release.app {
+            toml.push_str(&app::config_tables(&[]));
+            mkdir(&root.join(&app::HEALTH_DIR[1..]))?;
+            write(
+                &root.join(&app::HEALTH_DIR[1..]).join("10-files"),
+                app::HEALTH_CHECK,
+                0o755,
+            )?;
+        }
+        write(&root.join("etc/updraft/updraft.toml"), &toml, 0o644)?;
         if self.machine.loader == Loader::UBoot {
             write(
                 &root.join(&FW_ENV_CONFIG[1..]),
@@ -727,7 +737,7 @@ daemon=$!
             echo "{STATUS_MARK}$s"
             last=$s
         fi
-    done
+{app_lines}    done
 ) &
 status=$!
 stop() {{
@@ -750,6 +760,7 @@ sleep 100000
         data = disk::DATA.number,
         boot = disk::BOOT.number,
         watchdog_line = watchdog_line_script(),
+        app_lines = if r.app { app::STATUS_LINES } else { "" },
         boot_fs = match m.loader {
             Loader::Grub => "ext4",
             Loader::UBoot => "vfat",

@@ -14,13 +14,19 @@
 //!    with the same outcome;
 //! 2. a delta update from the running slot, applied without falling back
 //!    to the full image;
-//! 6. the systemd guest (`systemd`, on a disk of its own): a full-image
-//!    update with updraft started from the shipped unit;
+//! 6. the systemd guest (`systemd`, on a disk of its own): a release of a
+//!    new slot and the app `web` with updraft started from the shipped
+//!    unit, the app's own unit restarted by updraft in the trial boot;
+//!    then an application-only release without a reboot, and one whose
+//!    app fails its health check, back on the generation before;
 //! 5. power cuts (`--cuts N --seed S`): QEMU is killed at an instant chosen
 //!    from a console marker plus seeded jitter, in the download, the write,
 //!    the bootloader-environment write and switch, the reboot, the first
 //!    boot and the commit; the machine is started again and must boot a
 //!    verified slot and converge, with every install report delivered;
+//! 8. the app under power cuts (`app_cuts`, on a disk of its own, with
+//!    `--app-cuts N`): in application-only releases and in releases of a
+//!    slot and the app, never a mixed state after recovery;
 //! 7. on a new disk whose slot A holds the previous landed release of
 //!    updraft: a release of this updraft that fails its health check is
 //!    rolled back into the previous updraft, which reads the state this
@@ -63,6 +69,11 @@ use crate::util::{self, Result};
 // the same server, keys and helpers.
 #[path = "systemd.rs"]
 mod systemd;
+// Scenario 8, the app under power cuts.
+#[path = "app_cuts.rs"]
+mod app_cuts;
+
+pub use app_cuts::{AppCut, cut_summary as app_cut_summary};
 
 pub use systemd::prepare_debian_tree;
 
@@ -165,6 +176,7 @@ pub struct Lab {
     images: BTreeMap<String, PathBuf>,
     pub outcomes: Vec<Outcome>,
     pub cuts: Vec<Cut>,
+    pub app_cuts: Vec<AppCut>,
 }
 
 impl Lab {
@@ -219,6 +231,7 @@ impl Lab {
             images: BTreeMap::new(),
             outcomes: Vec::new(),
             cuts: Vec::new(),
+            app_cuts: Vec::new(),
         };
         let factory = lab.image(&healthy("1.0"))?;
         lab.build_disk(&factory, "1.0")?;
@@ -452,6 +465,7 @@ impl Lab {
         let v3 = Release {
             version: "3.0".into(),
             behaviour: Behaviour::FailsHealthCheck,
+            app: false,
         };
         self.publish(&v3, &[])?;
         let mut vm = self.start(name)?;
@@ -542,6 +556,7 @@ impl Lab {
         let release = Release {
             version: version.into(),
             behaviour,
+            app: false,
         };
         self.publish(&release, &[])?;
         let mut vm = self.start(name)?;
@@ -757,21 +772,8 @@ impl Lab {
             self.publish(&healthy(&version), &from)?;
             let name = format!("5-cut-{i}-{}", point.phase.replace(' ', "-"));
             let mut vm = self.start(&name)?;
-            let parts: Vec<String> = point
-                .marker
-                .iter()
-                .map(|p| p.replace("{v}", &version))
-                .collect();
-            let marker = parts.join("…");
-            vm.wait_line(
-                &format!("{marker:?} on the console"),
-                0,
-                INSTALL_WAIT,
-                |l| parts.iter().all(|p| l.contains(p.as_str())),
-            )?;
-            let after_ms = rng.below(point.jitter_ms);
-            std::thread::sleep(Duration::from_millis(after_ms));
-            vm.power_cut()?;
+            let (marker, after_ms) =
+                cut_after(&mut vm, point.marker, &version, point.jitter_ms, &mut rng)?;
             let state_before = vm
                 .lines()
                 .iter()
@@ -893,6 +895,7 @@ impl Lab {
         let failing = Release {
             version: "8.1".into(),
             behaviour: Behaviour::FailsHealthCheck,
+            app: false,
         };
         self.publish(&failing, &[])?;
         let mut vm = self.start(name)?;
@@ -1086,10 +1089,32 @@ impl Lab {
     }
 }
 
+/// Cut the power of `vm` a seeded jitter below `jitter_ms` after a console
+/// line holding every part of `marker` (`{v}`: `version`): the marker as
+/// shown, and the milliseconds after it.
+fn cut_after(
+    vm: &mut Vm,
+    marker: &[&str],
+    version: &str,
+    jitter_ms: u64,
+    rng: &mut updraft_tests::rng::Rng,
+) -> Result<(String, u64)> {
+    let parts: Vec<String> = marker.iter().map(|p| p.replace("{v}", version)).collect();
+    let shown = parts.join("…");
+    vm.wait_line(&format!("{shown:?} on the console"), 0, INSTALL_WAIT, |l| {
+        parts.iter().all(|p| l.contains(p.as_str()))
+    })?;
+    let after_ms = rng.below(jitter_ms);
+    std::thread::sleep(Duration::from_millis(after_ms));
+    vm.power_cut()?;
+    Ok((shown, after_ms))
+}
+
 fn healthy(version: &str) -> Release {
     Release {
         version: version.into(),
         behaviour: Behaviour::Healthy,
+        app: false,
     }
 }
 

@@ -38,6 +38,7 @@ use std::time::Instant;
 use serde_json::Value;
 use updraft_tests::publisher::{Repo, publish_ok};
 
+use super::super::app::{self, APP, component_version};
 use super::super::console::{QEMU_EVENT, Vm};
 use super::super::disk::{self, BOOT, Part};
 use super::super::guest::{self, Settings, USERSPACE_MARK, WATCHDOG_SECONDS, WatchdogLine};
@@ -91,6 +92,21 @@ const SD_PARTS: [Part; 4] = [BOOT, SD_SLOT_A, SD_SLOT_B, SD_DATA];
 const V1: &str = "1.0-systemd";
 const V2: &str = "2.0-systemd";
 
+/// The application-only releases after it: one that commits, one whose
+/// app fails its health check.
+const V3: &str = "2.1-systemd";
+const V4: &str = "2.2-systemd";
+/// The app's versions in V2, V3 and V4.
+const APP_V1: &str = "1.3";
+const APP_V2: &str = "1.4";
+const APP_V3: &str = "1.5";
+/// Data files in the app's tree.
+const APP_FILES: usize = 24;
+/// The app's unit: runs it from its active generation.
+const APP_UNIT: &str = "vm-web.service";
+/// Printed by the app when it starts (`app::tree`'s `bin/web`).
+const APP_MARK: &str = "updraft-vm: app web ";
+
 /// systemd's drop-in arming the hardware watchdog.
 const WATCHDOG_CONF: &str = "etc/systemd/system.conf.d/90-vm-watchdog.conf";
 
@@ -142,6 +158,8 @@ impl Lab {
             "   slot images of {V1} and {V2} built in {:.1} s ({SLOT_MIB} MiB ext4 each)",
             t.elapsed().as_secs_f64()
         );
+        let app_dir = self.work.join(format!("systemd-app-{APP_V1}"));
+        app::tree(&app_dir, APP_V1, APP_FILES)?;
         publish_ok(&[
             "release",
             "--key",
@@ -152,16 +170,23 @@ impl Lab {
             &self.machine.compatible(),
             "--image",
             &b.display().to_string(),
+            "--app",
+            &format!("{APP}@{APP_V1}={}", app_dir.display()),
             "--level",
             "3",
             "--out",
             &site.display().to_string(),
         ]);
-        let artifact = Repo::new(site.clone()).payload()["artifact"]["size"]
+        // Version 2 (a slot and an app): the slot component's artifact.
+        let payload = Repo::new(site.clone()).payload();
+        let artifact = payload["components"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["kind"] == "slot"))
+            .unwrap_or(&payload)["artifact"]["size"]
             .as_u64()
             .unwrap_or(0);
         println!(
-            "published {V2} at {}: the full image is {:.1} MiB compressed",
+            "published {V2} at {}: the full image is {:.1} MiB compressed, with app {APP} {APP_V1}",
             settings.manifest_url,
             artifact as f64 / (1024.0 * 1024.0)
         );
@@ -223,6 +248,16 @@ impl Lab {
             committed(s, V2) && s["booted_slot"] == "B"
         })?;
         println!("   console: {V2} was written to B, booted under systemd and committed");
+        let started = app_started(&vm, APP_V1, 0)?;
+        wait_status(
+            &mut vm,
+            &format!("app {APP} {APP_V1} committed with {V2}"),
+            |s| component_version(s, APP).as_deref() == Some(APP_V1),
+        )?;
+        println!(
+            "   console: in the trial boot of B, updraft switched app {APP} to {APP_V1} and restarted \
+             {APP_UNIT} from its unit's sandbox: {started}"
+        );
         let m = vm.mark();
         vm.send("vm-reboot")?;
         wait_userspace(&mut vm, "B", V2, m).map_err(|e| format!("after the commit: {e}"))?;
@@ -239,6 +274,7 @@ impl Lab {
         println!("   console: the next boot is B with {V2} again");
         self.wait_report(V2, "committed")?;
         println!("   the server got the install report of {V2}: committed");
+        self.systemd_app_releases(&mut vm, &site)?;
         vm.drain();
         let report = unit_report(&vm, &expect)?;
         // Systemd kept the watchdog fed through the install and both
@@ -274,10 +310,83 @@ impl Lab {
         )?;
         let h = self.history_of(&disk_image, SD_DATA)?;
         expect_event(&h, "committed", V2, Some("B"))?;
+        expect_event(&h, "committed", V3, None)?;
+        expect_event(&h, "rolled-back", V4, None)?;
+        let on_disk =
+            app::check_on_disk(&self.work.join("state-copy/updraft/apps").join(APP), APP_V2)?;
         println!(
-            "   disk: grubenv {}; history: {V2} committed in B",
+            "   disk: grubenv {}; history: {V2} committed in B, {V3} committed and {V4} rolled back \
+             without a reboot; {APP}/current -> {on_disk} holding {APP_V2}",
             show_env(&env)
         );
+        Ok(())
+    }
+
+    /// After the commit of the slot and the app: an application-only
+    /// release installed without a reboot, its unit restarted; then one
+    /// whose health check fails, the app and its unit back on the
+    /// generation before.
+    fn systemd_app_releases(&mut self, vm: &mut Vm, site: &Path) -> Result {
+        let boots = vm.boots().len();
+        for (version, app_version, broken) in [(V3, APP_V2, false), (V4, APP_V3, true)] {
+            let dir = self.work.join(format!("systemd-app-{app_version}"));
+            app::tree(&dir, app_version, APP_FILES)?;
+            if broken {
+                // Released with a SUMS that no longer matches one of its files.
+                std::fs::write(dir.join("share/0000.bin"), b"not what SUMS lists")
+                    .map_err(|e| format!("breaking {}: {e}", dir.display()))?;
+            }
+            let from = vm.mark();
+            let t = Instant::now();
+            // No --image: the release keeps the slot already published, the
+            // one B runs.
+            publish_ok(&[
+                "release",
+                "--key",
+                &self.key.key.display().to_string(),
+                "--version",
+                version,
+                "--compatible",
+                &self.machine.compatible(),
+                "--app",
+                &format!("{APP}@{app_version}={}", dir.display()),
+                "--out",
+                &site.display().to_string(),
+            ]);
+            let (want, result) = if broken {
+                (APP_V2, "rolled back")
+            } else {
+                (app_version, "committed")
+            };
+            let st = wait_status(vm, &format!("{version}: app {APP} {want} running"), |s| {
+                s["state"] == "idle"
+                    && s["booted_slot"] == "B"
+                    && component_version(s, APP).as_deref() == Some(want)
+                    && s["last_install"]["release"] == version
+            })?;
+            let took = t.elapsed();
+            let line = app_started(vm, want, from)?;
+            if vm.boots().len() != boots {
+                return Err(vm.failure(&format!(
+                    "{version}, a release of app {APP} alone, rebooted the machine"
+                )));
+            }
+            let detail = st["last_install"]["reason"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            println!(
+                "   console: {version} (app {APP} {app_version}{}) {result} without a reboot, \
+                 {:.1} s from publishing to the status (4 s polls); {APP_UNIT} restarted: {line}\n   \
+                 updraft: {detail}",
+                if broken {
+                    ", a file not as its SUMS"
+                } else {
+                    ""
+                },
+                took.as_secs_f64()
+            );
+        }
         Ok(())
     }
 
@@ -347,8 +456,22 @@ impl Lab {
             "etc/updraft/release.pub",
             0o644,
         )?;
-        put(&root, "etc/updraft/updraft.toml", &config(settings), 0o644)?;
+        let mut toml = config(settings);
+        toml.push_str(&app::config_tables(&[APP_UNIT]));
+        put(&root, "etc/updraft/updraft.toml", &toml, 0o644)?;
         put(&root, "etc/updraft/health.d/10-vm", HEALTH_CHECK, 0o755)?;
+        put(
+            &root,
+            &format!("{}/10-files", &app::HEALTH_DIR[1..]),
+            app::HEALTH_CHECK,
+            0o755,
+        )?;
+        put(
+            &root,
+            &format!("etc/systemd/system/{APP_UNIT}"),
+            APP_UNIT_FILE,
+            0o644,
+        )?;
         put(
             &root,
             "etc/updraft/release",
@@ -372,6 +495,7 @@ impl Lab {
         for (file, text, mode) in VM_FILES {
             put(&root, file, text, *mode)?;
         }
+        put(&root, "usr/lib/updraft-vm/status", &status_script(), 0o755)?;
         put(&root, "usr/lib/updraft-vm/mark", &mark_script(), 0o755)?;
         // PID 1 arms the hardware watchdog and feeds it, as integration.md
         // recommends for a device.
@@ -400,6 +524,7 @@ impl Lab {
             "updraft-vm-mark.service",
             "updraft-vm-status.service",
             "updraft-vm-console.service",
+            APP_UNIT,
         ])?;
         // The console belongs to the harness; nothing here needs a timer.
         systemctl(&[
@@ -700,6 +825,22 @@ fn unit_report(vm: &Vm, expect: &Expected) -> Result<String> {
     ))
 }
 
+/// The app's start line for `version` from console line `from` on (the
+/// app prints it when its unit starts it).
+fn app_started(vm: &Vm, version: &str, from: usize) -> Result<String> {
+    let want = format!("{APP_MARK}{version} running from ");
+    vm.lines()[from..]
+        .iter()
+        .rev()
+        .find(|l| l.contains(&want))
+        .map(|l| l.split(APP_MARK).nth(1).unwrap_or(l).trim().to_string())
+        .ok_or_else(|| {
+            vm.failure(&format!(
+                "{APP_UNIT} never started app {APP} {version}: updraft must restart it after the switch"
+            ))
+        })
+}
+
 /// `src` copied to `rel` under `root` with `mode`.
 fn install(src: &Path, root: &Path, rel: &str, mode: u32) -> Result {
     use std::os::unix::fs::PermissionsExt;
@@ -828,9 +969,20 @@ const VM_FILES: &[(&str, &str, u32)] = &[
          WantedBy=multi-user.target\n",
         0o644,
     ),
-    ("usr/lib/updraft-vm/status", STATUS_SCRIPT, 0o755),
     ("usr/lib/updraft-vm/console", CONSOLE_SCRIPT, 0o755),
 ];
+
+/// The app's unit: the app run from the generation `current` names; not
+/// started before updraft installed one.
+const APP_UNIT_FILE: &str = "[Unit]\n\
+     Description=updraft VM: the application web, run from its active generation\n\
+     ConditionPathExists=/data/updraft/apps/web/current\n\
+     RequiresMountsFor=/data/updraft\n\n\
+     [Service]\n\
+     ExecStart=/data/updraft/apps/web/current/bin/web\n\
+     StandardOutput=journal+console\n\n\
+     [Install]\n\
+     WantedBy=multi-user.target\n";
 
 /// The marker unit's script: the userspace line (and the hardware
 /// watchdog's, which systemd opened before any unit ran) at start, the
@@ -856,6 +1008,14 @@ stop)
 esac
 "#,
         watchdog_line = guest::watchdog_line_script(),
+    )
+}
+
+/// The status script with the app's line.
+fn status_script() -> String {
+    STATUS_SCRIPT.replace(
+        "    sleep 2\n",
+        &format!("{}    sleep 2\n", app::STATUS_LINES),
     )
 }
 
@@ -945,6 +1105,10 @@ mod tests {
         assert!(mark.contains(&format!("echo \"{SHUTDOWN_MARK} $jobs\"")));
         assert!(mark.contains("awk '{print $2}'"), "{mark}");
         assert!(STATUS_SCRIPT.contains(&format!("echo \"{STATUS_MARK}$s\"")));
+        assert!(status_script().contains(app::STATUS_LINES));
+        assert!(
+            APP_UNIT_FILE.contains(&format!("ExecStart={}/web/current/bin/web", app::APPS_DIR))
+        );
         assert!(STATUS_SCRIPT.contains(&format!("echo \"{UNIT_MARK}$u\"")));
         assert!(STATUS_SCRIPT.contains(&format!("echo \"{BOOTED_MARK} ")));
         assert!(CONSOLE_SCRIPT.contains(&format!("echo \"{HALT_MARK}\"; systemctl poweroff")));
