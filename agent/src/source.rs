@@ -234,6 +234,12 @@ impl Origin {
         )
     }
 
+    /// A single-file bundle, here or on a server: an app's files are in
+    /// its pack ([`crate::app::pack`]).
+    pub fn is_bundle(&self) -> bool {
+        matches!(self, Origin::Bundle { .. } | Origin::RemoteBundle { .. })
+    }
+
     /// Why this origin cannot be read, for an argument refused up front.
     pub fn problem(&self) -> Option<&str> {
         match self {
@@ -250,6 +256,9 @@ pub struct Source {
     origin: Origin,
     fetcher: Option<Fetcher>,
     preferred: usize,
+    /// A remote bundle's headers and what its first answer said of it,
+    /// walked once for all the ranges read through this source.
+    remote_bundle: Option<(Index, RangeInfo)>,
 }
 
 impl Source {
@@ -259,6 +268,7 @@ impl Source {
             origin,
             fetcher,
             preferred,
+            remote_bundle: None,
         }
     }
 
@@ -454,7 +464,39 @@ impl Source {
     /// Open `rel` (artifact or delta) at `offset`; the reader yields exactly
     /// `total - offset` bytes or fails.
     pub fn open(&mut self, rel: &str, offset: u64, total: u64) -> Result<Box<dyn Read + Send>> {
-        match &self.origin {
+        self.open_within(rel, offset, total, None)
+    }
+
+    /// Open `len` bytes of `rel` (of `total` bytes) at `offset`: only they
+    /// are asked of a server.
+    pub fn open_range(
+        &mut self,
+        rel: &str,
+        offset: u64,
+        len: u64,
+        total: u64,
+    ) -> Result<Box<dyn Read + Send>> {
+        if offset.checked_add(len).is_none_or(|end| end > total) {
+            bail!(
+                Malformed,
+                "{rel}: {len} bytes at {offset} lie past its {total} bytes"
+            );
+        }
+        self.open_within(rel, offset, total, Some(len))
+    }
+
+    fn open_within(
+        &mut self,
+        rel: &str,
+        offset: u64,
+        total: u64,
+        len: Option<u64>,
+    ) -> Result<Box<dyn Read + Send>> {
+        let bounded = |r: Vec<(u64, u64)>| match len {
+            Some(len) => within(r, len),
+            None => r,
+        };
+        let reader: Box<dyn Read + Send> = match &self.origin {
             Origin::Local { dir, .. } => {
                 let path = if rel.contains("://") {
                     bail!(
@@ -469,11 +511,7 @@ impl Source {
                     return Err(unsigned_size(&path.display().to_string(), len, total));
                 }
                 past_the_end(offset, total)?;
-                Ok(Box::new(FileRange::new(
-                    Arc::new(f),
-                    offset,
-                    total - offset,
-                )))
+                Box::new(FileRange::new(Arc::new(f), offset, total - offset))
             }
             Origin::Bundle { path } => {
                 let (f, index) = open_bundle(path)?;
@@ -481,32 +519,37 @@ impl Source {
                 let artifact = bundle_artifact(&index, rel, total, &what)?;
                 past_the_end(offset, total)?;
                 let file = Arc::new(f);
-                chain(artifact.ranges(offset), what, move |start, len| {
+                return chain(bounded(artifact.ranges(offset)), what, move |start, len| {
                     Ok(Box::new(FileRange::new(file.clone(), start, len)))
-                })
+                });
             }
             Origin::Remote { .. } => {
                 let fetcher = self.fetcher()?;
                 let rel = rel.to_string();
-                let dl = self.each_base(|base| fetcher.open(&join(base, &rel), offset, total))?;
-                Ok(Box::new(dl))
+                Box::new(self.each_base(|base| fetcher.open(&join(base, &rel), offset, total))?)
             }
             Origin::RemoteBundle { url } => {
-                let fetcher = self.fetcher()?;
-                let Some(mut b) = HttpBundle::open(fetcher.clone(), url, None)? else {
-                    bail!(Network, "{}: unexpected 304", url_name(url));
-                };
-                let index = b.index()?;
-                let what = url_name(url);
-                let artifact = bundle_artifact(&index, rel, total, &what)?;
-                past_the_end(offset, total)?;
                 let url = url.clone();
-                let first = b.info;
-                chain(artifact.ranges(offset), what, move |start, len| {
+                let fetcher = self.fetcher()?;
+                let (index, first) = match self.remote_bundle.take() {
+                    Some(known) => known,
+                    None => {
+                        let Some(mut b) = HttpBundle::open(fetcher.clone(), &url, None)? else {
+                            bail!(Network, "{}: unexpected 304", url_name(&url));
+                        };
+                        (b.index()?, b.info)
+                    }
+                };
+                let what = url_name(&url);
+                let artifact = bundle_artifact(&index, rel, total, &what);
+                let ranges = artifact.map(|a| bounded(a.ranges(offset)));
+                self.remote_bundle = Some((index, first.clone()));
+                past_the_end(offset, total)?;
+                return chain(ranges?, what, move |start, len| {
                     let (dl, info) = fetcher.open_range(&url, start, len)?;
                     same_bundle(&url, &first, &info)?;
                     Ok(Box::new(dl))
-                })
+                });
             }
             Origin::Links { files, .. } => {
                 let url = if !files.contains_key(rel) && rel.contains("://") {
@@ -514,10 +557,14 @@ impl Source {
                 } else {
                     link(files, rel)?
                 };
-                Ok(Box::new(self.fetcher()?.open(&url, offset, total)?))
+                Box::new(self.fetcher()?.open(&url, offset, total)?)
             }
             Origin::Invalid { problem, .. } => bail!(Malformed, "{problem}"),
-        }
+        };
+        Ok(match len {
+            Some(len) => Box::new(reader.take(len)),
+            None => reader,
+        })
     }
 }
 
@@ -670,6 +717,20 @@ struct Chain {
     current: Option<(Box<dyn Read + Send>, u64)>,
     open: Opener,
     what: String,
+}
+
+/// The first `len` bytes of `ranges`.
+fn within(ranges: Vec<(u64, u64)>, mut len: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for (start, n) in ranges {
+        if len == 0 {
+            break;
+        }
+        let take = n.min(len);
+        out.push((start, take));
+        len -= take;
+    }
+    out
 }
 
 fn chain(

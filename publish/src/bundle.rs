@@ -15,20 +15,33 @@
 //! anywhere. The manifest is not changed: its signed sizes, hashes and
 //! frame table cover the artifact as the parts put together.
 //!
+//! A release of components carries every component's artifact (a
+//! command's payload, an app's index) and, for each app, its *pack*
+//! (`updraft::app::pack`): the app's distinct files, decoded from their
+//! blobs and checked against the signed index, one after the other in the
+//! index's order, an entry that is split like an image when it is larger
+//! than a part.
+//!
 //! This module copies bytes; it signs nothing and changes nothing in the
 //! directory. It refuses a manifest that names an artifact by an absolute
-//! URL (a bundle carries its artifacts), or an artifact whose file differs
-//! in size from the signed size.
+//! URL (a bundle carries its artifacts), an artifact whose file differs
+//! in size from the signed size, or a blob that is not the file its
+//! app's index lists.
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use updraft::app::index::{Index, Limits};
+use updraft::app::pack::{self, Layout};
+use updraft::artifact::VerifiedFrames;
 use updraft::bundle::{
     MANIFEST, MAX_ENTRIES, MAX_ENTRY_SIZE, MAX_NAME, SW_DESCRIPTION, TRAILER, continuation,
     data_padding, header, part_name,
 };
 use updraft::envelope::Envelope;
+use updraft::hash::Sha256;
+use updraft::manifest::component::{AppPart, Part};
 use updraft::manifest::{Frame, Manifest};
 
 use crate::keys::Result;
@@ -92,17 +105,6 @@ pub fn bundle(dir: &Path, out: &Path, part_size: u64) -> Result<Summary> {
     let env = Envelope::parse(&raw, "manifest").map_err(|e| e.to_string())?;
     let payload = env.payload_bytes("manifest").map_err(|e| e.to_string())?;
     let m = Manifest::parse(&payload).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
-    if let Some(c) = m.components.first() {
-        return Err(format!(
-            "{}: release {} has component {} ({}); a bundle carries a slot's artifacts only, \
-             serve a release of components from a directory or a server",
-            manifest_path.display(),
-            m.release.version,
-            c.name,
-            c.kind().as_str()
-        ));
-    }
-
     let mut pieces: Vec<Piece> = Vec::new();
     for (n, path) in key_documents(dir)? {
         let len = file_len(&path)?;
@@ -113,18 +115,40 @@ pub fn bundle(dir: &Path, out: &Path, part_size: u64) -> Result<Summary> {
             len,
         });
     }
-    let mut artifacts: Vec<(&str, u64, Option<&[Frame]>)> = m
+    let mut artifacts: Vec<(String, u64, Option<&[Frame]>, PathBuf)> = m
         .deltas
         .iter()
-        .map(|d| (d.url.as_str(), d.size, None))
+        .map(|d| (d.url.clone(), d.size, None, dir.join(&d.url)))
         .collect();
     artifacts.push((
-        m.artifact.url.as_str(),
+        m.artifact.url.clone(),
         m.artifact.size,
         Some(m.artifact.frames.as_slice()),
+        dir.join(&m.artifact.url),
     ));
+    // Every other component's artifact, and an app's files as its pack.
+    let mut packs = Packs(Vec::new());
+    for c in &m.components {
+        let a = match &c.part {
+            Part::Command(p) => &p.artifact,
+            Part::App(a) => &a.index,
+        };
+        artifacts.push((
+            a.url.clone(),
+            a.size,
+            Some(a.frames.as_slice()),
+            dir.join(&a.url),
+        ));
+        if let Part::App(app) = &c.part {
+            let path = out.with_extension(format!("{}.pack.{}", c.name, std::process::id()));
+            packs.0.push(path.clone());
+            let size = write_pack(dir, &c.name, app, &path)?;
+            artifacts.push((pack::name(&app.index), size, None, path));
+        }
+    }
     let mut split = Vec::new();
-    for (url, size, frames) in artifacts {
+    for (url, size, frames, path) in artifacts {
+        let url = url.as_str();
         if url.contains("://") || !url.starts_with("artifacts/") {
             return Err(format!(
                 "the manifest names {url}; a bundle carries its artifacts, so every url must be \
@@ -138,7 +162,6 @@ pub fn bundle(dir: &Path, out: &Path, part_size: u64) -> Result<Summary> {
                  (.part-N) in a bundle: it cannot be bundled"
             ));
         }
-        let path = dir.join(url);
         let len = file_len(&path)?;
         if len != size {
             return Err(format!(
@@ -189,6 +212,60 @@ pub fn bundle(dir: &Path, out: &Path, part_size: u64) -> Result<Summary> {
         bytes,
         split,
     })
+}
+
+/// The temporary pack files of a bundle being written, removed when it is
+/// done, whatever the outcome.
+struct Packs(Vec<PathBuf>);
+
+impl Drop for Packs {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Write the pack of app `name` (`updraft::app::pack`) to `path`: every
+/// distinct file of its signed index, decoded from its blob in `dir` and
+/// checked against the index's hash, in the index's order. Its length.
+fn write_pack(dir: &Path, name: &str, app: &AppPart, path: &Path) -> Result<u64> {
+    let what = format!("app {name}");
+    let index_path = dir.join(&app.index.url);
+    let f =
+        File::open(&index_path).map_err(|e| format!("opening {}: {e}", index_path.display()))?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut VerifiedFrames::new(Box::new(f), &app.index, &what).map_err(|e| e.to_string())?,
+        &mut bytes,
+    )
+    .map_err(|e| format!("{what}: reading its index {}: {e}", index_path.display()))?;
+    let limits = Limits {
+        entries: app.tree.entries,
+        bytes: app.tree.bytes,
+    };
+    let index = Index::parse(&bytes, limits).map_err(|e| format!("{what}: {e}"))?;
+    let layout = Layout::of(&index).map_err(|e| format!("{what}: {e}"))?;
+    let out = File::create(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+    let mut w = BufWriter::new(out);
+    for (sha256, _, size) in &layout.files {
+        let blob = dir.join(format!("{}{}.zst", app.blobs, sha256.to_hex()));
+        let f =
+            File::open(&blob).map_err(|e| format!("{what}: opening {}: {e}", blob.display()))?;
+        let content = zstd::stream::decode_all(std::io::BufReader::new(f))
+            .map_err(|e| format!("{what}: decoding {}: {e}", blob.display()))?;
+        if content.len() as u64 != *size || Sha256::of(&content) != *sha256 {
+            return Err(format!(
+                "{what}: {} is not the {size}-byte file its index lists",
+                blob.display()
+            ));
+        }
+        w.write_all(&content)
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    w.flush()
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    Ok(layout.total)
 }
 
 fn file_len(path: &Path) -> Result<u64> {

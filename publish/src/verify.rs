@@ -12,7 +12,7 @@ use std::path::Path;
 
 use std::io::Read;
 
-use updraft::app::index::{Entry, Index, Limits};
+use updraft::app::index::{Index, Limits};
 use updraft::artifact::{FrameDecoder, VerifiedFrames};
 use updraft::envelope::Envelope;
 use updraft::hash::{Hasher, Sha256};
@@ -112,13 +112,7 @@ fn check_component(dir: &Path, c: &Component) -> Result<String> {
             };
             let index = Index::parse(&bytes, limits).map_err(|e| format!("{what}: {e}"))?;
             let mut checked = 0u64;
-            for e in &index.entries {
-                let Entry::File {
-                    path, size, sha256, ..
-                } = e
-                else {
-                    continue;
-                };
+            for (path, size, sha256) in index.files() {
                 let blob = dir.join(format!("{}{}.zst", a.blobs, sha256.to_hex()));
                 let file = std::fs::File::open(&blob)
                     .map_err(|e| format!("{what}: {path}: opening {}: {e}", blob.display()))?;
@@ -138,7 +132,7 @@ fn check_component(dir: &Path, c: &Component) -> Result<String> {
                     n += k as u64;
                     h.update(&buf[..k]);
                 }
-                if n != *size || h.finish() != *sha256 {
+                if n != size || h.finish() != *sha256 {
                     return Err(format!(
                         "{what}: {path}: {} does not decode to the {size} listed bytes of sha256 {}",
                         blob.display(),

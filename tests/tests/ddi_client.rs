@@ -989,3 +989,50 @@ fn a_token_file_others_can_read_is_refused_and_never_sent() {
         Some(format!("TargetToken {TOKEN}").as_str())
     );
 }
+
+/// A release of an app in a bundle, the one artifact of a deployment: its
+/// slot runs already (the release marker says so), so the app is installed
+/// from the bundle's pack without a reboot and the action closed with
+/// success.
+#[test]
+fn an_app_release_in_a_bundle_is_installed_without_a_reboot_and_closed() {
+    use updraft_tests::apps::{active_file, app_sections, health_dir, write_tree};
+    let server = server();
+    let mut rig = device("ddi-app", &server, DdiAuth::TargetToken, TOKEN);
+    let marker = rig.dev.path("etc-updraft-release");
+    std::fs::write(&marker, "UPDRAFT_RELEASE=1.0\n").expect("release marker");
+    let dir = rig.dev.dir().to_path_buf();
+    std::fs::create_dir_all(health_dir(&dir, "web")).expect("health dir");
+    rig.dev.reconfigure(|s| {
+        s.device = format!("release_file = {:?}", marker.display().to_string());
+        s.sections = app_sections(&dir, "web", "");
+    });
+    let tree = rig.dev.path("web-1.3");
+    write_tree(&tree, &[("bin/web", "web binary"), ("VERSION", "1.3")]);
+    let rel = rig.publish(
+        "1.0",
+        31,
+        IMAGE,
+        &["--app", &format!("web@1.3={}", tree.display())],
+    );
+    let bundle = rel.bundle(&rig.dev.path("release-1.0.updraft"));
+    deploy(
+        &server,
+        Deployment::new(1)
+            .chunk(Chunk::new("os", "rootfs", "1.0").artifact(Artifact::file(&bundle))),
+    );
+    rig.dev.start_daemon();
+    server.wait_for_closed(1, WAIT);
+    let why = closed_with(&server, 1, Finished::Success);
+    assert!(why.contains("web 1.3"), "{why}");
+    assert_eq!(
+        active_file(&rig.dev, "web", "VERSION").as_deref(),
+        Some("1.3")
+    );
+    assert!(
+        !rig.dev.reboot_marker.exists(),
+        "an app release needs no reboot"
+    );
+    assert_conforming(&server);
+    rig.dev.stop_daemon();
+}

@@ -723,3 +723,150 @@ fn a_tampered_blob_or_index_fails_the_release_before_anything_is_switched() {
     let st = dev.status();
     assert_eq!(st["components"][0]["version"], json!("1"), "{st:#}");
 }
+
+/// A release of apps in a single-file bundle: the app's files travel as
+/// its pack, read by `updraft install FILE.updraft` from a file and by
+/// Range requests from a server; a release changing one file reads that
+/// file from the pack, not the whole pack; a pack whose bytes were
+/// changed fails the release before anything is switched.
+#[test]
+fn a_release_of_apps_installs_from_a_single_file_bundle_here_or_on_a_server() {
+    updraft_tests::require!("nginx");
+    let ps = ProxiedServer::start("bundle-app", false);
+    let trees = TempDir::new("bundle-app-trees");
+    // Two files with one content (packed once), and a file of 3 MiB whose
+    // bytes a release changing only VERSION must not read.
+    let big: String = (0..3 * 1024 * 1024 / 16)
+        .map(|i| format!("{i:015}\n"))
+        .collect();
+    let tree = |version: &str| {
+        let dir = trees.join(format!("web-{version}"));
+        write_tree(
+            &dir,
+            &[
+                ("bin/web", "web binary"),
+                ("share/a", "the same bytes"),
+                ("share/b", "the same bytes"),
+                ("share/big", big.as_str()),
+                ("share/zz-VERSION", version),
+                ("VERSION", version),
+                ("healthy", ""),
+            ],
+        );
+        dir
+    };
+    let site = ps.server.repo.dir.clone();
+    let bundle = |name: &str| {
+        let out = site.join(name);
+        ps.server.repo.bundle(&out, &[]);
+        out
+    };
+    ps.publish(
+        "1.0",
+        1,
+        1 << 20,
+        &["--app", &format!("web@1.3={}", tree("1.3").display())],
+    );
+    let local = bundle("r1.updraft");
+    let pack = layout_entry(&local, ".pack");
+    assert_eq!(
+        pack.1,
+        (10 + 14 + big.len() + 3) as u64,
+        "the pack holds each distinct content once (VERSION is share/zz-VERSION's), uncompressed"
+    );
+    let dev = app_device(&ps, "bundle-app", "1.0", "web");
+    health_needs_healthy_file(&dev, "web");
+
+    // From the file: release 1.0's slot runs, its app is installed.
+    let out = dev.install(&local.display().to_string());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e = wait_history(&dev, "release 1.0 committed", WAIT, committed("1.0"));
+    assert!(
+        e["detail"].as_str().unwrap_or_default().contains("web 1.3"),
+        "{e}"
+    );
+    assert_eq!(active_file(&dev, "web", "VERSION").as_deref(), Some("1.3"));
+    assert_eq!(
+        active_file(&dev, "web", "share/b").as_deref(),
+        Some("the same bytes")
+    );
+    assert_eq!(
+        active_file(&dev, "web", "share/big").map(|b| b.len()),
+        Some(big.len())
+    );
+
+    // From a server, by Range requests: only the changed files are read
+    // (the big one is linked from generation 1).
+    publish_apps(&ps, "1.1", &[format!("web@1.4={}", tree("1.4").display())]);
+    bundle("r2.updraft");
+    let url = ps.manifest_url().replace("manifest.json", "r2.updraft");
+    let before = ps.proxy.totals().to_client;
+    let out = dev.install(&url);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e = wait_history(&dev, "release 1.1 committed", WAIT, committed("1.1"));
+    let read = downloaded(e["detail"].as_str().unwrap_or_default());
+    assert!(
+        read < big.len() as u64 / 4,
+        "release 1.1 read {read} bytes: more than its index and changed files"
+    );
+    // On the wire too: the bundle's headers (its first 256 KiB, asked
+    // once for the manifest and once for the files), the index and the
+    // changed file, never the 3 MiB pack.
+    let wire = ps.proxy.totals().to_client - before;
+    assert!(
+        wire < big.len() as u64 / 4 + 2 * 256 * 1024,
+        "release 1.1 took {wire} bytes from the server"
+    );
+    assert_eq!(active_generation(&dev, "web"), Some(2));
+    assert_eq!(active_file(&dev, "web", "VERSION").as_deref(), Some("1.4"));
+    assert_eq!(
+        active_file(&dev, "web", "share/big").map(|b| b.len()),
+        Some(big.len())
+    );
+
+    // A pack changed after signing: the file read from it fails its hash,
+    // nothing is switched, the written generation is removed.
+    publish_apps(&ps, "1.2", &[format!("web@1.5={}", tree("1.5").display())]);
+    let tampered = bundle("r3.updraft");
+    let (offset, size) = layout_entry(&tampered, ".pack");
+    let mut bytes = std::fs::read(&tampered).expect("bundle");
+    // The first file of the pack is VERSION, which changed: it is read.
+    // (A changed byte in share/big would go unread: the device links that
+    // file from the running generation, which it hashed.)
+    bytes[offset as usize] ^= 0x20;
+    std::fs::write(&tampered, &bytes).expect("tampering");
+    let out = dev.install(&tampered.display().to_string());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("component web"), "{err}");
+    assert_eq!(active_generation(&dev, "web"), Some(2));
+    assert_eq!(active_file(&dev, "web", "VERSION").as_deref(), Some("1.4"));
+    assert_eq!(
+        generations(&dev, "web"),
+        [1, 2],
+        "the failed generation is removed"
+    );
+    eprintln!(
+        "app from a bundle: pack of {size} bytes; a release changing VERSION read {read} bytes of it \
+         and the index by Range requests, {wire} bytes on the wire in all"
+    );
+}
+
+/// The offset and size of the bundle entry whose name ends with `suffix`.
+fn layout_entry(bundle: &std::path::Path, suffix: &str) -> (u64, u64) {
+    let index = updraft_tests::bundle::layout(bundle);
+    let e = index
+        .entries()
+        .iter()
+        .find(|e| e.name.ends_with(suffix))
+        .unwrap_or_else(|| panic!("no entry ending {suffix} in {}", bundle.display()));
+    (e.offset, e.size)
+}

@@ -157,6 +157,16 @@ fn target_stays_inside(dir: &str, target: &str) -> bool {
 }
 
 impl Index {
+    /// The regular files, in index order: path, size and hash.
+    pub fn files(&self) -> impl Iterator<Item = (&str, u64, &Sha256)> {
+        self.entries.iter().filter_map(|e| match e {
+            Entry::File {
+                path, size, sha256, ..
+            } => Some((path.as_str(), *size, sha256)),
+            _ => None,
+        })
+    }
+
     /// Parse and check an index (JSON lines, one entry per line, in path
     /// order) against `limits`. Every refusal names the line and the path.
     pub fn parse(bytes: &[u8], limits: Limits) -> Result<Index> {

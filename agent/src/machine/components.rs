@@ -25,6 +25,7 @@ use super::*;
 use crate::app::blobs::{SourceBlobs, fetch_index};
 use crate::app::generation::App;
 use crate::app::index::{Index, Limits};
+use crate::app::pack::PackBlobs;
 use crate::artifact::VerifiedFrames;
 use crate::config::ComponentConfig;
 use crate::handler::{Handler, Phase, Run};
@@ -391,14 +392,21 @@ impl Machine {
             )
             .map_err(|e| e.wrap(what.clone()))?;
             let app = self.app(&name);
-            let mut blobs = SourceBlobs::new(&mut src, &a.blobs);
-            let (n, w) = app
-                .install(&index, &mut blobs)
-                .map_err(|e| e.wrap(what.clone()))?;
+            let installed = if origin.is_bundle() {
+                let mut blobs =
+                    PackBlobs::new(&mut src, &a.index, &index).map_err(|e| e.wrap(what.clone()))?;
+                app.install(&index, &mut blobs)
+                    .map(|(n, w)| (n, w, blobs.read_bytes))
+            } else {
+                let mut blobs = SourceBlobs::new(&mut src, &a.blobs);
+                app.install(&index, &mut blobs)
+                    .map(|(n, w)| (n, w, blobs.read_bytes))
+            };
+            let (n, w, read) = installed.map_err(|e| e.wrap(what.clone()))?;
             let rec = &mut records[i];
             rec.generation = Some(n);
             rec.step = Step::Written;
-            rec.bytes = a.index.size + blobs.read_bytes;
+            rec.bytes = a.index.size + read;
             log::info!(
                 "release {release} component {name}: generation {n} written and checked: {} file(s) fetched \
                  ({} bytes; {} bytes downloaded, the index included), {} linked unchanged ({} bytes)",
