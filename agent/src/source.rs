@@ -256,9 +256,17 @@ pub struct Source {
     origin: Origin,
     fetcher: Option<Fetcher>,
     preferred: usize,
-    /// A remote bundle's headers and what its first answer said of it,
-    /// walked once for all the ranges read through this source.
-    remote_bundle: Option<(Index, RangeInfo)>,
+    /// A bundle's headers, walked once for all the ranges read through
+    /// this source.
+    bundle: Option<Walked>,
+}
+
+/// A bundle whose headers were walked: the open file, or what the server's
+/// first answer said of it.
+#[derive(Clone)]
+enum Walked {
+    Local(Arc<File>, Index),
+    Remote(Index, RangeInfo),
 }
 
 impl Source {
@@ -268,7 +276,7 @@ impl Source {
             origin,
             fetcher,
             preferred,
-            remote_bundle: None,
+            bundle: None,
         }
     }
 
@@ -514,12 +522,19 @@ impl Source {
                 Box::new(FileRange::new(Arc::new(f), offset, total - offset))
             }
             Origin::Bundle { path } => {
-                let (f, index) = open_bundle(path)?;
                 let what = format!("bundle {}", path.display());
-                let artifact = bundle_artifact(&index, rel, total, &what)?;
+                let (file, index) = match self.bundle.take() {
+                    Some(Walked::Local(file, index)) => (file, index),
+                    _ => {
+                        let (f, index) = open_bundle(path)?;
+                        (Arc::new(f), index)
+                    }
+                };
+                let artifact = bundle_artifact(&index, rel, total, &what);
+                let ranges = artifact.map(|a| bounded(a.ranges(offset)));
+                self.bundle = Some(Walked::Local(file.clone(), index));
                 past_the_end(offset, total)?;
-                let file = Arc::new(f);
-                return chain(bounded(artifact.ranges(offset)), what, move |start, len| {
+                return chain(ranges?, what, move |start, len| {
                     Ok(Box::new(FileRange::new(file.clone(), start, len)))
                 });
             }
@@ -531,9 +546,9 @@ impl Source {
             Origin::RemoteBundle { url } => {
                 let url = url.clone();
                 let fetcher = self.fetcher()?;
-                let (index, first) = match self.remote_bundle.take() {
-                    Some(known) => known,
-                    None => {
+                let (index, first) = match self.bundle.take() {
+                    Some(Walked::Remote(index, first)) => (index, first),
+                    _ => {
                         let Some(mut b) = HttpBundle::open(fetcher.clone(), &url, None)? else {
                             bail!(Network, "{}: unexpected 304", url_name(&url));
                         };
@@ -543,7 +558,7 @@ impl Source {
                 let what = url_name(&url);
                 let artifact = bundle_artifact(&index, rel, total, &what);
                 let ranges = artifact.map(|a| bounded(a.ranges(offset)));
-                self.remote_bundle = Some((index, first.clone()));
+                self.bundle = Some(Walked::Remote(index, first.clone()));
                 past_the_end(offset, total)?;
                 return chain(ranges?, what, move |start, len| {
                     let (dl, info) = fetcher.open_range(&url, start, len)?;

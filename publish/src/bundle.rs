@@ -32,15 +32,12 @@ use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use updraft::app::index::{Index, Limits};
 use updraft::app::pack::{self, Layout};
-use updraft::artifact::VerifiedFrames;
 use updraft::bundle::{
     MANIFEST, MAX_ENTRIES, MAX_ENTRY_SIZE, MAX_NAME, SW_DESCRIPTION, TRAILER, continuation,
     data_padding, header, part_name,
 };
 use updraft::envelope::Envelope;
-use updraft::hash::Sha256;
 use updraft::manifest::component::{AppPart, Part};
 use updraft::manifest::{Frame, Manifest};
 
@@ -231,37 +228,17 @@ impl Drop for Packs {
 /// checked against the index's hash, in the index's order. Its length.
 fn write_pack(dir: &Path, name: &str, app: &AppPart, path: &Path) -> Result<u64> {
     let what = format!("app {name}");
-    let index_path = dir.join(&app.index.url);
-    let f =
-        File::open(&index_path).map_err(|e| format!("opening {}: {e}", index_path.display()))?;
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(
-        &mut VerifiedFrames::new(Box::new(f), &app.index, &what).map_err(|e| e.to_string())?,
-        &mut bytes,
-    )
-    .map_err(|e| format!("{what}: reading its index {}: {e}", index_path.display()))?;
-    let limits = Limits {
-        entries: app.tree.entries,
-        bytes: app.tree.bytes,
-    };
-    let index = Index::parse(&bytes, limits).map_err(|e| format!("{what}: {e}"))?;
+    let index = crate::app::read_index(dir, app, &what)?;
     let layout = Layout::of(&index).map_err(|e| format!("{what}: {e}"))?;
     let out = File::create(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
     let mut w = BufWriter::new(out);
-    for (sha256, _, size) in &layout.files {
-        let blob = dir.join(format!("{}{}.zst", app.blobs, sha256.to_hex()));
-        let f =
-            File::open(&blob).map_err(|e| format!("{what}: opening {}: {e}", blob.display()))?;
-        let content = zstd::stream::decode_all(std::io::BufReader::new(f))
-            .map_err(|e| format!("{what}: decoding {}: {e}", blob.display()))?;
-        if content.len() as u64 != *size || Sha256::of(&content) != *sha256 {
-            return Err(format!(
-                "{what}: {} is not the {size}-byte file its index lists",
-                blob.display()
-            ));
+    // Each distinct content once, in the order the index first lists it:
+    // the files in index order, a content already written skipped.
+    let mut done = std::collections::HashSet::new();
+    for file in index.files() {
+        if done.insert(*file.2) {
+            crate::app::decode_blob(dir, app, file, &what, &mut w)?;
         }
-        w.write_all(&content)
-            .map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     w.flush()
         .map_err(|e| format!("writing {}: {e}", path.display()))?;

@@ -12,11 +12,9 @@ use std::path::Path;
 
 use std::io::Read;
 
-use updraft::app::index::{Index, Limits};
 use updraft::artifact::{FrameDecoder, VerifiedFrames};
 use updraft::envelope::Envelope;
 use updraft::hash::{Hasher, Sha256};
-use updraft::manifest::MAX_WINDOW_LOG;
 use updraft::manifest::component::{Component, Part};
 use updraft::manifest::{self, Manifest};
 use updraft::trust::{Anchor, KeySet, PublicKey, Trust};
@@ -105,40 +103,16 @@ fn check_component(dir: &Path, c: &Component) -> Result<String> {
             ))
         }
         Part::App(a) => {
-            let bytes = frames(&a.index)?;
-            let limits = Limits {
-                entries: a.tree.entries,
-                bytes: a.tree.bytes,
-            };
-            let index = Index::parse(&bytes, limits).map_err(|e| format!("{what}: {e}"))?;
+            if a.index.url.contains("://") {
+                return Err(format!(
+                    "{what}: {} is remote; verify it where it is served",
+                    a.index.url
+                ));
+            }
+            let index = crate::app::read_index(dir, a, &what)?;
             let mut checked = 0u64;
-            for (path, size, sha256) in index.files() {
-                let blob = dir.join(format!("{}{}.zst", a.blobs, sha256.to_hex()));
-                let file = std::fs::File::open(&blob)
-                    .map_err(|e| format!("{what}: {path}: opening {}: {e}", blob.display()))?;
-                let mut dec = zstd::stream::read::Decoder::new(file)
-                    .and_then(|mut d| d.window_log_max(MAX_WINDOW_LOG).map(|_| d))
-                    .map_err(|e| format!("{what}: {path}: {e}"))?;
-                let mut h = Hasher::new();
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut n = 0u64;
-                loop {
-                    let k = dec
-                        .read(&mut buf)
-                        .map_err(|e| format!("{what}: {path}: {}: {e}", blob.display()))?;
-                    if k == 0 {
-                        break;
-                    }
-                    n += k as u64;
-                    h.update(&buf[..k]);
-                }
-                if n != size || h.finish() != *sha256 {
-                    return Err(format!(
-                        "{what}: {path}: {} does not decode to the {size} listed bytes of sha256 {}",
-                        blob.display(),
-                        sha256.short()
-                    ));
-                }
+            for file in index.files() {
+                crate::app::decode_blob(dir, a, file, &what, &mut std::io::sink())?;
                 checked += 1;
             }
             Ok(format!(

@@ -78,7 +78,6 @@ impl Blobs for DirBlobs {
 pub struct SourceBlobs<'s> {
     source: &'s mut Source,
     prefix: String,
-    pub opened: u64,
     pub read_bytes: u64,
 }
 
@@ -88,7 +87,6 @@ impl<'s> SourceBlobs<'s> {
         SourceBlobs {
             source,
             prefix: prefix.to_string(),
-            opened: 0,
             read_bytes: 0,
         }
     }
@@ -98,7 +96,6 @@ impl Blobs for SourceBlobs<'_> {
     fn open(&mut self, sha256: &Sha256, size: u64) -> Result<Box<dyn Read + '_>> {
         let rel = format!("{}{}.zst", self.prefix, sha256.to_hex());
         let reader = self.source.open_capped(&rel, compress_bound(size))?;
-        self.opened += 1;
         let counted = Counted {
             inner: reader,
             count: &mut self.read_bytes,

@@ -98,7 +98,6 @@ pub struct PackBlobs<'s> {
     entry: String,
     layout: Layout,
     stream: Option<Stream>,
-    pub opened: u64,
     pub read_bytes: u64,
 }
 
@@ -109,7 +108,6 @@ impl<'s> PackBlobs<'s> {
             entry: name(index_artifact),
             layout: Layout::of(index)?,
             stream: None,
-            opened: 0,
             read_bytes: 0,
         })
     }
@@ -216,10 +214,8 @@ impl Blobs for PackBlobs<'_> {
             entry,
             layout,
             stream,
-            opened,
             read_bytes,
         } = self;
-        *opened += 1;
         position(
             source,
             entry,

@@ -168,7 +168,7 @@ impl Lab {
         let mut vm = self.start(name)?;
         wait_userspace(&mut vm, "A", "9.0", 0)?;
         let t = Instant::now();
-        self.wait_app(&mut vm, "9.0", "9.0", 0)?;
+        self.wait_app(&mut vm, "9.0", "9.0")?;
         println!(
             "   console: app {APP} 9.0 installed without a reboot and committed ({:.1} s from userspace, \
              its files intact in the guest)",
@@ -201,7 +201,7 @@ impl Lab {
             let mut vm = self.start(&name_after)?;
             let (result, now_slot, now_app) = match point.kind {
                 Kind::AppOnly => {
-                    self.wait_app(&mut vm, &version, &slot, 0)?;
+                    self.wait_app(&mut vm, &version, &slot)?;
                     ("committed".to_string(), slot.clone(), version.clone())
                 }
                 Kind::SlotAndApp => {
@@ -232,7 +232,7 @@ impl Lab {
                     } else {
                         (slot.clone(), app.clone())
                     };
-                    self.wait_app(&mut vm, &a, &s, 0)?;
+                    self.wait_app(&mut vm, &a, &s)?;
                     (result, s, a)
                 }
             };
@@ -264,10 +264,11 @@ impl Lab {
     }
 
     /// Wait until the device is idle running slot release `slot` with app
-    /// `version`, and the guest's app line (printed when `current`
-    /// changes: once at boot, then at each switch), the newest from
-    /// console line `from` on, shows that version intact.
-    fn wait_app(&mut self, vm: &mut Vm, version: &str, slot: &str, from: usize) -> Result {
+    /// `version`, and the guest's newest app line this boot (printed when
+    /// `current` changes: once at boot, then at each switch) shows that
+    /// version intact.
+    fn wait_app(&mut self, vm: &mut Vm, version: &str, slot: &str) -> Result {
+        let from = 0;
         wait_status_for(
             vm,
             &format!("app {APP} {version} running beside slot {slot}"),
