@@ -19,11 +19,15 @@
 //!   never go to a host the server names; artifact download links are used
 //!   as given, and the fetcher sends no credentials off `ddi_url`'s origin.
 //! * **Where a deployment's release is** ([`release_origin`]): a single
-//!   bundle artifact, or a chunk with `manifest.json` and the files the
-//!   manifest names, each under its last path segment (`3.json` for
-//!   `keys/3.json`, `<sha256>.zst` for `artifacts/<sha256>.zst`), and the
-//!   check that the server's listing agrees with the signed sizes and
-//!   hashes ([`check_listing`]).
+//!   bundle artifact, or the software modules of a distribution set
+//!   holding `manifest.json` and the files the manifest names, each under
+//!   its last path segment (`3.json` for `keys/3.json`, `<sha256>.zst` for
+//!   `artifacts/<sha256>.zst` or an app's `artifacts/blobs/<sha256>.zst`),
+//!   and the check that the server's listing agrees with the signed
+//!   release ([`check_listing`]): sizes and hashes, and a module named
+//!   after a component carrying that component's signed version, so a
+//!   distribution set of an OS module and an application module is the
+//!   signed release of that slot and that app, one module per component.
 //! * **The outbox rows of this mode** ([`feedback`], [`progress`],
 //!   [`config_data`]) and their delivery in order ([`deliver`]). DDI has no
 //!   idempotency key: an answer 410 (the action is no longer active) counts
@@ -332,9 +336,13 @@ fn describe(e: &OutboxEntry) -> String {
 }
 
 /// Where the release a deployment assigns is: the one bundle artifact of
-/// the deployment, or a chunk's `manifest.json` with the files beside it.
-/// Files are named by their last path segment; a key document `N.json`
-/// stands for `keys/N.json`, anything else for `artifacts/NAME`.
+/// the deployment, or a `manifest.json` with the files beside it in any
+/// of its chunks (software modules). Files are named by their last path
+/// segment; a key document `N.json` stands for `keys/N.json`, anything
+/// else for `artifacts/NAME` (and for any path below `artifacts/` ending
+/// in NAME, such as an app's blobs: [`crate::source`] looks a name up by
+/// its last segment). One name in two modules must be listed with the
+/// same sha256 in both (a blob two components share).
 pub fn release_origin(d: &Deployment) -> Result<Origin> {
     let all: Vec<&ddi::Artifact> = d.chunks.iter().flat_map(|c| &c.artifacts).collect();
     let link = |a: &ddi::Artifact| -> Result<String> {
@@ -350,6 +358,8 @@ pub fn release_origin(d: &Deployment) -> Result<Origin> {
     if all.iter().any(|a| a.filename == crate::bundle::MANIFEST) {
         let manifest = link(d.artifact(crate::bundle::MANIFEST)?)?;
         let mut files = std::collections::BTreeMap::new();
+        let mut listed: std::collections::BTreeMap<&str, Option<crate::hash::Sha256>> =
+            std::collections::BTreeMap::new();
         for a in all.iter().filter(|a| a.filename != crate::bundle::MANIFEST) {
             let Some(href) = &a.download else { continue };
             let name = &a.filename;
@@ -361,13 +371,17 @@ pub fn release_origin(d: &Deployment) -> Result<Origin> {
             } else {
                 format!("artifacts/{name}")
             };
-            if files.insert(rel.clone(), href.clone()).is_some() {
-                bail!(
-                    Malformed,
-                    "deployment {}: two artifacts stand for {rel}",
-                    d.action_id
-                );
+            if let Some(first) = listed.insert(name, a.sha256) {
+                if first.is_none() || first != a.sha256 {
+                    bail!(
+                        Malformed,
+                        "deployment {}: two artifacts stand for {rel} (one name in two software modules must be listed with the same sha256 in both)",
+                        d.action_id
+                    );
+                }
+                continue;
             }
+            files.insert(rel, href.clone());
         }
         return Ok(Origin::Links { manifest, files });
     }
@@ -391,9 +405,44 @@ pub fn release_origin(d: &Deployment) -> Result<Origin> {
 /// with it where it says anything: a size or a sha256 that differs is
 /// refused before a byte is downloaded (the download would fail its hash
 /// anyway; this names the culprit).
+///
+/// A chunk named after a component of the release (the slot's name
+/// included) is that component's software module: its version must be the
+/// component's signed one, or the distribution set is not the release it
+/// names and is refused, naming both versions.
 pub fn check_listing(d: &Deployment, m: &Manifest) -> Result<()> {
+    let named = m
+        .slot
+        .iter()
+        .map(|s| (s.name.as_str(), s.version.as_str()))
+        .chain(
+            m.components
+                .iter()
+                .map(|c| (c.name.as_str(), c.version.as_str())),
+        );
+    for (name, version) in named {
+        if let Some(chunk) = d.chunks.iter().find(|c| c.name == name) {
+            if chunk.version != version {
+                bail!(
+                    Integrity,
+                    "deployment {}: software module {name} is version {} in the distribution set, \
+                     the signed release {} has component {name} {version}",
+                    d.action_id,
+                    truncate(&chunk.version, 80),
+                    m.release.version
+                );
+            }
+        }
+    }
+    let components = m.components.iter().map(|c| match &c.part {
+        crate::manifest::component::Part::Command(p) => &p.artifact,
+        crate::manifest::component::Part::App(t) | crate::manifest::component::Part::Boot(t) => {
+            &t.index
+        }
+    });
     let signed = std::iter::once((&m.artifact.url, m.artifact.size, &m.artifact.sha256))
-        .chain(m.deltas.iter().map(|x| (&x.url, x.size, &x.sha256)));
+        .chain(m.deltas.iter().map(|x| (&x.url, x.size, &x.sha256)))
+        .chain(components.map(|a| (&a.url, a.size, &a.sha256)));
     for (url, size, sha256) in signed {
         let name = url.rsplit('/').next().unwrap_or(url);
         let Some(a) = d
@@ -431,6 +480,7 @@ pub fn check_listing(d: &Deployment, m: &Manifest) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::Sha256;
 
     fn deployment(artifacts: &str) -> Deployment {
         ddi::deployment(
@@ -475,6 +525,111 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    /// A deployment of `chunks` (name, version, artifacts as JSON).
+    fn modules(chunks: &[(&str, &str, String)]) -> Deployment {
+        let chunks: Vec<String> = chunks
+            .iter()
+            .map(|(name, version, artifacts)| {
+                format!(
+                    r#"{{"part":"os","version":"{version}","name":"{name}","artifacts":[{artifacts}]}}"#
+                )
+            })
+            .collect();
+        ddi::deployment(
+            format!(
+                r#"{{"id":"8","deployment":{{"chunks":[{}]}}}}"#,
+                chunks.join(",")
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    fn listed(name: &str, sha: &str) -> String {
+        format!(
+            r#"{{"filename":"{name}","size":3,"hashes":{{"sha256":"{sha}"}},"_links":{{"download":{{"href":"https://cdn.example/{name}"}}}}}}"#
+        )
+    }
+
+    #[test]
+    fn a_release_may_span_software_modules_and_share_a_file_listed_alike() {
+        let sha = Sha256::of(b"blob").to_hex();
+        let other = Sha256::of(b"other").to_hex();
+        let d = modules(&[
+            (
+                "rootfs",
+                "2.0",
+                [artifact("manifest.json"), artifact("1.json")].join(","),
+            ),
+            (
+                "web",
+                "1.4",
+                [artifact("i.index.zst"), listed("b1.zst", &sha)].join(","),
+            ),
+            ("firmware", "2.0", listed("b1.zst", &sha)),
+        ]);
+        let Origin::Links { files, .. } = release_origin(&d).unwrap() else {
+            panic!("not links");
+        };
+        assert!(
+            files.contains_key("artifacts/i.index.zst") && files.contains_key("artifacts/b1.zst")
+        );
+        let d = modules(&[
+            ("rootfs", "2.0", artifact("manifest.json")),
+            ("web", "1.4", listed("b1.zst", &sha)),
+            ("firmware", "2.0", listed("b1.zst", &other)),
+        ]);
+        let e = release_origin(&d).unwrap_err().to_string();
+        assert!(
+            e.contains("two artifacts stand for artifacts/b1.zst"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_module_named_after_a_component_carries_its_signed_version() {
+        let h = Sha256::of(b"x").to_hex();
+        let art = |url: &str| {
+            json!({"url": url, "size": 3, "sha256": h,
+                   "frames": [{"offset": 0, "size": 3, "out_size": 1, "out_sha256": h}]})
+        };
+        let payload = json!({
+            "spec_version": 2, "serial": 7,
+            "issued": "2027-01-15T08:00:00Z", "expires": "2030-03-17T17:46:40Z",
+            "release": {"version": "2026.12.1", "compatible": ["rpi4"]},
+            "components": [
+                {"name": "rootfs", "kind": "slot", "version": "2.0",
+                 "image": {"size": 1, "sha256": h}, "artifact": art("artifacts/r.zst")},
+                {"name": "web", "kind": "app", "version": "1.4",
+                 "tree": {"entries": 1, "bytes": 1},
+                 "index": art("artifacts/i.index.zst"), "blobs": "artifacts/blobs/"},
+            ],
+        });
+        let m = Manifest::parse(&serde_json::to_vec(&payload).unwrap()).unwrap();
+        let ok = modules(&[
+            ("rootfs", "2.0", artifact("manifest.json")),
+            ("web", "1.4", artifact("i.index.zst")),
+            ("release-notes", "9", artifact("notes.txt")),
+        ]);
+        check_listing(&ok, &m).unwrap();
+        let stale = modules(&[
+            ("rootfs", "2.0", artifact("manifest.json")),
+            ("web", "1.3", artifact("i.index.zst")),
+        ]);
+        let e = check_listing(&stale, &m).unwrap_err().to_string();
+        assert!(
+            e.contains("software module web is version 1.3") && e.contains("component web 1.4"),
+            "{e}"
+        );
+        // The app's index listed with another size than signed.
+        let wrong = modules(&[
+            ("rootfs", "2.0", artifact("manifest.json")),
+            ("web", "1.4", r#"{"filename":"i.index.zst","size":4,"_links":{"download":{"href":"https://cdn.example/i"}}}"#.to_string()),
+        ]);
+        let e = check_listing(&wrong, &m).unwrap_err().to_string();
+        assert!(e.contains("\"i.index.zst\" is listed with 4 bytes"), "{e}");
     }
 
     #[test]

@@ -439,7 +439,8 @@ impl Source {
     }
 
     /// Open `rel`, a resource of at most `cap` bytes whose exact size is
-    /// not signed (an app's blob), from a directory or a server.
+    /// not signed (an app's blob), from a directory, a server or the links
+    /// of a fleet server's software modules.
     pub fn open_capped(&mut self, rel: &str, cap: u64) -> Result<Box<dyn Read + Send>> {
         match &self.origin {
             Origin::Local { dir, .. } => {
@@ -460,7 +461,11 @@ impl Source {
                 let dl = self.each_base(|base| fetcher.open_capped(&join(base, &rel), cap))?;
                 Ok(Box::new(dl))
             }
-            Origin::Bundle { .. } | Origin::RemoteBundle { .. } | Origin::Links { .. } => bail!(
+            Origin::Links { files, .. } => {
+                let url = link(files, rel)?;
+                Ok(Box::new(self.fetcher()?.open_capped(&url, cap)?))
+            }
+            Origin::Bundle { .. } | Origin::RemoteBundle { .. } => bail!(
                 Config,
                 "{rel}: app blobs are read from a release directory or server, not from {}",
                 self.describe()
@@ -630,20 +635,34 @@ fn key_entry<'a>(index: &'a Index, rel: &str, what: &str) -> Result<&'a Entry> {
 }
 
 /// The URL a list of links gives for `name`.
+/// The URL of `name` in a `links:` origin: its own entry, or for a path
+/// below `artifacts/` the entry of `artifacts/<its last segment>` (files
+/// uploaded to a fleet server keep only their last path segment, and an
+/// app's `artifacts/blobs/<sha256>.zst` is uploaded as `<sha256>.zst`;
+/// what is read is checked against the signed hash either way).
 fn link(files: &BTreeMap<String, String>, name: &str) -> Result<String> {
-    files.get(name).cloned().ok_or_else(|| {
-        let known: Vec<&str> = files.keys().map(String::as_str).take(20).collect();
-        err!(
-            Malformed,
-            "the release's links name no URL for {name:?}, which the manifest needs (links \
+    let by_last_segment = || {
+        let rest = name.strip_prefix("artifacts/")?;
+        let last = rest.rsplit('/').next()?;
+        files.get(&format!("artifacts/{last}"))
+    };
+    files
+        .get(name)
+        .or_else(by_last_segment)
+        .cloned()
+        .ok_or_else(|| {
+            let known: Vec<&str> = files.keys().map(String::as_str).take(20).collect();
+            err!(
+                Malformed,
+                "the release's links name no URL for {name:?}, which the manifest needs (links \
              given: {})",
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
-        )
-    })
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )
+        })
 }
 
 /// A remote bundle as error messages name it.
@@ -1041,6 +1060,28 @@ mod tests {
         assert!(e.to_string().contains("\"artifacts/ab.zst\""), "{e}");
         let e = s.key_document(3).unwrap_err();
         assert!(e.to_string().contains("keys/3.json"), "{e}");
+    }
+
+    #[test]
+    fn a_link_below_artifacts_is_found_by_its_last_segment() {
+        let files: BTreeMap<String, String> = [
+            ("artifacts/ab.zst", "https://cdn/ab.zst"),
+            ("keys/3.json", "https://cdn/3.json"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(
+            link(&files, "artifacts/blobs/ab.zst").unwrap(),
+            "https://cdn/ab.zst"
+        );
+        assert_eq!(
+            link(&files, "artifacts/ab.zst").unwrap(),
+            "https://cdn/ab.zst"
+        );
+        // Only below artifacts/: a key document keeps its own name.
+        assert!(link(&files, "keys/ab.zst").is_err());
+        assert!(link(&files, "other/ab.zst").is_err());
     }
 
     /// Write a bundle of `entries` (name, bytes) to `path`.

@@ -3,8 +3,9 @@
 //! inputs mutated from it for the parsers' never-panic tests, scratch
 //! directories, a race-free way to write executable scripts, U-Boot
 //! environments built from variables, a plain install job, and the first
-//! moves of the boot model every backend must make alike. Compiled for
-//! tests only.
+//! moves of the boot model every backend must make alike, and file
+//! contents served from memory to the tree writer. Compiled for tests
+//! only.
 
 use std::path::PathBuf;
 
@@ -136,4 +137,29 @@ pub(crate) fn uboot_env(vars: &[(&str, &str)]) -> Environment {
         e.set(k, v).unwrap();
     }
     e
+}
+
+/// Blobs from memory for the tree writer; counts what was asked for.
+/// `lie`: serve these bytes for a hash instead of the real ones.
+#[derive(Default)]
+pub(crate) struct Memory {
+    pub blobs: std::collections::HashMap<Sha256, Vec<u8>>,
+    pub lie: std::collections::HashMap<Sha256, Vec<u8>>,
+    pub opened: Vec<Sha256>,
+}
+
+impl crate::app::tree::Blobs for Memory {
+    fn open(
+        &mut self,
+        sha256: &Sha256,
+        _size: u64,
+    ) -> crate::error::Result<Box<dyn std::io::Read + '_>> {
+        self.opened.push(*sha256);
+        let bytes = self
+            .lie
+            .get(sha256)
+            .or_else(|| self.blobs.get(sha256))
+            .ok_or_else(|| crate::err!(Network, "no blob {}", sha256.short()))?;
+        Ok(Box::new(&bytes[..]))
+    }
 }

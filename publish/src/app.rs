@@ -24,7 +24,7 @@ use updraft::app::index::{Entry, Index, Limits};
 use updraft::artifact::VerifiedFrames;
 use updraft::hash::{Hasher, Sha256};
 use updraft::manifest::MAX_WINDOW_LOG;
-use updraft::manifest::component::AppPart;
+use updraft::manifest::component::TreePart;
 
 use crate::keys::Result;
 use crate::release::hash_file;
@@ -194,6 +194,66 @@ pub fn publish_tree(src: &Path, blobs: &Path, level: i32) -> Result<Tree> {
     })
 }
 
+
+/// The signed index of a published app, read from the release directory
+/// `dir` with every frame checked against the manifest, and parsed by the
+/// device's own rules.
+pub fn read_index(dir: &Path, app: &TreePart, what: &str) -> Result<Index> {
+    let path = dir.join(&app.index.url);
+    let f = File::open(&path).map_err(|e| format!("{what}: opening {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut VerifiedFrames::new(Box::new(f), &app.index, what).map_err(|e| e.to_string())?,
+        &mut bytes,
+    )
+    .map_err(|e| format!("{what}: reading its index {}: {e}", path.display()))?;
+    let limits = Limits {
+        entries: app.tree.entries,
+        bytes: app.tree.bytes,
+    };
+    Index::parse(&bytes, limits).map_err(|e| format!("{what}: {e}"))
+}
+
+/// Decode the blob of the file `path` (`size` bytes, `sha256`) of a
+/// published app into `out`, streaming with the device's window limit,
+/// and check that it is the file the index lists.
+pub fn decode_blob(
+    dir: &Path,
+    app: &TreePart,
+    (path, size, sha256): (&str, u64, &Sha256),
+    what: &str,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let blob = dir.join(format!("{}{}.zst", app.blobs, sha256.to_hex()));
+    let file = File::open(&blob)
+        .map_err(|e| format!("{what}: {path}: opening {}: {e}", blob.display()))?;
+    let mut dec = zstd::stream::read::Decoder::new(file)
+        .and_then(|mut d| d.window_log_max(MAX_WINDOW_LOG).map(|_| d))
+        .map_err(|e| format!("{what}: {path}: {e}"))?;
+    let mut h = Hasher::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut n = 0u64;
+    loop {
+        let k = std::io::Read::read(&mut dec, &mut buf)
+            .map_err(|e| format!("{what}: {path}: {}: {e}", blob.display()))?;
+        if k == 0 {
+            break;
+        }
+        n += k as u64;
+        h.update(&buf[..k]);
+        out.write_all(&buf[..k])
+            .map_err(|e| format!("{what}: {path}: writing: {e}"))?;
+    }
+    if n != size || h.finish() != *sha256 {
+        return Err(format!(
+            "{what}: {path}: {} does not decode to the {size} listed bytes of sha256 {}",
+            blob.display(),
+            sha256.short()
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,63 +325,4 @@ mod tests {
             .unwrap();
         assert!(status.success());
     }
-}
-
-/// The signed index of a published app, read from the release directory
-/// `dir` with every frame checked against the manifest, and parsed by the
-/// device's own rules.
-pub fn read_index(dir: &Path, app: &AppPart, what: &str) -> Result<Index> {
-    let path = dir.join(&app.index.url);
-    let f = File::open(&path).map_err(|e| format!("{what}: opening {}: {e}", path.display()))?;
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(
-        &mut VerifiedFrames::new(Box::new(f), &app.index, what).map_err(|e| e.to_string())?,
-        &mut bytes,
-    )
-    .map_err(|e| format!("{what}: reading its index {}: {e}", path.display()))?;
-    let limits = Limits {
-        entries: app.tree.entries,
-        bytes: app.tree.bytes,
-    };
-    Index::parse(&bytes, limits).map_err(|e| format!("{what}: {e}"))
-}
-
-/// Decode the blob of the file `path` (`size` bytes, `sha256`) of a
-/// published app into `out`, streaming with the device's window limit,
-/// and check that it is the file the index lists.
-pub fn decode_blob(
-    dir: &Path,
-    app: &AppPart,
-    (path, size, sha256): (&str, u64, &Sha256),
-    what: &str,
-    out: &mut dyn Write,
-) -> Result<()> {
-    let blob = dir.join(format!("{}{}.zst", app.blobs, sha256.to_hex()));
-    let file = File::open(&blob)
-        .map_err(|e| format!("{what}: {path}: opening {}: {e}", blob.display()))?;
-    let mut dec = zstd::stream::read::Decoder::new(file)
-        .and_then(|mut d| d.window_log_max(MAX_WINDOW_LOG).map(|_| d))
-        .map_err(|e| format!("{what}: {path}: {e}"))?;
-    let mut h = Hasher::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut n = 0u64;
-    loop {
-        let k = std::io::Read::read(&mut dec, &mut buf)
-            .map_err(|e| format!("{what}: {path}: {}: {e}", blob.display()))?;
-        if k == 0 {
-            break;
-        }
-        n += k as u64;
-        h.update(&buf[..k]);
-        out.write_all(&buf[..k])
-            .map_err(|e| format!("{what}: {path}: writing: {e}"))?;
-    }
-    if n != size || h.finish() != *sha256 {
-        return Err(format!(
-            "{what}: {path}: {} does not decode to the {size} listed bytes of sha256 {}",
-            blob.display(),
-            sha256.short()
-        ));
-    }
-    Ok(())
 }

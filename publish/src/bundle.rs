@@ -38,7 +38,7 @@ use updraft::bundle::{
     data_padding, header, part_name,
 };
 use updraft::envelope::Envelope;
-use updraft::manifest::component::{AppPart, Part};
+use updraft::manifest::component::{Part, TreePart};
 use updraft::manifest::{Frame, Manifest};
 
 use crate::keys::Result;
@@ -123,12 +123,13 @@ pub fn bundle(dir: &Path, out: &Path, part_size: u64) -> Result<Summary> {
         Some(m.artifact.frames.as_slice()),
         dir.join(&m.artifact.url),
     ));
-    // Every other component's artifact, and an app's files as its pack.
+    // Every other component's artifact, and a tree's files (an app's, the
+    // boot files) as its pack.
     let mut packs = Packs(Vec::new());
     for c in &m.components {
         let a = match &c.part {
             Part::Command(p) => &p.artifact,
-            Part::App(a) => &a.index,
+            Part::App(a) | Part::Boot(a) => &a.index,
         };
         artifacts.push((
             a.url.clone(),
@@ -136,7 +137,7 @@ pub fn bundle(dir: &Path, out: &Path, part_size: u64) -> Result<Summary> {
             Some(a.frames.as_slice()),
             dir.join(&a.url),
         ));
-        if let Part::App(app) = &c.part {
+        if let Some(app) = c.tree() {
             let path = out.with_extension(format!("{}.pack.{}", c.name, std::process::id()));
             packs.0.push(path.clone());
             let size = write_pack(dir, &c.name, app, &path)?;
@@ -226,7 +227,7 @@ impl Drop for Packs {
 /// Write the pack of app `name` (`updraft::app::pack`) to `path`: every
 /// distinct file of its signed index, decoded from its blob in `dir` and
 /// checked against the index's hash, in the index's order. Its length.
-fn write_pack(dir: &Path, name: &str, app: &AppPart, path: &Path) -> Result<u64> {
+fn write_pack(dir: &Path, name: &str, app: &TreePart, path: &Path) -> Result<u64> {
     let what = format!("app {name}");
     let index = crate::app::read_index(dir, app, &what)?;
     let layout = Layout::of(&index).map_err(|e| format!("{what}: {e}"))?;

@@ -3,7 +3,7 @@
 //! that would otherwise assemble a long command line (an image class in a
 //! Yocto layer, a CI job). It says what the flags say, no more: the
 //! release's version, compatible boards and channel, the slot image and
-//! the images its deltas start from, and the `app` and `command`
+//! the images its deltas start from, and the `app`, `boot` and `command`
 //! components with their paths.
 //!
 //! ```toml
@@ -21,6 +21,10 @@
 //! version = "1.4"              # the release's version when omitted
 //! path = "build/web"
 //!
+//! [components.firmware]       # the slot's boot files, at most one
+//! kind = "boot"
+//! path = "deploy/boot"
+//!
 //! [components.mcu]
 //! kind = "command"
 //! path = "firmware/mcu.bin"
@@ -28,7 +32,8 @@
 //!
 //! Relative paths are relative to the file's directory. Every table and
 //! key is checked: an unknown key, a component name that is not one
-//! (`check_name`), a kind other than `app` or `command`, an empty path or
+//! (`check_name`), a kind other than `app`, `boot` or `command`, a second
+//! `boot`, an empty path or
 //! a value of the wrong type is refused with the file and what is wrong,
 //! before anything is read or written. Flags given beside the file add
 //! components and override its scalar values.
@@ -54,6 +59,8 @@ pub struct Description {
     pub slot_name: Option<String>,
     pub deltas_from: Vec<PathBuf>,
     pub apps: Vec<ComponentSpec>,
+    /// The slot's boot files (at most one `boot` component).
+    pub boot: Option<ComponentSpec>,
     pub commands: Vec<ComponentSpec>,
 }
 
@@ -164,13 +171,17 @@ pub fn parse(text: &str, path: &Path) -> Result<Description, String> {
                 )));
             }
             "boot" => {
-                return Err(at(format!(
-                    "{table}: kind \"boot\" is not published by this updraft-publish"
-                )));
+                if let Some(first) = &d.boot {
+                    return Err(at(format!(
+                        "{table}: the slot's boot files are [components.{}] already (a release has one boot component)",
+                        first.name
+                    )));
+                }
+                d.boot = Some(spec);
             }
             other => {
                 return Err(at(format!(
-                    "{table}: unknown kind {other:?} (kinds: app, command)"
+                    "{table}: unknown kind {other:?} (kinds: app, boot, command)"
                 )));
             }
         }
@@ -204,6 +215,9 @@ mod tests {
             [components.mcu]
             kind = "command"
             path = "/fw/mcu.bin"
+            [components.firmware]
+            kind = "boot"
+            path = "deploy/boot"
             "#,
         )
         .unwrap_or_else(|e| panic!("{e}"));
@@ -226,6 +240,14 @@ mod tests {
                 version: Some("1.4".into()),
                 dir: "/build/build/web".into()
             }]
+        );
+        assert_eq!(
+            d.boot,
+            Some(ComponentSpec {
+                name: "firmware".into(),
+                version: None,
+                dir: "/build/deploy/boot".into()
+            })
         );
         assert_eq!(
             d.commands,
@@ -267,8 +289,8 @@ mod tests {
                 "[slot] table",
             ),
             (
-                "[components.web]\nkind = \"boot\"\npath = \"w\"",
-                "kind \"boot\"",
+                "[components.fw]\nkind = \"boot\"\npath = \"w\"\n[components.kernel]\nkind = \"boot\"\npath = \"v\"",
+                "one boot component",
             ),
             ("[components.web]\nkind = \"app\"", "missing field `path`"),
             (

@@ -83,7 +83,8 @@ const PROGRAM: Program = Program {
             summary: "sign a release: framed artifact, deltas and DIR/manifest.json",
             usage: "updraft-publish release --key K.key [--key K2.key]... [--description RELEASE.toml] \\
       --version V --compatible HW [--compatible HW2]... [--image NEW.img [--from OLD.img]...] \\
-      [--app NAME[@VERSION]=DIR]... [--command NAME[@VERSION]=FILE]... [--slot-name NAME] \\
+      [--app NAME[@VERSION]=DIR]... [--boot NAME[@VERSION]=DIR] [--command NAME[@VERSION]=FILE]... \\
+      [--slot-name NAME] \\
       [--channel NAME] [--serial N] [--allow-serial-jump] [--expires 30d] \\
       [--rollout PERCENT] [--frame-size BYTES] [--level N] [--threads N] [--delta-memory MIB] \
       [--bundle FILE.updraft] --out DIR",
@@ -118,6 +119,11 @@ const PROGRAM: Program = Program {
                     "--app",
                     "NAME[@VERSION]=DIR",
                     "an application tree published as component NAME (repeatable; makes a release of components, spec_version 2)",
+                ),
+                opt(
+                    "--boot",
+                    "NAME[@VERSION]=DIR",
+                    "the slot's boot files (kernel, device trees, firmware) as component NAME, installed and tried with the slot (spec_version 2)",
                 ),
                 opt(
                     "--command",
@@ -504,6 +510,13 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| Failure::Usage(None, format!("--app {e}")))?,
             );
+            let boot = match usage(f.one("boot"))? {
+                Some(b) => Some(
+                    ComponentSpec::parse(b)
+                        .map_err(|e| Failure::Usage(None, format!("--boot {e}")))?,
+                ),
+                None => described.boot.clone(),
+            };
             let mut commands = described.commands.clone();
             commands.extend(
                 f.all("command")
@@ -555,6 +568,7 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                     .or(described.slot_name.clone())
                     .unwrap_or_else(|| "rootfs".into()),
                 apps,
+                boot,
                 commands,
                 from,
                 serial: usage(f.number("serial"))?,
@@ -589,8 +603,14 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
             }
             for a in &s.apps {
                 println!(
-                    "app {}: {} entries, {} bytes; index {} bytes; {} new blob(s), {} bytes",
-                    a.name, a.entries, a.bytes, a.index_size, a.blobs_written, a.blob_bytes_written
+                    "{} {}: {} entries, {} bytes; index {} bytes; {} new blob(s), {} bytes",
+                    a.kind,
+                    a.name,
+                    a.entries,
+                    a.bytes,
+                    a.index_size,
+                    a.blobs_written,
+                    a.blob_bytes_written
                 );
             }
             if let Some(file) = usage(f.one("bundle"))? {

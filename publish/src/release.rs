@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use updraft::hash::{Hasher, Sha256};
-use updraft::manifest::component::{AppPart, CommandPart, Component, Named, Part, TreeSize};
+use updraft::manifest::component::{CommandPart, Component, Kind, Named, Part, TreePart, TreeSize};
 use updraft::manifest::{
     self, Artifact, Delta, Frame, Image, MAX_FRAME_OUTPUT, MAX_WINDOW_LOG, Manifest, PAYLOAD_TYPE,
     Release, Rollout, SPEC_VERSION,
@@ -80,9 +80,11 @@ impl ComponentSpec {
     }
 }
 
-/// What publishing one app wrote.
+/// What publishing one tree (an app, the slot's boot files) wrote.
 #[derive(Debug)]
 pub struct AppSummary {
+    /// `app` or `boot`.
+    pub kind: &'static str,
     pub name: String,
     pub entries: u64,
     pub bytes: u64,
@@ -101,6 +103,8 @@ pub struct ReleaseSpec {
     /// The slot component's name in a release of components.
     pub slot_name: String,
     pub apps: Vec<ComponentSpec>,
+    /// The slot's boot files, a directory tree (at most one).
+    pub boot: Option<ComponentSpec>,
     /// Payloads for command components' handlers.
     pub commands: Vec<ComponentSpec>,
     pub from: Vec<PathBuf>,
@@ -554,10 +558,15 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
             published.push((old_path.clone(), size));
         }
     }
-    let mut components = Vec::with_capacity(spec.apps.len());
-    let mut apps = Vec::with_capacity(spec.apps.len());
-    for a in &spec.apps {
-        let (component, summary) = publish_app(spec, a, &artifacts)?;
+    let mut components = Vec::with_capacity(spec.apps.len() + 1);
+    let mut apps = Vec::with_capacity(spec.apps.len() + 1);
+    let trees = spec
+        .boot
+        .iter()
+        .map(|b| (b, Kind::Boot))
+        .chain(spec.apps.iter().map(|a| (a, Kind::App)));
+    for (a, kind) in trees {
+        let (component, summary) = publish_tree(spec, a, kind, &artifacts)?;
         components.push(component);
         apps.push(summary);
     }
@@ -622,8 +631,8 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
 /// runs, and a device that runs this slot neither downloads nor reboots
 /// for it. Its artifact must still be in `artifacts/`.
 fn previous_slot(spec: &ReleaseSpec) -> Result<(Image, Artifact, Named, Vec<Delta>)> {
-    if spec.apps.is_empty() && spec.commands.is_empty() {
-        return Err("--image is required (or --app or --command, to publish components beside the slot of the release in --out)".into());
+    if spec.apps.is_empty() && spec.commands.is_empty() && spec.boot.is_none() {
+        return Err("--image is required (or --app, --boot or --command, to publish components beside the slot of the release in --out)".into());
     }
     if !spec.from.is_empty() {
         return Err("--from needs --image: a delta is made to a new image".into());
@@ -651,19 +660,27 @@ fn previous_slot(spec: &ReleaseSpec) -> Result<(Image, Artifact, Named, Vec<Delt
     Ok((prev.image, prev.artifact, slot, prev.deltas))
 }
 
-/// Publish one app: its blobs into `artifacts/blobs/`, its index framed
-/// like any artifact (`artifacts/<sha256>.index.zst`).
-fn publish_app(
+/// Publish one tree, an app or the slot's boot files: its blobs into
+/// `artifacts/blobs/`, its index framed like any artifact
+/// (`artifacts/<sha256>.index.zst`).
+fn publish_tree(
     spec: &ReleaseSpec,
     a: &ComponentSpec,
+    kind: Kind,
     artifacts: &Path,
 ) -> Result<(Component, AppSummary)> {
-    updraft::manifest::component::check_name(&a.name).map_err(|e| format!("--app: {e}"))?;
+    let label = kind.as_str();
+    updraft::manifest::component::check_name(&a.name).map_err(|e| format!("--{label}: {e}"))?;
     let tree = crate::app::publish_tree(&a.dir, &artifacts.join("blobs"), spec.level)
-        .map_err(|e| format!("app {}: {e}", a.name))?;
-    let what = format!("the index of app {}", a.name);
+        .map_err(|e| format!("{label} {}: {e}", a.name))?;
+    if kind == Kind::Boot {
+        updraft::app::boot::check(&tree.index)
+            .map_err(|e| format!("boot {} ({}): {e}", a.name, a.dir.display()))?;
+    }
+    let what = format!("the index of {label} {}", a.name);
     let (_, index) = frame_stream(&mut &tree.lines[..], &what, spec, artifacts, "index.zst")?;
     let summary = AppSummary {
+        kind: label,
         name: a.name.clone(),
         entries: tree.index.entries.len() as u64,
         bytes: tree.index.bytes,
@@ -674,14 +691,21 @@ fn publish_app(
     let component = Component {
         name: a.name.clone(),
         version: a.version.clone().unwrap_or_else(|| spec.version.clone()),
-        part: Part::App(AppPart {
-            tree: TreeSize {
-                entries: summary.entries,
-                bytes: summary.bytes,
-            },
-            index,
-            blobs: "artifacts/blobs/".into(),
-        }),
+        part: {
+            let tree = TreePart {
+                tree: TreeSize {
+                    entries: summary.entries,
+                    bytes: summary.bytes,
+                },
+                index,
+                blobs: "artifacts/blobs/".into(),
+            };
+            if kind == Kind::Boot {
+                Part::Boot(tree)
+            } else {
+                Part::App(tree)
+            }
+        },
     };
     Ok((component, summary))
 }

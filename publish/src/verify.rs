@@ -102,7 +102,7 @@ fn check_component(dir: &Path, c: &Component) -> Result<String> {
                 p.artifact.frames.len()
             ))
         }
-        Part::App(a) => {
+        Part::App(a) | Part::Boot(a) => {
             if a.index.url.contains("://") {
                 return Err(format!(
                     "{what}: {} is remote; verify it where it is served",
@@ -110,13 +110,17 @@ fn check_component(dir: &Path, c: &Component) -> Result<String> {
                 ));
             }
             let index = crate::app::read_index(dir, a, &what)?;
+            if let Part::Boot(_) = c.part {
+                updraft::app::boot::check(&index).map_err(|e| format!("{what}: {e}"))?;
+            }
             let mut checked = 0u64;
             for file in index.files() {
                 crate::app::decode_blob(dir, a, file, &what, &mut std::io::sink())?;
                 checked += 1;
             }
             Ok(format!(
-                "{what} ok: app index of {} entries, {checked} file blobs decoded and hashed",
+                "{what} ok: {} index of {} entries, {checked} file blobs decoded and hashed",
+                c.kind().as_str(),
                 index.entries.len()
             ))
         }
@@ -217,9 +221,12 @@ pub fn inspect(path: &Path, json: bool) -> Result<String> {
     }
     for c in &m.components {
         let what = match &c.part {
-            Part::App(a) => format!(
-                "app, index {} ({} entries, {} bytes)",
-                a.index.url, a.tree.entries, a.tree.bytes
+            Part::App(a) | Part::Boot(a) => format!(
+                "{}, index {} ({} entries, {} bytes)",
+                c.kind().as_str(),
+                a.index.url,
+                a.tree.entries,
+                a.tree.bytes
             ),
             Part::Command(p) => format!("command, {} ({} bytes)", p.artifact.url, p.artifact.size),
         };

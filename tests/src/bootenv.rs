@@ -33,7 +33,7 @@ pub fn tool(name: &str) -> PathBuf {
     panic!("{why}: cargo xtask test as root installs it");
 }
 
-fn run(cmd: &mut Command) -> Result<String, String> {
+pub(crate) fn run(cmd: &mut Command) -> Result<String, String> {
     let out = cmd.output().map_err(|e| format!("running {cmd:?}: {e}"))?;
     if !out.status.success() {
         return Err(format!(

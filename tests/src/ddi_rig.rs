@@ -102,6 +102,20 @@ impl Rig {
         }
     }
 
+    /// Configure the device for app `app` (its health directory, no
+    /// units), booted from slot A that its release marker says holds
+    /// `release`.
+    pub fn with_app(&mut self, release: &str, app: &str) {
+        let marker = self.dev.path("etc-updraft-release");
+        std::fs::write(&marker, format!("UPDRAFT_RELEASE={release}\n")).expect("release marker");
+        let dir = self.dev.dir().to_path_buf();
+        std::fs::create_dir_all(crate::apps::health_dir(&dir, app)).expect("health dir");
+        self.dev.reconfigure(|s| {
+            s.device = format!("release_file = {:?}", marker.display().to_string());
+            s.sections = crate::apps::app_sections(&dir, app, "");
+        });
+    }
+
     /// A key made beside the rig's own, which the device does not trust.
     pub fn stranger_key(&self) -> KeyPair {
         keygen(self.keys.path(), "stranger")
@@ -133,6 +147,51 @@ impl Release {
             c = c.artifact(Artifact::named(&name, path));
         }
         c
+    }
+
+    /// The release as a distribution set of one software module per
+    /// component, as a hawkBit operator would assemble it: the slot's
+    /// module (`os`) holds `manifest.json`, the key documents and the
+    /// slot's artifacts; each other component's module (`application`)
+    /// its payload, or its index and the blob of every file it lists.
+    /// Each file is an artifact under its last path segment.
+    pub fn modules(&self) -> Vec<Chunk> {
+        let bytes = serde_json::to_vec(&self.repo.payload()).expect("payload JSON");
+        let m = updraft::manifest::Manifest::parse(&bytes).expect("a signed release");
+        let slot = m.slot.as_ref().expect("a release of components");
+        let mut taken = std::collections::BTreeSet::new();
+        let mut chunks = Vec::new();
+        for c in &m.components {
+            let mut rels = Vec::new();
+            match &c.part {
+                updraft::manifest::component::Part::Command(p) => rels.push(p.artifact.url.clone()),
+                updraft::manifest::component::Part::App(t)
+                | updraft::manifest::component::Part::Boot(t) => {
+                    rels.push(t.index.url.clone());
+                    let index = updraft_publish::app::read_index(&self.repo.dir, t, &c.name)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    for (_, _, sha256) in index.files() {
+                        rels.push(format!("{}{}.zst", t.blobs, sha256.to_hex()));
+                    }
+                }
+            }
+            let mut chunk = Chunk::new("application", &c.name, &c.version);
+            for rel in rels {
+                let name = rel.rsplit('/').next().unwrap_or(&rel).to_string();
+                chunk = chunk.artifact(Artifact::named(&name, self.repo.dir.join(&rel)));
+                taken.insert(rel);
+            }
+            chunks.push(chunk);
+        }
+        let mut os = Chunk::new("os", &slot.name, &slot.version);
+        for (rel, path) in self.files() {
+            if !taken.contains(&rel) && !rel.starts_with("artifacts/blobs/") {
+                let name = rel.rsplit('/').next().unwrap_or(&rel).to_string();
+                os = os.artifact(Artifact::named(&name, path));
+            }
+        }
+        chunks.insert(0, os);
+        chunks
     }
 
     /// The release as one bundle file (`updraft-publish bundle`).

@@ -378,6 +378,18 @@ impl Chunk {
         self
     }
 
+    /// The same chunk listed with another version (a distribution set
+    /// that does not match its signed release).
+    pub fn with_version(mut self, version: &str) -> Chunk {
+        self.version = version.to_string();
+        self
+    }
+
+    /// The software module's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// A target-visible metadata entry (`DdiChunk.metadata`).
     pub fn metadata(mut self, key: &str, value: &str) -> Chunk {
         self.metadata.push((key.to_string(), value.to_string()));

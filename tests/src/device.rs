@@ -414,6 +414,24 @@ impl Device {
         serde_json::from_str(&text).expect("status --json is JSON")
     }
 
+    /// `status --json` once the daemon is back in `state` (a check that
+    /// wrote its history is still `checking` until it returns); panics
+    /// with the last status after `timeout`.
+    pub fn wait_state(&self, state: &str, timeout: std::time::Duration) -> Value {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let st = self.status();
+            if st["state"] == state {
+                return st;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still not {state} after {timeout:?}: {st:#}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     pub fn slot_bytes(&self, s: SlotName) -> Vec<u8> {
         std::fs::read(match s {
             SlotName::A => &self.slot_a,

@@ -17,6 +17,7 @@ pub mod ddi_rig;
 pub mod ddi_server;
 pub mod device;
 pub mod faketime;
+pub mod fat;
 pub mod goosebit;
 pub mod hostile_client;
 pub mod http;

@@ -996,17 +996,10 @@ fn a_token_file_others_can_read_is_refused_and_never_sent() {
 /// success.
 #[test]
 fn an_app_release_in_a_bundle_is_installed_without_a_reboot_and_closed() {
-    use updraft_tests::apps::{active_file, app_sections, health_dir, write_tree};
+    use updraft_tests::apps::{active_file, write_tree};
     let server = server();
     let mut rig = device("ddi-app", &server, DdiAuth::TargetToken, TOKEN);
-    let marker = rig.dev.path("etc-updraft-release");
-    std::fs::write(&marker, "UPDRAFT_RELEASE=1.0\n").expect("release marker");
-    let dir = rig.dev.dir().to_path_buf();
-    std::fs::create_dir_all(health_dir(&dir, "web")).expect("health dir");
-    rig.dev.reconfigure(|s| {
-        s.device = format!("release_file = {:?}", marker.display().to_string());
-        s.sections = app_sections(&dir, "web", "");
-    });
+    rig.with_app("1.0", "web");
     let tree = rig.dev.path("web-1.3");
     write_tree(&tree, &[("bin/web", "web binary"), ("VERSION", "1.3")]);
     let rel = rig.publish(
@@ -1028,6 +1021,77 @@ fn an_app_release_in_a_bundle_is_installed_without_a_reboot_and_closed() {
     assert_eq!(
         active_file(&rig.dev, "web", "VERSION").as_deref(),
         Some("1.3")
+    );
+    assert!(
+        !rig.dev.reboot_marker.exists(),
+        "an app release needs no reboot"
+    );
+    assert_conforming(&server);
+    rig.dev.stop_daemon();
+}
+
+#[test]
+fn a_distribution_set_of_one_module_per_component_installs_only_the_changed_app() {
+    use updraft_tests::apps::{active_file, write_tree};
+    let server = server();
+    let mut rig = device("ddi-modules", &server, DdiAuth::TargetToken, TOKEN);
+    rig.with_app("1.0", "web");
+    let with_app = |rig: &Rig, release: &str, app: &str, extra: &[&str]| {
+        let tree = rig.dev.path(&format!("web-{app}"));
+        write_tree(&tree, &[("bin/web", "web binary"), ("VERSION", app)]);
+        let mut flags = vec!["--app".to_string(), format!("web@{app}={}", tree.display())];
+        flags.extend(extra.iter().map(|f| f.to_string()));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        rig.publish(release, 32, IMAGE, &flags)
+    };
+    let set = |action: u64, chunks: Vec<Chunk>| {
+        chunks
+            .into_iter()
+            .fold(Deployment::new(action), |d, c| d.chunk(c))
+    };
+
+    // Release 1.0: module rootfs 1.0 (running already) and module web 1.3.
+    let rel = with_app(&rig, "1.0", "1.3", &[]);
+    let modules = rel.modules();
+    assert_eq!(
+        modules.iter().map(Chunk::name).collect::<Vec<_>>(),
+        ["rootfs", "web"]
+    );
+    deploy(&server, set(1, modules));
+    rig.dev.start_daemon();
+    server.wait_for_closed(1, WAIT);
+    let why = closed_with(&server, 1, Finished::Success);
+    assert!(why.contains("web 1.3"), "{why}");
+    assert_eq!(
+        active_file(&rig.dev, "web", "VERSION").as_deref(),
+        Some("1.3")
+    );
+
+    // Release 1.1 changes the app; a distribution set whose web module is
+    // still 1.3 is not the release it carries, and is refused.
+    let rel = with_app(&rig, "1.1", "1.4", &["--serial", "2"]);
+    let mut stale = rel.modules();
+    stale[1] = stale[1].clone().with_version("1.3");
+    deploy(&server, set(2, stale));
+    server.wait_for_closed(2, WAIT);
+    let why = closed_with(&server, 2, Finished::Failure);
+    assert!(
+        why.contains("software module web is version 1.3") && why.contains("component web 1.4"),
+        "{why}"
+    );
+    assert_eq!(
+        active_file(&rig.dev, "web", "VERSION").as_deref(),
+        Some("1.3")
+    );
+
+    // The right set installs web 1.4 alone, without a reboot.
+    deploy(&server, set(3, rel.modules()));
+    server.wait_for_closed(3, WAIT);
+    let why = closed_with(&server, 3, Finished::Success);
+    assert!(why.contains("web 1.4"), "{why}");
+    assert_eq!(
+        active_file(&rig.dev, "web", "VERSION").as_deref(),
+        Some("1.4")
     );
     assert!(
         !rig.dev.reboot_marker.exists(),

@@ -125,6 +125,9 @@ fn a_release_description_file_makes_the_release_its_flags_make() {
     std::fs::write(build.join("web/bin/web"), b"#!/bin/sh\necho web\n").expect("app file");
     std::fs::write(build.join("web/VERSION"), b"1.4").expect("app file");
     std::fs::write(build.join("mcu.bin"), b"firmware 4.1").expect("payload");
+    std::fs::create_dir_all(build.join("boot/overlays")).expect("boot tree");
+    std::fs::write(build.join("boot/config.txt"), b"arm_64bit=1\n").expect("boot file");
+    std::fs::write(build.join("boot/overlays/uart.dtbo"), b"dtbo").expect("boot file");
     image(&build.join("rootfs.ext4"), 3 * 1024 * 1024 + 17, 5);
     let described = build.join("release.toml");
     std::fs::write(
@@ -132,7 +135,8 @@ fn a_release_description_file_makes_the_release_its_flags_make() {
         "version = \"2.0\"\ncompatible = [\"gw-2000\"]\nchannel = \"beta\"\n\
          [slot]\nname = \"os\"\nimage = \"rootfs.ext4\"\n\
          [components.web]\nkind = \"app\"\nversion = \"1.4\"\npath = \"web\"\n\
-         [components.mcu]\nkind = \"command\"\nversion = \"4.1\"\npath = \"mcu.bin\"\n",
+         [components.mcu]\nkind = \"command\"\nversion = \"4.1\"\npath = \"mcu.bin\"\n\
+         [components.firmware]\nkind = \"boot\"\npath = \"boot\"\n",
     )
     .expect("description");
 
@@ -169,6 +173,8 @@ fn a_release_description_file_makes_the_release_its_flags_make() {
         &format!("web@1.4={}", build.join("web").display()),
         "--command",
         &format!("mcu@4.1={}", build.join("mcu.bin").display()),
+        "--boot",
+        &format!("firmware={}", build.join("boot").display()),
         "--level",
         "3",
         "--out",
@@ -177,6 +183,31 @@ fn a_release_description_file_makes_the_release_its_flags_make() {
     let file = timeless(Repo::new(by_file).payload());
     let flags = timeless(Repo::new(by_flags).payload());
     assert_eq!(file["spec_version"], 2);
+    let kinds: Vec<&Value> = file["components"]
+        .as_array()
+        .map(|c| c.iter().map(|c| &c["kind"]).collect())
+        .unwrap_or_default();
+    assert_eq!(kinds, ["slot", "boot", "app", "command"], "{file:#}");
+
+    // Boot files hold no links: a symlink in the tree is refused, named.
+    std::os::unix::fs::symlink("config.txt", build.join("boot/cmdline.txt")).expect("symlink");
+    let out = updraft_tests::publisher::publish(&[
+        "release",
+        "--key",
+        &k,
+        "--description",
+        &desc,
+        "--level",
+        "3",
+        "--out",
+        &dir.join("site-link").display().to_string(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cmdline.txt is a symbolic link"),
+        "{err}"
+    );
+    std::fs::remove_file(build.join("boot/cmdline.txt")).expect("symlink");
     assert_eq!(
         file, flags,
         "the description and the flags make different releases"
@@ -208,7 +239,7 @@ fn a_release_description_file_makes_the_release_its_flags_make() {
         .iter()
         .filter_map(|c| c["name"].as_str())
         .collect();
-    assert_eq!(names.len(), 4, "{names:?}");
+    assert_eq!(names, ["os", "firmware", "web", "mcu", "api"]);
     assert!(names.contains(&"api") && names.contains(&"os"), "{names:?}");
 
     // A description that is not one: refused, naming the file and the key.

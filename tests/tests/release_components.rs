@@ -6,7 +6,9 @@
 //! one; a `command` component run through its handler's phases, a handler
 //! that fails, crashes, hangs or prints garbage in any phase leaving the
 //! device as it was; a release naming a component the device is not
-//! configured for refused before anything is written.
+//! configured for refused before anything is written; a slot's boot files
+//! on a FAT partition written beside it, tried with it and rolled back
+//! with it, never alone.
 
 use std::time::{Duration, Instant};
 
@@ -357,6 +359,126 @@ fn a_release_of_a_slot_and_an_app_is_tried_and_committed_or_rolled_back_as_one()
     dev.stop_daemon();
 }
 
+#[test]
+fn a_slots_boot_files_on_a_fat_partition_are_tried_with_it_and_never_changed_alone() {
+    updraft_tests::require!("nginx", "mkfs.vfat", "fsck.fat", "fusefat", "mtype");
+    let ps = ProxiedServer::start("boot-files", false);
+    let trees = TempDir::new("boot-files-trees");
+    let factory = [
+        ("config.txt", "arm_64bit=1\n"),
+        ("kernel8.img", "kernel 1.0"),
+        ("overlays/uart.dtbo", "uart overlay"),
+    ];
+    let (mut dev, mut fat) =
+        updraft_tests::fat::boot_files_device(&ps, "boot-files", "1.0", &factory);
+    let (a, b) = (fat.mount.join("slot-a"), fat.mount.join("slot-b"));
+    // The slot's health check reads the booted slot's config.txt.
+    dev.health_check(
+        "10-config",
+        &format!(
+            "#!/bin/sh\ncase \"$UPDRAFT_SLOT\" in A) d={a:?} ;; *) d={b:?} ;; esac\n\
+             ! grep -q broken \"$d/config.txt\"\n"
+        ),
+    );
+    dev.start_daemon();
+
+    // Release 2.0: a new slot with a new kernel, its other files as
+    // before; written into slot B's directory, slot A's untouched.
+    let boot20 = trees.join("boot-2.0");
+    write_tree(
+        &boot20,
+        &[
+            ("config.txt", "arm_64bit=1\n"),
+            ("kernel8.img", "kernel 2.0"),
+            ("overlays/uart.dtbo", "uart overlay"),
+        ],
+    );
+    ps.publish(
+        "2.0",
+        11,
+        1 << 20,
+        &["--boot", &format!("firmware={}", boot20.display())],
+    );
+    dev.wait_reboot_requested(WAIT);
+    assert_eq!(
+        std::fs::read_to_string(b.join("kernel8.img")).unwrap(),
+        "kernel 2.0"
+    );
+    assert_eq!(
+        std::fs::read_to_string(a.join("kernel8.img")).unwrap(),
+        "kernel 1.0"
+    );
+    dev.wait_log("2 copied unchanged", WAIT);
+    assert_eq!(dev.reboot(), SlotName::B);
+    dev.start_daemon();
+    let e = wait_history(&dev, "release 2.0 committed", WAIT, committed("2.0"));
+    assert!(
+        e["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("firmware 2.0"),
+        "{e}"
+    );
+    let st = dev.status();
+    assert_eq!(st["components"][0]["name"], json!("firmware"), "{st:#}");
+    assert_eq!(st["components"][0]["version"], json!("2.0"), "{st:#}");
+
+    // Release 2.1 changes only the boot files, and breaks them: the slot
+    // running already is installed again into A with them and tried; the
+    // trial fails, B boots as it did, and 2.1 is not tried again.
+    let boot21 = trees.join("boot-2.1");
+    write_tree(
+        &boot21,
+        &[
+            ("config.txt", "arm_64bit=1\nbroken\n"),
+            ("kernel8.img", "kernel 2.0"),
+            ("overlays/uart.dtbo", "uart overlay"),
+        ],
+    );
+    publish_components(
+        &ps,
+        "2.1",
+        &["--boot", &format!("firmware={}", boot21.display())],
+    );
+    dev.wait_reboot_requested(WAIT);
+    dev.wait_log("its boot files change (firmware 2.1)", WAIT);
+    assert!(
+        std::fs::read_to_string(a.join("config.txt"))
+            .unwrap()
+            .contains("broken")
+    );
+    assert_eq!(
+        std::fs::read_to_string(b.join("config.txt")).unwrap(),
+        "arm_64bit=1\n"
+    );
+    assert_eq!(dev.reboot(), SlotName::A);
+    dev.start_daemon();
+    dev.wait_reboot_requested(WAIT);
+    assert_eq!(dev.reboot(), SlotName::B);
+    dev.start_daemon();
+    wait_history(&dev, "release 2.1 rolled back", WAIT, |e| {
+        e["event"] == json!("rolled-back") && e["release"] == json!("2.1")
+    });
+    dev.wait_log("was rolled back on this device before", WAIT);
+    let st = dev.status();
+    assert_eq!(st["components"][0]["version"], json!("2.0"), "{st:#}");
+    assert_eq!(
+        std::fs::read_to_string(b.join("kernel8.img")).unwrap(),
+        "kernel 2.0"
+    );
+    dev.stop_daemon();
+
+    // What updraft wrote through the mount is a FAT file system another
+    // implementation reads.
+    let summary = fat.check();
+    assert!(summary.contains("files"), "{summary}");
+    assert_eq!(fat.read_image("/slot-b/kernel8.img"), b"kernel 2.0");
+    assert_eq!(
+        fat.read_image("/slot-b/overlays/uart.dtbo"),
+        b"uart overlay"
+    );
+}
+
 /// A handler wrapping the shipped file copier that misbehaves in the
 /// phase and way its mode file names (`activate:crash`), else copies.
 fn misbehaving_handler(
@@ -455,13 +577,12 @@ fn a_command_component_runs_its_handlers_phases_and_any_misbehaving_phase_leaves
                 std::fs::read(&first).unwrap(),
                 "{phase}:{how}: {e}"
             );
-            let st = dev.status();
+            let st = dev.wait_state("idle", WAIT);
             assert_eq!(
                 st["components"][0]["version"],
                 json!("4.1"),
                 "{phase}:{how}: {st:#}"
             );
-            assert_eq!(st["state"], json!("idle"), "{phase}:{how}");
             let detail = e["detail"].as_str().unwrap_or_default();
             assert!(
                 detail.contains("component mcu handler, phase"),

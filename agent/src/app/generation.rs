@@ -139,7 +139,13 @@ impl App {
         let n = found.iter().map(|(n, _)| n + 1).max().unwrap_or(1);
         let partial = gens.join(format!("{n}{PARTIAL}"));
         let reuse = self.active()?.map(|a| self.path(a));
-        let written = tree::write(&partial, index, reuse.as_deref(), blobs)?;
+        let written = tree::write(
+            &partial,
+            index,
+            reuse.as_deref(),
+            blobs,
+            tree::Style::Generation,
+        )?;
         let whole = self.path(n);
         std::fs::rename(&partial, &whole)
             .with_context(|| format!("renaming {} to {}", partial.display(), whole.display()))?;
@@ -233,7 +239,7 @@ fn create_dir_durable(dir: &Path) -> Result<()> {
 }
 
 /// `fsync` a directory, so that the renames in it are durable.
-fn sync_dir(dir: &Path) -> Result<()> {
+pub(super) fn sync_dir(dir: &Path) -> Result<()> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .with_context(|| format!("syncing {}", dir.display()))
@@ -241,35 +247,12 @@ fn sync_dir(dir: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-    use std::io::Read;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     use super::*;
     use crate::app::index::{Entry, Index};
     use crate::hash::Sha256;
-    use crate::test_support::scratch_dir;
-
-    /// Blobs from memory; counts what was asked for. `lie`: serve these
-    /// bytes for a hash instead of the real ones.
-    #[derive(Default)]
-    struct Memory {
-        blobs: HashMap<Sha256, Vec<u8>>,
-        lie: HashMap<Sha256, Vec<u8>>,
-        opened: Vec<Sha256>,
-    }
-
-    impl Blobs for Memory {
-        fn open(&mut self, sha256: &Sha256, _size: u64) -> Result<Box<dyn Read + '_>> {
-            self.opened.push(*sha256);
-            let bytes = self
-                .lie
-                .get(sha256)
-                .or_else(|| self.blobs.get(sha256))
-                .ok_or_else(|| err!(Network, "no blob {}", sha256.short()))?;
-            Ok(Box::new(&bytes[..]))
-        }
-    }
+    use crate::test_support::{Memory, scratch_dir};
 
     /// A tree of `files` (path, contents, executable) with the
     /// directories they need and a symlink, its blobs in `mem`.

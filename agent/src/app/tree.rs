@@ -17,6 +17,14 @@
 //! never written); the hash is taken through the new link, so what was
 //! linked is what was checked.
 //!
+//! A slot's boot files ([`Style::BootFiles`]) are written the same way
+//! into an empty directory that exists (often the mount point of a FAT
+//! partition): no hard links (FAT has none, and two partitions share no
+//! inode), so a file of the booted slot's boot files with the listed size
+//! is copied, hashed as it is, instead of fetched; no modes (FAT keeps
+//! none, and refuses to be told); no symlinks (the index is refused
+//! before this module runs).
+//!
 //! This module never fetches (its [`Blobs`] does), never writes outside
 //! the new directory, and never activates anything.
 
@@ -53,6 +61,17 @@ pub struct Written {
     /// Files written from their blobs, and their bytes.
     pub fetched: u64,
     pub fetched_bytes: u64,
+}
+
+/// Where a tree lands, and so how it is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// An app's generation: a new directory on the data partition, modes
+    /// as listed, unchanged files hard-linked.
+    Generation,
+    /// A slot's boot files: an empty directory that exists, modes as the
+    /// file system gives them, unchanged files copied.
+    BootFiles,
 }
 
 const DIR_FLAGS: OFlag = OFlag::O_RDONLY
@@ -117,20 +136,25 @@ fn hash_fd(fd: OwnedFd, limit: u64) -> std::io::Result<(u64, Sha256)> {
     Ok((n, h.finish()))
 }
 
-/// Write `index`'s tree into `dest`, which must not exist yet; files the
-/// directory `reuse` (the active generation) holds with the same size,
-/// executable bit and hash are linked from it. On error `dest` is left as
-/// far as it got, for the caller to remove.
+/// Write `index`'s tree into `dest`, which must not exist yet (a
+/// generation) or be empty (boot files); files the directory `reuse` (the
+/// active generation, the booted slot's boot files) holds with the same
+/// size and hash, and for a generation the same executable bit, are
+/// linked or copied from it. On error `dest` is left as far as it got,
+/// for the caller to remove.
 pub fn write(
     dest: &Path,
     index: &Index,
     reuse: Option<&Path>,
     blobs: &mut dyn Blobs,
+    style: Style,
 ) -> Result<Written> {
-    std::fs::DirBuilder::new()
-        .mode(0o755)
-        .create(dest)
-        .with_context(|| format!("creating {}", dest.display()))?;
+    if style == Style::Generation {
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(dest)
+            .with_context(|| format!("creating {}", dest.display()))?;
+    }
     let open = |p: &Path| {
         openat(nix::fcntl::AT_FDCWD, p, DIR_FLAGS, Mode::empty()).and_then(DirCache::new)
     };
@@ -159,7 +183,13 @@ pub fn write(
             } => {
                 let mode = if *executable { 0o755 } else { 0o644 };
                 if let Some(r) = reuse_dirs.as_mut() {
-                    if link_same(r, &mut dirs, dir, leaf, mode, *size, sha256)? {
+                    let reused = match style {
+                        Style::Generation => {
+                            link_same(r, &mut dirs, dir, leaf, mode, *size, sha256)?
+                        }
+                        Style::BootFiles => copy_same(r, &mut dirs, dir, leaf, *size, sha256)?,
+                    };
+                    if reused {
                         written.reused += 1;
                         written.reused_bytes += size;
                         continue;
@@ -178,9 +208,11 @@ pub fn write(
                 )
                 .map_err(at)?;
                 let mut file = File::from(fd);
-                // The umask must not narrow the listed mode.
-                file.set_permissions(std::fs::Permissions::from_mode(mode))
-                    .with_context(|| format!("{}: {path}", dest.display()))?;
+                if style == Style::Generation {
+                    // The umask must not narrow the listed mode.
+                    file.set_permissions(std::fs::Permissions::from_mode(mode))
+                        .with_context(|| format!("{}: {path}", dest.display()))?;
+                }
                 let n = copy_checked(blobs.open(sha256, *size)?, &mut file, *size, sha256)
                     .map_err(|e| e.wrap(format!("{}: {path}", dest.display())))?;
                 file.sync_all()
@@ -248,6 +280,67 @@ fn copy_checked(
     Ok(n)
 }
 
+/// `dir/leaf` below `from` opened without following a link, when it is a
+/// regular file of `size` bytes; `None` for anything else.
+fn open_regular(
+    from: &mut DirCache,
+    dir: &str,
+    leaf: &str,
+    size: u64,
+) -> Option<(File, std::fs::Metadata)> {
+    let src_dir = from.get(dir).ok()?;
+    let fd = openat(
+        src_dir,
+        leaf,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let file = File::from(fd);
+    let meta = file.metadata().ok()?;
+    (meta.is_file() && meta.len() == size).then_some((file, meta))
+}
+
+/// Copy `dir/leaf` of the booted slot's boot files into the new ones when
+/// it is a regular file of `size` bytes hashing to `sha256` (hashed as it
+/// is copied). Whether it was copied; a file that does not qualify is no
+/// error, and what was written of it is removed.
+fn copy_same(
+    from: &mut DirCache,
+    to: &mut DirCache,
+    dir: &str,
+    leaf: &str,
+    size: u64,
+    sha256: &Sha256,
+) -> Result<bool> {
+    let Some((src, _)) = open_regular(from, dir, leaf, size) else {
+        return Ok(false);
+    };
+    let dst_dir = to.get(dir).map_err(|e| err!(Io, "{dir}: {e}"))?;
+    let fd = openat(
+        dst_dir,
+        leaf,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )
+    .map_err(|e| err!(Io, "{dir}/{leaf}: {e}"))?;
+    let mut file = File::from(fd);
+    match copy_checked(Box::new(src), &mut file, size, sha256) {
+        Ok(_) => {
+            file.sync_all()
+                .with_context(|| format!("syncing {dir}/{leaf}"))?;
+            Ok(true)
+        }
+        Err(_) => {
+            drop(file);
+            let dst_dir = to.get(dir).map_err(|e| err!(Io, "{dir}: {e}"))?;
+            unlinkat(dst_dir, leaf, UnlinkatFlags::NoRemoveDir)
+                .map_err(|e| err!(Io, "removing a copy that did not match {dir}/{leaf}: {e}"))?;
+            Ok(false)
+        }
+    }
+}
+
 /// Link `dir/leaf` of the active generation into the new one when it is a
 /// regular file of `size` bytes, mode `mode` and hash `sha256` (checked
 /// through the new link). Whether it was linked; a file that does not
@@ -261,23 +354,15 @@ fn link_same(
     size: u64,
     sha256: &Sha256,
 ) -> Result<bool> {
+    let Some((_, meta)) = open_regular(from, dir, leaf, size) else {
+        return Ok(false);
+    };
+    if meta.mode() & 0o7777 != mode {
+        return Ok(false);
+    }
     let Ok(src_dir) = from.get(dir) else {
         return Ok(false);
     };
-    let Ok(src) = openat(
-        src_dir,
-        leaf,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    ) else {
-        return Ok(false);
-    };
-    let Ok(meta) = File::from(src).metadata() else {
-        return Ok(false);
-    };
-    if !meta.is_file() || meta.len() != size || meta.mode() & 0o7777 != mode {
-        return Ok(false);
-    }
     let Ok(dst_dir) = to.get(dir) else {
         return Ok(false);
     };

@@ -82,6 +82,21 @@ pub struct ComponentConfig {
     /// `command`: the longest a phase may run; `app`: the longest its
     /// health checks may run together.
     pub timeout: Dur,
+    /// `boot`: the directories holding slot A's and slot B's boot files
+    /// (`a`, `b`): two directories of one boot partition, or the mount
+    /// points of an A/B pair of boot partitions.
+    pub slot_dirs: Option<[PathBuf; 2]>,
+}
+
+impl ComponentConfig {
+    /// `boot`: the directory of `slot`'s boot files.
+    pub fn slot_dir(&self, slot: crate::slot::SlotName) -> Option<&std::path::Path> {
+        let dirs = self.slot_dirs.as_ref()?;
+        Some(match slot {
+            crate::slot::SlotName::A => &dirs[0],
+            crate::slot::SlotName::B => &dirs[1],
+        })
+    }
 }
 
 impl Config {
@@ -1107,5 +1122,47 @@ reboot_command = ["/sbin/reboot"]
                 .to_string()
                 .starts_with("slots.b")
         );
+    }
+
+    #[test]
+    fn a_boot_component_names_two_directories_that_never_overlap() {
+        let with =
+            |table: &str| Config::parse(&format!("{MINIMAL}\n[components.firmware]\n{table}"));
+        let c = with("kind = \"boot\"\na = \"/boot/slot-a\"\nb = \"/boot/slot-b\"\n").unwrap();
+        let boot = c.component("firmware").unwrap();
+        assert_eq!(
+            boot.slot_dir(crate::slot::SlotName::B),
+            Some(Path::new("/boot/slot-b"))
+        );
+        for (table, needle) in [
+            ("kind = \"boot\"\n", "needs a and b"),
+            ("kind = \"boot\"\na = \"/boot/a\"\n", "a and b go together"),
+            (
+                "kind = \"boot\"\na = \"/boot\"\nb = \"/boot/b\"\n",
+                "overlap",
+            ),
+            (
+                "kind = \"boot\"\na = \"/\"\nb = \"/boot/b\"\n",
+                "other than /",
+            ),
+            (
+                "kind = \"boot\"\na = \"boot/a\"\nb = \"/boot/b\"\n",
+                "absolute",
+            ),
+            (
+                "kind = \"boot\"\na = \"/boot/a\"\nb = \"/boot/b\"\nunits = [\"x.service\"]\n",
+                "tried with their slot",
+            ),
+            (
+                "kind = \"app\"\na = \"/boot/a\"\nb = \"/boot/b\"\n",
+                "a boot component's",
+            ),
+        ] {
+            let e = with(table).unwrap_err().to_string();
+            assert!(
+                e.contains(needle) && e.contains("components.firmware"),
+                "{table}: {e}"
+            );
+        }
     }
 }

@@ -303,13 +303,14 @@ impl Config {
 fn component_config(name: &str, t: &Table) -> Result<ComponentConfig> {
     use crate::manifest::component::Kind as C;
     let mut s = Section::new(t.name.clone(), Some(t));
-    let kind = match s.choice("kind", &[("app", C::App), ("command", C::Command)])? {
+    let kinds = [("app", C::App), ("boot", C::Boot), ("command", C::Command)];
+    let kind = match s.choice("kind", &kinds)? {
         Some(k) => k,
         None => {
             return Err(Error::new(
                 Kind::Config,
                 format!(
-                    "line {}: [{}] needs kind = \"app\" or \"command\" (the slot is [slots])",
+                    "line {}: [{}] needs kind = \"app\", \"boot\" or \"command\" (the slot is [slots])",
                     t.line, t.name
                 ),
             ));
@@ -325,6 +326,19 @@ fn component_config(name: &str, t: &Table) -> Result<ComponentConfig> {
         timeout: s
             .duration("timeout")?
             .unwrap_or(Dur(std::time::Duration::from_secs(600))),
+        slot_dirs: match (s.path("a")?, s.path("b")?) {
+            (Some(a), Some(b)) => Some([a, b]),
+            (None, None) => None,
+            _ => {
+                return Err(Error::new(
+                    Kind::Config,
+                    format!(
+                        "line {}: {}: a and b go together (slot A's and slot B's boot files)",
+                        t.line, t.name
+                    ),
+                ));
+            }
+        },
     };
     let wrong = |key: &str, why: &str| {
         Err(Error::new(
@@ -351,10 +365,53 @@ fn component_config(name: &str, t: &Table) -> Result<ComponentConfig> {
         C::Command if !c.units.is_empty() || c.health_dir.is_some() => {
             return wrong("units", "units and health_dir are an app's");
         }
+        C::Boot => {
+            if !c.units.is_empty() || c.health_dir.is_some() || !c.handler.is_empty() {
+                return wrong(
+                    "units",
+                    "boot files are tried with their slot: its health checks ([health]) decide, \
+                     and they have no units, health_dir or handler",
+                );
+            }
+            let Some([a, b]) = &c.slot_dirs else {
+                return wrong(
+                    "a",
+                    "a boot component needs a and b, the directories of slot A's and slot B's boot files",
+                );
+            };
+            if let Some(why) = boot_dirs_problem(a, b) {
+                return wrong("a", &why);
+            }
+        }
+        _ if c.slot_dirs.is_some() => {
+            return wrong("a", "a and b are a boot component's");
+        }
         _ => {}
     }
     s.finish()?;
     Ok(c)
+}
+
+/// Why slot A's and slot B's boot directories cannot be written one while
+/// the other boots, if they cannot: each must be absolute and other than
+/// `/`, and neither may hold the other.
+fn boot_dirs_problem(a: &std::path::Path, b: &std::path::Path) -> Option<String> {
+    for d in [a, b] {
+        if !d.is_absolute() || d.parent().is_none() {
+            return Some(format!(
+                "{} must be an absolute directory other than /",
+                d.display()
+            ));
+        }
+    }
+    if a.starts_with(b) || b.starts_with(a) {
+        return Some(format!(
+            "{} and {} overlap: writing one slot's boot files would change the other's",
+            a.display(),
+            b.display()
+        ));
+    }
+    None
 }
 
 /// Reads one section's keys, remembering which were read so that anything

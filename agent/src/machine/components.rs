@@ -19,7 +19,13 @@
 //! tried again from the next poll, its unchanged files linked, not
 //! downloaded.
 //!
-//! This module never touches the slot or the bootloader.
+//! A `boot` component is the slot's boot files ([`crate::app::boot`]): it
+//! is written, tried and rolled back with a slot, never alone. A release
+//! that changes them while its slot runs already installs that slot again
+//! (`Plan::WithSlot`), so the files are tried in a counted trial boot like
+//! any slot.
+//!
+//! This module never touches the bootloader, and writes no slot.
 
 use super::*;
 use crate::app::blobs::{SourceBlobs, fetch_index};
@@ -30,7 +36,7 @@ use crate::artifact::VerifiedFrames;
 use crate::config::ComponentConfig;
 use crate::handler::{Handler, Phase, Run};
 use crate::health::{HealthRun, Verdict as HealthVerdict};
-use crate::manifest::component::{Component, Kind as CKind, Part};
+use crate::manifest::component::{Component, Kind as CKind, Part, TreePart};
 
 use crate::state::{ComponentsJob, Record, Step};
 use crate::store::Running;
@@ -55,12 +61,16 @@ pub(super) enum Plan<'a> {
     Declined(String),
     /// These components change; the others run already.
     Install(Vec<&'a Component>),
+    /// These change, the slot's boot files among them: boot files are
+    /// tried in a trial boot, so the slot running already is installed
+    /// again with them.
+    WithSlot(Vec<&'a Component>),
 }
 
 /// The rules, in order: every component must be configured on this device
 /// with its kind (a release never decides where bytes go or what runs);
 /// a component whose content runs is unchanged; one rolled back here before declines
-/// the release unless the operator asks.
+/// the release unless the operator asks; changed boot files need a boot.
 pub(super) fn plan<'a>(
     components: &'a [Component],
     known: &[Known<'_>],
@@ -98,6 +108,8 @@ pub(super) fn plan<'a>(
     }
     Ok(if install.is_empty() {
         Plan::Unchanged
+    } else if install.iter().any(|c| c.kind() == CKind::Boot) {
+        Plan::WithSlot(install)
     } else {
         Plan::Install(install)
     })
@@ -146,7 +158,9 @@ impl Machine {
     /// A component rolled back before comes again with a new slot.
     pub(super) fn slot_job_components(&self, m: &Manifest) -> Result<Vec<Record>> {
         Ok(match self.component_plan(m, true)? {
-            Plan::Install(changed) => changed.into_iter().map(new_record).collect(),
+            Plan::Install(changed) | Plan::WithSlot(changed) => {
+                changed.into_iter().map(new_record).collect()
+            }
             Plan::Unchanged | Plan::Declined(_) => Vec::new(),
         })
     }
@@ -171,6 +185,26 @@ impl Machine {
                 m.components.len()
             ))),
             Ok(Plan::Declined(why)) => Ok(CheckOutcome::Declined(why)),
+            Ok(Plan::WithSlot(changed)) => {
+                let names: Vec<String> = changed
+                    .iter()
+                    .map(|c| format!("{} {}", c.name, c.version))
+                    .collect();
+                log::info!(
+                    "release {}: its slot runs already in slot {}, but its boot files change ({}): \
+                     slot {} is installed again with them and tried in a trial boot",
+                    m.release.version,
+                    self.booted,
+                    names.join(", "),
+                    self.booted.other()
+                );
+                if !operator {
+                    if let Some(why) = self.write_held(&m.release.version) {
+                        return Ok(CheckOutcome::NoChange(why));
+                    }
+                }
+                self.plan(origin, m, t)
+            }
             Ok(Plan::Install(changed)) => {
                 let changed: Vec<Component> = changed.into_iter().cloned().collect();
                 self.install_components(origin, m, &changed, t)
@@ -271,6 +305,16 @@ impl Machine {
                 continue;
             }
             let name = records[i].name.clone();
+            if records[i].kind == CKind::Boot.as_str() {
+                // The slot's switch activated them: this is its trial boot.
+                records[i].step = Step::Active;
+                save(self, records)?;
+                log::info!(
+                    "release {release} component {name}: boot files of slot {} in use",
+                    self.booted
+                );
+                continue;
+            }
             if records[i].kind == CKind::Command.as_str() {
                 // Marked active first: a rollback must reach the handler
                 // even when `activate` fails half way.
@@ -355,8 +399,8 @@ impl Machine {
             let Some(c) = components.iter().find(|c| c.name == name) else {
                 bail!(Integrity, "{what} is not in the release's manifest");
             };
-            let a = match &c.part {
-                Part::App(a) => a,
+            let tp = match &c.part {
+                Part::App(tp) | Part::Boot(tp) => tp,
                 Part::Command(p) => {
                     let raw = src.open(&p.artifact.url, 0, p.artifact.size)?;
                     let payload = VerifiedFrames::new(raw, &p.artifact, &what)?;
@@ -382,43 +426,71 @@ impl Machine {
                 phase: what.clone(),
                 ..Progress::default()
             })?;
-            let bytes = fetch_index(&mut src, &a.index, &what)?;
+            let bytes = fetch_index(&mut src, &tp.index, &what)?;
             let index = Index::parse(
                 &bytes,
                 Limits {
-                    entries: a.tree.entries,
-                    bytes: a.tree.bytes,
+                    entries: tp.tree.entries,
+                    bytes: tp.tree.bytes,
                 },
             )
             .map_err(|e| e.wrap(what.clone()))?;
-            let app = self.app(&name);
-            let installed = if origin.is_bundle() {
-                let mut blobs =
-                    PackBlobs::new(&mut src, &a.index, &index).map_err(|e| e.wrap(what.clone()))?;
-                app.install(&index, &mut blobs)
-                    .map(|(n, w)| (n, w, blobs.read_bytes))
+            let bundle = origin.is_bundle();
+            let (generation, w, read) = if let Part::Boot(_) = c.part {
+                let (target, booted) = self.boot_dirs(&name)?;
+                with_blobs(&mut src, bundle, tp, &index, |blobs| {
+                    crate::app::boot::install(&target, &booted, &index, blobs)
+                })
+                .map(|(w, read)| (None, w, read))
             } else {
-                let mut blobs = SourceBlobs::new(&mut src, &a.blobs);
-                app.install(&index, &mut blobs)
-                    .map(|(n, w)| (n, w, blobs.read_bytes))
-            };
-            let (n, w, read) = installed.map_err(|e| e.wrap(what.clone()))?;
+                let app = self.app(&name);
+                with_blobs(&mut src, bundle, tp, &index, |blobs| {
+                    app.install(&index, blobs)
+                })
+                .map(|((n, w), read)| (Some(n), w, read))
+            }
+            .map_err(|e| e.wrap(what.clone()))?;
             let rec = &mut records[i];
-            rec.generation = Some(n);
+            rec.generation = generation;
             rec.step = Step::Written;
-            rec.bytes = a.index.size + read;
+            rec.bytes = tp.index.size + read;
+            let into = match generation {
+                Some(n) => format!("generation {n}"),
+                None => format!("slot {}'s boot files", self.booted.other()),
+            };
             log::info!(
-                "release {release} component {name}: generation {n} written and checked: {} file(s) fetched \
-                 ({} bytes; {} bytes downloaded, the index included), {} linked unchanged ({} bytes)",
+                "release {release} component {name}: {into} written and checked: {} file(s) fetched \
+                 ({} bytes; {} bytes downloaded, the index included), {} {} unchanged ({} bytes)",
                 w.fetched,
                 w.fetched_bytes,
                 rec.bytes,
                 w.reused,
+                if generation.is_some() {
+                    "linked"
+                } else {
+                    "copied"
+                },
                 w.reused_bytes
             );
             save(self, records)?;
         }
         Ok(())
+    }
+
+    /// Boot component `name`'s directories: the slot being installed's
+    /// (the one not booted) and the booted slot's.
+    fn boot_dirs(&self, name: &str) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+        let cfg = self.cfg.component(name);
+        match (
+            cfg.and_then(|c| c.slot_dir(self.booted.other())),
+            cfg.and_then(|c| c.slot_dir(self.booted)),
+        ) {
+            (Some(target), Some(booted)) => Ok((target.to_path_buf(), booted.to_path_buf())),
+            _ => bail!(
+                Config,
+                "component {name}: [components.{name}] names no boot directories (a, b)"
+            ),
+        }
     }
 
     /// Run `phase` of the handler configured for command component
@@ -552,6 +624,11 @@ impl Machine {
     /// [`Machine::undo_components`] for the records of any release.
     pub(super) fn undo_records(&mut self, release: &str, records: &[Record], t: &mut dyn Ticker) {
         for r in records {
+            if r.kind == CKind::Boot.as_str() {
+                // The files of the slot left behind; the booted slot's
+                // were never touched.
+                continue;
+            }
             if r.kind == CKind::Command.as_str() {
                 // Whatever step it reached, the handler is told to undo it.
                 if let Err(e) = self.run_phase(release, r, Phase::Rollback, None, t) {
@@ -685,6 +762,13 @@ impl Machine {
         })?;
         let mut done = Vec::new();
         for r in records {
+            if r.kind == CKind::Boot.as_str() {
+                done.push(format!(
+                    "{} {} (slot {}'s boot files, {} bytes downloaded)",
+                    r.name, r.version, self.booted, r.bytes
+                ));
+                continue;
+            }
             if r.kind == CKind::Command.as_str() {
                 // Recorded as running already: a failed commit phase cannot
                 // undo what its activate did, so it is reported, not undone.
@@ -778,17 +862,37 @@ impl Machine {
     }
 }
 
+/// Run `f` with the blobs of tree `tp`: from the bundle's pack when the
+/// release is a single-file bundle, else from its blobs directory; what it
+/// returned, and the compressed bytes read.
+fn with_blobs<R>(
+    src: &mut Source,
+    bundle: bool,
+    tp: &TreePart,
+    index: &Index,
+    f: impl FnOnce(&mut dyn crate::app::tree::Blobs) -> Result<R>,
+) -> Result<(R, u64)> {
+    if bundle {
+        let mut blobs = PackBlobs::new(src, &tp.index, index)?;
+        let r = f(&mut blobs)?;
+        Ok((r, blobs.read_bytes))
+    } else {
+        let mut blobs = SourceBlobs::new(src, &tp.blobs);
+        let r = f(&mut blobs)?;
+        Ok((r, blobs.read_bytes))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::manifest::Artifact;
-    use crate::manifest::component::AppPart;
 
     fn app(name: &str, content: &[u8]) -> Component {
         Component {
             name: name.into(),
             version: "1.0".into(),
-            part: Part::App(AppPart {
+            part: Part::App(TreePart {
                 tree: crate::manifest::component::TreeSize {
                     entries: 1,
                     bytes: 1,
@@ -813,7 +917,40 @@ mod tests {
             keep: 2,
             handler: vec![],
             timeout: crate::config::Dur(Duration::from_secs(60)),
+            slot_dirs: None,
         }
+    }
+
+    fn boot(name: &str, content: &[u8]) -> Component {
+        let mut c = app(name, content);
+        if let Part::App(t) = c.part {
+            c.part = Part::Boot(t);
+        }
+        c
+    }
+
+    #[test]
+    fn changed_boot_files_need_the_slot_installed_with_them() {
+        let c = [boot("firmware", b"2"), app("web", b"1")];
+        let (f, w) = (
+            configured("firmware", CKind::Boot),
+            configured("web", CKind::App),
+        );
+        let running = |content: &'static [u8], cfg| Known {
+            configured: Some(cfg),
+            running: Some(("1.0", Sha256::of(content))),
+            rejected: None,
+        };
+        let k = [running(b"1", &f), running(b"1", &w)];
+        assert_eq!(plan(&c, &k, false), Ok(Plan::WithSlot(vec![&c[0]])));
+        // Unchanged boot files never ask for a boot.
+        let c = [boot("firmware", b"1"), app("web", b"2")];
+        assert_eq!(plan(&c, &k, false), Ok(Plan::Install(vec![&c[1]])));
+        // Boot files rolled back here before decline the release.
+        let c = [boot("firmware", b"2"), app("web", b"1")];
+        let mut k = [running(b"1", &f), running(b"1", &w)];
+        k[0].rejected = Some(Sha256::of(b"2"));
+        assert!(matches!(plan(&c, &k, false), Ok(Plan::Declined(_))));
     }
 
     #[test]

@@ -533,7 +533,7 @@ impl Machine {
     fn roll_back(&mut self, mut job: Job, reason: &str, reject: bool) -> Result<()> {
         self.undo_job_components(&job);
         if reject {
-            self.store.reject(&job.image.sha256, &job.version, reason)?;
+            self.reject_job(&job, reason)?;
             job.reason = Some(reason.to_string());
         }
         let r = report::install_result(
@@ -544,6 +544,20 @@ impl Machine {
             Some(reason),
         );
         self.enter(State::RolledBack(job), "rolled-back", Some(reason), vec![r])
+    }
+
+    /// Remember `job`'s image and the components it changed as rejected,
+    /// in one transaction: neither is installed again unless the operator
+    /// asks (a release of boot files over the slot already running rejects
+    /// that slot's image too, and is declined by its boot files).
+    fn reject_job(&self, job: &Job, reason: &str) -> Result<()> {
+        self.store.atomically(|s| {
+            s.reject(&job.image.sha256, &job.version, reason)?;
+            for r in &job.components {
+                s.reject_component(&r.name, &r.content)?;
+            }
+            Ok(())
+        })
     }
 
     /// The attempt failed before the device changed slot: `failed` with
@@ -589,7 +603,7 @@ impl Machine {
         // The apps go back before the slot does: the old slot boots with
         // the generations it ran.
         self.undo_job_components(&job);
-        self.store.reject(&job.image.sha256, &job.version, reason)?;
+        self.reject_job(&job, reason)?;
         job.reason = Some(reason.to_string());
         job.purpose = Some(RebootPurpose::Rollback);
         job.boot_id = Some(self.boot_id.clone());

@@ -5,7 +5,9 @@
 //! (the A/B root filesystem; a release describes everything the device
 //! runs, so an application-only release names the slot it runs on, and a
 //! device already running that slot neither downloads nor reboots for
-//! it), and up to fifteen `app` and `command` components. This module owns
+//! it), at most one `boot` component (the slot's boot files, installed
+//! and tried with it), and `app` and `command` components, sixteen in
+//! all. This module owns
 //! the wire form of version 2 and its structural rules: names that can
 //! never be paths, unique names, known kinds, artifacts whose frames tile
 //! them. The slot component's image, artifact and deltas land in
@@ -51,16 +53,18 @@ pub struct Named {
 pub enum Kind {
     Slot,
     App,
+    Boot,
     Command,
 }
 
 impl Kind {
-    pub const NAMES: [&'static str; 3] = ["slot", "app", "command"];
+    pub const NAMES: [&'static str; 4] = ["slot", "app", "boot", "command"];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Slot => "slot",
             Kind::App => "app",
+            Kind::Boot => "boot",
             Kind::Command => "command",
         }
     }
@@ -69,6 +73,7 @@ impl Kind {
         match s {
             "slot" => Some(Kind::Slot),
             "app" => Some(Kind::App),
+            "boot" => Some(Kind::Boot),
             "command" => Some(Kind::Command),
             _ => None,
         }
@@ -86,7 +91,10 @@ pub struct Component {
 /// What a component of each kind carries.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Part {
-    App(AppPart),
+    App(TreePart),
+    /// The slot's boot files: a tree like an app's, written into the
+    /// directory the device configures for the slot being installed.
+    Boot(TreePart),
     Command(CommandPart),
 }
 
@@ -97,9 +105,10 @@ pub struct TreeSize {
     pub bytes: u64,
 }
 
-/// An app: its signed tree index and where its files' contents are.
+/// A tree (an app, or a slot's boot files): its signed index and where
+/// its files' contents are.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AppPart {
+pub struct TreePart {
     pub tree: TreeSize,
     /// The index (JSON lines, [`crate::app::index`]) as a framed artifact.
     pub index: Artifact,
@@ -118,16 +127,25 @@ impl Component {
     pub fn kind(&self) -> Kind {
         match self.part {
             Part::App(_) => Kind::App,
+            Part::Boot(_) => Kind::Boot,
             Part::Command(_) => Kind::Command,
         }
     }
 
-    /// What identifies the component's content: its index's hash (app) or
-    /// its artifact's (command). A device that runs this hash under this
-    /// name has the component unchanged.
+    /// The tree an `app` or `boot` component carries.
+    pub fn tree(&self) -> Option<&TreePart> {
+        match &self.part {
+            Part::App(t) | Part::Boot(t) => Some(t),
+            Part::Command(_) => None,
+        }
+    }
+
+    /// What identifies the component's content: its index's hash (app,
+    /// boot) or its artifact's (command). A device that runs this hash
+    /// under this name has the component unchanged.
     pub fn content(&self) -> Sha256 {
         match &self.part {
-            Part::App(a) => a.index.sha256,
+            Part::App(a) | Part::Boot(a) => a.index.sha256,
             Part::Command(c) => c.artifact.sha256,
         }
     }
@@ -161,6 +179,13 @@ enum WireComponent {
         deltas: Vec<Delta>,
     },
     App {
+        name: String,
+        version: String,
+        tree: TreeSize,
+        index: Artifact,
+        blobs: String,
+    },
+    Boot {
         name: String,
         version: String,
         tree: TreeSize,
@@ -253,8 +278,30 @@ pub(crate) fn parse(payload: &[u8]) -> Result<Manifest> {
             } => components.push(Component {
                 name,
                 version,
-                part: Part::App(AppPart { tree, index, blobs }),
+                part: Part::App(TreePart { tree, index, blobs }),
             }),
+            WireComponent::Boot {
+                name,
+                version,
+                tree,
+                index,
+                blobs,
+            } => {
+                if let Some(first) = components
+                    .iter()
+                    .find(|c: &&Component| c.kind() == Kind::Boot)
+                {
+                    return Err(malformed(format!(
+                        "components {} and {name} are both of kind boot; a release has at most one (the slot's boot files)",
+                        first.name
+                    )));
+                }
+                components.push(Component {
+                    name,
+                    version,
+                    part: Part::Boot(TreePart { tree, index, blobs }),
+                })
+            }
             WireComponent::Command {
                 name,
                 version,
@@ -325,7 +372,7 @@ pub(crate) fn check(m: &Manifest) -> Result<()> {
         }
         names.push(&c.name);
         match &c.part {
-            Part::App(a) => {
+            Part::App(a) | Part::Boot(a) => {
                 let decoded = manifest::check_artifact(
                     &a.index,
                     None,
@@ -382,6 +429,13 @@ pub fn to_payload(m: &Manifest) -> serde_json::Result<Vec<u8>> {
         let (name, version) = (c.name.clone(), c.version.clone());
         components.push(serde_json::to_value(match &c.part {
             Part::App(a) => WireComponent::App {
+                name,
+                version,
+                tree: a.tree,
+                index: a.index.clone(),
+                blobs: a.blobs.clone(),
+            },
+            Part::Boot(a) => WireComponent::Boot {
                 name,
                 version,
                 tree: a.tree,
@@ -501,11 +555,37 @@ mod tests {
     #[test]
     fn an_unknown_kind_is_refused_not_skipped() {
         let mut w = web();
-        w["kind"] = "boot".into();
-        refused(release(vec![slot(), w]), "kind \"boot\" is not one");
+        w["kind"] = "firmware".into();
+        refused(release(vec![slot(), w]), "kind \"firmware\" is not one");
         let mut w = web();
         w.as_object_mut().unwrap().remove("kind");
         refused(release(vec![slot(), w]), "has no kind");
+    }
+
+    fn boot(name: &str) -> Value {
+        json!({"name": name, "kind": "boot", "version": "2.0",
+               "tree": {"entries": 4, "bytes": 1000},
+               "index": artifact("artifacts/b.zst"), "blobs": "artifacts/blobs/"})
+    }
+
+    #[test]
+    fn a_release_of_a_slot_with_its_boot_files_round_trips() {
+        let m = parse_value(&release(vec![slot(), boot("firmware"), web()])).unwrap();
+        assert_eq!(m.components[0].kind(), Kind::Boot);
+        assert_eq!(m.components[0].tree().unwrap().tree.entries, 4);
+        let again = Manifest::parse(&to_payload(&m).unwrap()).unwrap();
+        assert_eq!(again, m);
+    }
+
+    #[test]
+    fn a_release_carries_at_most_one_set_of_boot_files() {
+        refused(
+            release(vec![slot(), boot("firmware"), boot("kernel")]),
+            "components firmware and kernel are both of kind boot",
+        );
+        let mut b = boot("firmware");
+        b["blobs"] = "blobs".into();
+        refused(release(vec![slot(), b]), "must name a directory");
     }
 
     #[test]
