@@ -234,10 +234,16 @@ impl Origin {
         )
     }
 
-    /// A single-file bundle, here or on a server: an app's files are in
-    /// its pack ([`crate::app::pack`]).
-    pub fn is_bundle(&self) -> bool {
-        matches!(self, Origin::Bundle { .. } | Origin::RemoteBundle { .. })
+    /// Whether a tree's files are read from its pack `pack`
+    /// ([`crate::app::pack::name`]) rather than one blob each: always from
+    /// a bundle, and from links that list the pack (a fleet server's
+    /// software module holds an app's index and pack, not a file per blob).
+    pub fn reads_pack(&self, pack: &str) -> bool {
+        match self {
+            Origin::Bundle { .. } | Origin::RemoteBundle { .. } => true,
+            Origin::Links { files, .. } => files.contains_key(pack),
+            _ => false,
+        }
     }
 
     /// Why this origin cannot be read, for an argument refused up front.

@@ -194,7 +194,6 @@ pub fn publish_tree(src: &Path, blobs: &Path, level: i32) -> Result<Tree> {
     })
 }
 
-
 /// The signed index of a published app, read from the release directory
 /// `dir` with every frame checked against the manifest, and parsed by the
 /// device's own rules.

@@ -96,12 +96,7 @@ pub fn bundle(dir: &Path, out: &Path, part_size: u64) -> Result<Summary> {
              newc entry holds)"
         ));
     }
-    let manifest_path = dir.join(MANIFEST);
-    let raw = std::fs::read(&manifest_path)
-        .map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
-    let env = Envelope::parse(&raw, "manifest").map_err(|e| e.to_string())?;
-    let payload = env.payload_bytes("manifest").map_err(|e| e.to_string())?;
-    let m = Manifest::parse(&payload).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
+    let (raw, m) = read_manifest(dir)?;
     let mut pieces: Vec<Piece> = Vec::new();
     for (n, path) in key_documents(dir)? {
         let len = file_len(&path)?;
@@ -212,6 +207,19 @@ pub fn bundle(dir: &Path, out: &Path, part_size: u64) -> Result<Summary> {
     })
 }
 
+/// `dir/manifest.json` as written, and the release it names (its
+/// signatures are not checked here: `verify` does that, and the device
+/// does).
+pub(crate) fn read_manifest(dir: &Path) -> Result<(Vec<u8>, Manifest)> {
+    let manifest_path = dir.join(MANIFEST);
+    let raw = std::fs::read(&manifest_path)
+        .map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
+    let env = Envelope::parse(&raw, "manifest").map_err(|e| e.to_string())?;
+    let payload = env.payload_bytes("manifest").map_err(|e| e.to_string())?;
+    let m = Manifest::parse(&payload).map_err(|e| format!("{}: {e}", manifest_path.display()))?;
+    Ok((raw, m))
+}
+
 /// The temporary pack files of a bundle being written, removed when it is
 /// done, whatever the outcome.
 struct Packs(Vec<PathBuf>);
@@ -227,7 +235,7 @@ impl Drop for Packs {
 /// Write the pack of app `name` (`updraft::app::pack`) to `path`: every
 /// distinct file of its signed index, decoded from its blob in `dir` and
 /// checked against the index's hash, in the index's order. Its length.
-fn write_pack(dir: &Path, name: &str, app: &TreePart, path: &Path) -> Result<u64> {
+pub(crate) fn write_pack(dir: &Path, name: &str, app: &TreePart, path: &Path) -> Result<u64> {
     let what = format!("app {name}");
     let index = crate::app::read_index(dir, app, &what)?;
     let layout = Layout::of(&index).map_err(|e| format!("{what}: {e}"))?;
@@ -303,7 +311,7 @@ fn cuts(size: u64, part_size: u64, frames: Option<&[Frame]>) -> Result<Vec<(u64,
 }
 
 /// `keys/N.json` in `dir`, by N.
-fn key_documents(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+pub(crate) fn key_documents(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let keys = dir.join("keys");
     let mut out = Vec::new();
     let listing = match std::fs::read_dir(&keys) {

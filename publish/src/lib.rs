@@ -12,6 +12,7 @@ pub mod bundle;
 pub mod delta;
 pub mod description;
 pub mod keys;
+pub mod modules;
 pub mod release;
 pub mod sign;
 pub mod verify;

@@ -219,6 +219,30 @@ boundaries). Nothing is signed again: the manifest's signatures and hashes cover
             examples: &["updraft-publish bundle --dir site --out release-1.1.updraft"],
         },
         Command {
+            name: "modules",
+            summary: "write a published release of components as a DDI distribution set's software modules",
+            usage: "updraft-publish modules --dir DIR --out OUTDIR",
+            about: "One directory per component below OUTDIR, each a software module to upload to a \
+hawkBit server, every file under its own name (docs/fleet-server.md): the slot's holds \
+manifest.json, the key documents and the slot's artifact and deltas; an app's or the boot \
+files' holds its index and its pack (its files, read by Range requests); a command's its \
+payload. Nothing is signed again.",
+            options: &[
+                opt(
+                    "--dir",
+                    "DIR",
+                    "the release directory `release` wrote (required)",
+                ),
+                opt(
+                    "--out",
+                    "OUTDIR",
+                    "where the modules are written; must not exist (required)",
+                ),
+            ],
+            words: &[],
+            examples: &["updraft-publish modules --dir site --out modules-2.1"],
+        },
+        Command {
             name: "verify",
             summary: "check a release as a device would: signatures, payload, artifacts",
             usage: "updraft-publish verify --pub K.pub [--pub K2.pub]... [--threshold N] DIR/manifest.json",
@@ -622,6 +646,23 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                     b.version,
                     b.entries,
                     b.bytes
+                );
+            }
+        }
+        "modules" => {
+            let dir = PathBuf::from(usage(f.required("dir"))?);
+            let out = PathBuf::from(usage(f.required("out"))?);
+            for m in updraft_publish::modules::modules(&dir, &out)? {
+                println!(
+                    "module {} {} ({}): {}",
+                    m.name,
+                    m.version,
+                    m.kind,
+                    m.files
+                        .iter()
+                        .map(|f| f.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(" ")
                 );
             }
         }

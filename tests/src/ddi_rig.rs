@@ -150,48 +150,36 @@ impl Release {
     }
 
     /// The release as a distribution set of one software module per
-    /// component, as a hawkBit operator would assemble it: the slot's
-    /// module (`os`) holds `manifest.json`, the key documents and the
-    /// slot's artifacts; each other component's module (`application`)
-    /// its payload, or its index and the blob of every file it lists.
-    /// Each file is an artifact under its last path segment.
-    pub fn modules(&self) -> Vec<Chunk> {
-        let bytes = serde_json::to_vec(&self.repo.payload()).expect("payload JSON");
-        let m = updraft::manifest::Manifest::parse(&bytes).expect("a signed release");
-        let slot = m.slot.as_ref().expect("a release of components");
-        let mut taken = std::collections::BTreeSet::new();
-        let mut chunks = Vec::new();
-        for c in &m.components {
-            let mut rels = Vec::new();
-            match &c.part {
-                updraft::manifest::component::Part::Command(p) => rels.push(p.artifact.url.clone()),
-                updraft::manifest::component::Part::App(t)
-                | updraft::manifest::component::Part::Boot(t) => {
-                    rels.push(t.index.url.clone());
-                    let index = updraft_publish::app::read_index(&self.repo.dir, t, &c.name)
-                        .unwrap_or_else(|e| panic!("{e}"));
-                    for (_, _, sha256) in index.files() {
-                        rels.push(format!("{}{}.zst", t.blobs, sha256.to_hex()));
-                    }
-                }
-            }
-            let mut chunk = Chunk::new("application", &c.name, &c.version);
-            for rel in rels {
-                let name = rel.rsplit('/').next().unwrap_or(&rel).to_string();
-                chunk = chunk.artifact(Artifact::named(&name, self.repo.dir.join(&rel)));
-                taken.insert(rel);
-            }
-            chunks.push(chunk);
-        }
-        let mut os = Chunk::new("os", &slot.name, &slot.version);
-        for (rel, path) in self.files() {
-            if !taken.contains(&rel) && !rel.starts_with("artifacts/blobs/") {
-                let name = rel.rsplit('/').next().unwrap_or(&rel).to_string();
-                os = os.artifact(Artifact::named(&name, path));
-            }
-        }
-        chunks.insert(0, os);
-        chunks
+    /// component, as `updraft-publish modules` writes it into `out` and an
+    /// operator uploads it: the slot's module (`os`) holds `manifest.json`,
+    /// the key documents and the slot's artifacts; an app's (`application`)
+    /// its index and its pack; a command's its payload. Each file is an
+    /// artifact under its own name.
+    pub fn modules(&self, out: &Path) -> Vec<Chunk> {
+        let printed = publish_ok(&[
+            "modules",
+            "--dir",
+            self.repo.dir.to_str().expect("utf-8 path"),
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ]);
+        printed
+            .lines()
+            .filter_map(|l| l.strip_prefix("module "))
+            .map(|l| {
+                let (head, files) = l
+                    .split_once("): ")
+                    .expect("module NAME VERSION (KIND): FILES");
+                let (name_version, kind) = head.split_once(" (").expect("a module's kind");
+                let (name, version) = name_version.split_once(' ').expect("a module's version");
+                files
+                    .split(' ')
+                    .map(PathBuf::from)
+                    .fold(Chunk::new(kind, name, version), |c, f| {
+                        c.artifact(Artifact::file(f))
+                    })
+            })
+            .collect()
     }
 
     /// The release as one bundle file (`updraft-publish bundle`).

@@ -390,6 +390,11 @@ impl Chunk {
         &self.name
     }
 
+    /// How many artifacts the module holds.
+    pub fn artifacts(&self) -> usize {
+        self.artifacts.len()
+    }
+
     /// A target-visible metadata entry (`DdiChunk.metadata`).
     pub fn metadata(mut self, key: &str, value: &str) -> Chunk {
         self.metadata.push((key.to_string(), value.to_string()));

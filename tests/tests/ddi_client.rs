@@ -1036,9 +1036,19 @@ fn a_distribution_set_of_one_module_per_component_installs_only_the_changed_app(
     let server = server();
     let mut rig = device("ddi-modules", &server, DdiAuth::TargetToken, TOKEN);
     rig.with_app("1.0", "web");
+    // More files than a hawkBit module holds by default (50): the module
+    // carries the app's index and its pack, not a file per blob.
     let with_app = |rig: &Rig, release: &str, app: &str, extra: &[&str]| {
         let tree = rig.dev.path(&format!("web-{app}"));
-        write_tree(&tree, &[("bin/web", "web binary"), ("VERSION", app)]);
+        let pages: Vec<(String, String)> = (0..120)
+            .map(|i| (format!("www/page-{i}.html"), format!("<p>page {i}</p>")))
+            .collect();
+        let mut files: Vec<(&str, &str)> = pages
+            .iter()
+            .map(|(p, c)| (p.as_str(), c.as_str()))
+            .collect();
+        files.extend([("bin/web", "web binary"), ("VERSION", app)]);
+        write_tree(&tree, &files);
         let mut flags = vec!["--app".to_string(), format!("web@{app}={}", tree.display())];
         flags.extend(extra.iter().map(|f| f.to_string()));
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
@@ -1052,10 +1062,14 @@ fn a_distribution_set_of_one_module_per_component_installs_only_the_changed_app(
 
     // Release 1.0: module rootfs 1.0 (running already) and module web 1.3.
     let rel = with_app(&rig, "1.0", "1.3", &[]);
-    let modules = rel.modules();
+    let modules = rel.modules(&rig.dev.path("modules-1.0"));
     assert_eq!(
-        modules.iter().map(Chunk::name).collect::<Vec<_>>(),
-        ["rootfs", "web"]
+        modules
+            .iter()
+            .map(|c| (c.name(), c.artifacts()))
+            .collect::<Vec<_>>(),
+        [("rootfs", 2), ("web", 2)],
+        "manifest.json and the image (the rig's device trusts the release key itself); the index and the pack"
     );
     deploy(&server, set(1, modules));
     rig.dev.start_daemon();
@@ -1070,7 +1084,8 @@ fn a_distribution_set_of_one_module_per_component_installs_only_the_changed_app(
     // Release 1.1 changes the app; a distribution set whose web module is
     // still 1.3 is not the release it carries, and is refused.
     let rel = with_app(&rig, "1.1", "1.4", &["--serial", "2"]);
-    let mut stale = rel.modules();
+    let set11 = rel.modules(&rig.dev.path("modules-1.1"));
+    let mut stale = set11.clone();
     stale[1] = stale[1].clone().with_version("1.3");
     deploy(&server, set(2, stale));
     server.wait_for_closed(2, WAIT);
@@ -1085,7 +1100,7 @@ fn a_distribution_set_of_one_module_per_component_installs_only_the_changed_app(
     );
 
     // The right set installs web 1.4 alone, without a reboot.
-    deploy(&server, set(3, rel.modules()));
+    deploy(&server, set(3, set11));
     server.wait_for_closed(3, WAIT);
     let why = closed_with(&server, 3, Finished::Success);
     assert!(why.contains("web 1.4"), "{why}");

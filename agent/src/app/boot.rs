@@ -81,7 +81,7 @@ pub fn install(
         }
     }
     empty(target, meta.dev())?;
-    tree::write(target, index, Some(booted), blobs, Style::BootFiles)
+    tree::write(target, index, &[booted], blobs, Style::BootFiles)
 }
 
 /// Remove everything in `dir` (on device `dev`), never following a link;

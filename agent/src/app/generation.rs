@@ -123,32 +123,43 @@ impl App {
     }
 
     /// Write generation `next` (one above every generation present, whole
-    /// or partial) from `index`, reusing the active generation's files;
-    /// it is made whole by one rename, and not activated. A partial tree
-    /// from an earlier attempt is removed first.
+    /// or partial) from `index`, reusing the active generation's files and
+    /// those an interrupted attempt finished (the newest partial tree, each
+    /// file checked by its hash as it is linked: a release tried again
+    /// after a power cut or a failed download does not fetch them again);
+    /// it is made whole by one rename, and not activated. Older partial
+    /// trees are removed first, the one reused once the generation is
+    /// whole.
     pub fn install(&self, index: &Index, blobs: &mut dyn Blobs) -> Result<(u64, Written)> {
         let gens = self.gen_dir();
         create_dir_durable(&self.dir.join("data"))?;
         create_dir_durable(&gens)?;
         let found = self.scan()?;
-        for (n, _) in found.iter().filter(|(_, partial)| *partial) {
-            let path = gens.join(format!("{n}{PARTIAL}"));
-            std::fs::remove_dir_all(&path)
-                .with_context(|| format!("removing {}", path.display()))?;
+        let mut partials: Vec<u64> = found
+            .iter()
+            .filter(|(_, partial)| *partial)
+            .map(|(n, _)| *n)
+            .collect();
+        partials.sort_unstable();
+        let resumed = partials.pop().map(|n| gens.join(format!("{n}{PARTIAL}")));
+        for n in partials {
+            remove_tree(&gens.join(format!("{n}{PARTIAL}")))?;
         }
         let n = found.iter().map(|(n, _)| n + 1).max().unwrap_or(1);
         let partial = gens.join(format!("{n}{PARTIAL}"));
-        let reuse = self.active()?.map(|a| self.path(a));
-        let written = tree::write(
-            &partial,
-            index,
-            reuse.as_deref(),
-            blobs,
-            tree::Style::Generation,
-        )?;
+        let active = self.active()?.map(|a| self.path(a));
+        let reuse: Vec<&Path> = active
+            .iter()
+            .chain(resumed.iter())
+            .map(PathBuf::as_path)
+            .collect();
+        let written = tree::write(&partial, index, &reuse, blobs, tree::Style::Generation)?;
         let whole = self.path(n);
         std::fs::rename(&partial, &whole)
             .with_context(|| format!("renaming {} to {}", partial.display(), whole.display()))?;
+        if let Some(r) = &resumed {
+            remove_tree(r)?;
+        }
         sync_dir(&gens)?;
         Ok((n, written))
     }
@@ -218,6 +229,11 @@ impl App {
         }
         Ok(removed)
     }
+}
+
+/// Remove the tree `path` (a partial generation), never following a link.
+fn remove_tree(path: &Path) -> Result<()> {
+    std::fs::remove_dir_all(path).with_context(|| format!("removing {}", path.display()))
 }
 
 /// Create `dir` and any missing parent, each made durable in its parent
@@ -346,7 +362,8 @@ mod tests {
                 "no whole generation"
             );
         }
-        // The next attempt removes the partial tree and goes on above it.
+        // The next attempt goes on above the partial trees, and removes
+        // them once its generation is whole.
         let mut mem = Memory::default();
         let idx = tree(&mut mem, &[("bin/web", b"web 1.3", true)]);
         let (n, _) = app.install(&idx, &mut mem).unwrap();
@@ -356,6 +373,43 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(left, ["4"]);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn an_interrupted_install_is_resumed_without_fetching_what_it_finished() {
+        let root = scratch_dir("app", "resume");
+        let app = App::new(&root, "web");
+        let mut mem = Memory::default();
+        let files: [(&str, &[u8], bool); 3] = [
+            ("bin/a", b"first file", false),
+            ("bin/b", b"second file", false),
+            ("bin/web", b"web 1.3", true),
+        ];
+        let idx = tree(&mut mem, &files);
+        // The last file's blob cannot be had: the attempt fails after
+        // writing the others.
+        let last = mem.blobs.remove(&Sha256::of(b"web 1.3")).unwrap();
+        assert!(app.install(&idx, &mut mem).is_err());
+        assert_eq!(mem.opened.len(), 3);
+        mem.blobs.insert(Sha256::of(b"web 1.3"), last);
+        mem.opened.clear();
+        let (n, w) = app.install(&idx, &mut mem).unwrap();
+        assert_eq!(
+            mem.opened,
+            [Sha256::of(b"web 1.3")],
+            "only what was not finished"
+        );
+        assert_eq!((w.reused, w.fetched), (2, 1));
+        assert_eq!(
+            std::fs::read(app.path(n).join("bin/b")).unwrap(),
+            b"second file"
+        );
+        let left: Vec<String> = std::fs::read_dir(root.join("web/gen"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, [n.to_string()], "the partial tree is gone");
         let _ = std::fs::remove_dir_all(&root);
     }
 

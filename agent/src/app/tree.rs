@@ -43,8 +43,7 @@ use crate::error::{Context, Result};
 use crate::hash::{Hasher, Sha256};
 use crate::{bail, err};
 
-/// Where a file's bytes come from when the active generation does not
-/// hold them.
+/// Where a file's bytes come from when no directory reused holds them.
 pub trait Blobs {
     /// The bytes of the file listed with `sha256` and `size` (they are
     /// counted and hashed as they are written: a source that lies fails
@@ -137,15 +136,16 @@ fn hash_fd(fd: OwnedFd, limit: u64) -> std::io::Result<(u64, Sha256)> {
 }
 
 /// Write `index`'s tree into `dest`, which must not exist yet (a
-/// generation) or be empty (boot files); files the directory `reuse` (the
-/// active generation, the booted slot's boot files) holds with the same
-/// size and hash, and for a generation the same executable bit, are
-/// linked or copied from it. On error `dest` is left as far as it got,
-/// for the caller to remove.
+/// generation) or be empty (boot files); files a directory of `reuse`
+/// (the active generation and an interrupted attempt's, the booted
+/// slot's boot files) holds with the same size and hash, and for a
+/// generation the same executable bit, are linked or copied from the
+/// first that does. On error `dest` is left as far as it got, for the
+/// caller to remove or to reuse.
 pub fn write(
     dest: &Path,
     index: &Index,
-    reuse: Option<&Path>,
+    reuse: &[&Path],
     blobs: &mut dyn Blobs,
     style: Style,
 ) -> Result<Written> {
@@ -159,8 +159,8 @@ pub fn write(
         openat(nix::fcntl::AT_FDCWD, p, DIR_FLAGS, Mode::empty()).and_then(DirCache::new)
     };
     let mut dirs = open(dest).with_context(|| format!("opening {}", dest.display()))?;
-    // No active generation, or one that cannot be opened: nothing reused.
-    let mut reuse_dirs = reuse.and_then(|p| open(p).ok());
+    // A directory that cannot be opened gives nothing.
+    let mut reuse_dirs: Vec<DirCache> = reuse.iter().filter_map(|p| open(p).ok()).collect();
     let mut written = Written::default();
     for entry in &index.entries {
         let path = entry.path();
@@ -182,18 +182,22 @@ pub fn write(
                 ..
             } => {
                 let mode = if *executable { 0o755 } else { 0o644 };
-                if let Some(r) = reuse_dirs.as_mut() {
-                    let reused = match style {
+                let mut reused = false;
+                for r in reuse_dirs.iter_mut() {
+                    reused = match style {
                         Style::Generation => {
                             link_same(r, &mut dirs, dir, leaf, mode, *size, sha256)?
                         }
                         Style::BootFiles => copy_same(r, &mut dirs, dir, leaf, *size, sha256)?,
                     };
                     if reused {
-                        written.reused += 1;
-                        written.reused_bytes += size;
-                        continue;
+                        break;
                     }
+                }
+                if reused {
+                    written.reused += 1;
+                    written.reused_bytes += size;
+                    continue;
                 }
                 let parent = dirs.get(dir).map_err(at)?;
                 let fd = openat(

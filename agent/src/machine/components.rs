@@ -435,16 +435,16 @@ impl Machine {
                 },
             )
             .map_err(|e| e.wrap(what.clone()))?;
-            let bundle = origin.is_bundle();
+            let packed = origin.reads_pack(&crate::app::pack::name(&tp.index));
             let (generation, w, read) = if let Part::Boot(_) = c.part {
                 let (target, booted) = self.boot_dirs(&name)?;
-                with_blobs(&mut src, bundle, tp, &index, |blobs| {
+                with_blobs(&mut src, packed, tp, &index, |blobs| {
                     crate::app::boot::install(&target, &booted, &index, blobs)
                 })
                 .map(|(w, read)| (None, w, read))
             } else {
                 let app = self.app(&name);
-                with_blobs(&mut src, bundle, tp, &index, |blobs| {
+                with_blobs(&mut src, packed, tp, &index, |blobs| {
                     app.install(&index, blobs)
                 })
                 .map(|((n, w), read)| (Some(n), w, read))
@@ -862,17 +862,17 @@ impl Machine {
     }
 }
 
-/// Run `f` with the blobs of tree `tp`: from the bundle's pack when the
-/// release is a single-file bundle, else from its blobs directory; what it
-/// returned, and the compressed bytes read.
+/// Run `f` with the blobs of tree `tp`: from its pack when the release
+/// offers one (a bundle, a fleet server's module), else from its blobs
+/// directory; what it returned, and the bytes read.
 fn with_blobs<R>(
     src: &mut Source,
-    bundle: bool,
+    packed: bool,
     tp: &TreePart,
     index: &Index,
     f: impl FnOnce(&mut dyn crate::app::tree::Blobs) -> Result<R>,
 ) -> Result<(R, u64)> {
-    if bundle {
+    if packed {
         let mut blobs = PackBlobs::new(src, &tp.index, index)?;
         let r = f(&mut blobs)?;
         Ok((r, blobs.read_bytes))
