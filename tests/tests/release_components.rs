@@ -466,6 +466,34 @@ fn a_slots_boot_files_on_a_fat_partition_are_tried_with_it_and_never_changed_alo
         std::fs::read_to_string(b.join("kernel8.img")).unwrap(),
         "kernel 2.0"
     );
+
+    // Release 3.0: a new slot with the boot files of 2.0. Slot A's
+    // directory still holds 2.1's broken files: the slot's boot files are
+    // written with it although they run already (copied, not downloaded).
+    let boot30 = trees.join("boot-3.0");
+    write_tree(
+        &boot30,
+        &[
+            ("config.txt", "arm_64bit=1\n"),
+            ("kernel8.img", "kernel 2.0"),
+            ("overlays/uart.dtbo", "uart overlay"),
+        ],
+    );
+    ps.publish(
+        "3.0",
+        12,
+        1 << 20,
+        &["--boot", &format!("firmware@2.0={}", boot30.display())],
+    );
+    dev.wait_reboot_requested(WAIT);
+    assert_eq!(
+        std::fs::read_to_string(a.join("config.txt")).unwrap(),
+        "arm_64bit=1\n"
+    );
+    dev.wait_log("0 file(s) fetched", WAIT);
+    assert_eq!(dev.reboot(), SlotName::A);
+    dev.start_daemon();
+    wait_history(&dev, "release 3.0 committed", WAIT, committed("3.0"));
     dev.stop_daemon();
 
     // What updraft wrote through the mount is a FAT file system another
@@ -473,6 +501,7 @@ fn a_slots_boot_files_on_a_fat_partition_are_tried_with_it_and_never_changed_alo
     let summary = fat.check();
     assert!(summary.contains("files"), "{summary}");
     assert_eq!(fat.read_image("/slot-b/kernel8.img"), b"kernel 2.0");
+    assert_eq!(fat.read_image("/slot-a/config.txt"), b"arm_64bit=1\n");
     assert_eq!(
         fat.read_image("/slot-b/overlays/uart.dtbo"),
         b"uart overlay"

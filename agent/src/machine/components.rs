@@ -115,6 +115,25 @@ pub(super) fn plan<'a>(
     })
 }
 
+/// What a slot's job writes besides the slot, from the plan of the
+/// release's components: the changed ones, and the boot files whatever
+/// runs. Boot files belong to the slot they are written with: the slot
+/// being installed has another release's in its directory (or none), so
+/// boot files that did not change since the running release are still
+/// written there (copied from the booted slot's, not downloaded).
+pub(super) fn with_the_slot<'a>(components: &'a [Component], plan: Plan<'a>) -> Vec<&'a Component> {
+    let mut written = match plan {
+        Plan::Install(changed) | Plan::WithSlot(changed) => changed,
+        Plan::Unchanged | Plan::Declined(_) => Vec::new(),
+    };
+    for c in components.iter().filter(|c| c.kind() == CKind::Boot) {
+        if !written.iter().any(|w| w.name == c.name) {
+            written.insert(0, c);
+        }
+    }
+    written
+}
+
 /// The record of component `c` about to be installed.
 fn new_record(c: &Component) -> Record {
     Record {
@@ -157,12 +176,11 @@ impl Machine {
     /// (the slot's job carries them): checked before anything is written.
     /// A component rolled back before comes again with a new slot.
     pub(super) fn slot_job_components(&self, m: &Manifest) -> Result<Vec<Record>> {
-        Ok(match self.component_plan(m, true)? {
-            Plan::Install(changed) | Plan::WithSlot(changed) => {
-                changed.into_iter().map(new_record).collect()
-            }
-            Plan::Unchanged | Plan::Declined(_) => Vec::new(),
-        })
+        let plan = self.component_plan(m, true)?;
+        Ok(with_the_slot(&m.components, plan)
+            .into_iter()
+            .map(new_record)
+            .collect())
     }
 
     /// The slot of `m` runs already (`why` says so): install the
@@ -927,6 +945,23 @@ mod tests {
             c.part = Part::Boot(t);
         }
         c
+    }
+
+    #[test]
+    fn a_slots_job_writes_its_boot_files_even_when_they_run_already() {
+        let c = [boot("firmware", b"1"), app("web", b"1"), app("db", b"2")];
+        assert_eq!(
+            with_the_slot(&c, Plan::Unchanged),
+            [&c[0]],
+            "the other slot's directory holds another release's files"
+        );
+        assert_eq!(
+            with_the_slot(&c, Plan::Install(vec![&c[2]])),
+            [&c[0], &c[2]]
+        );
+        assert_eq!(with_the_slot(&c, Plan::WithSlot(vec![&c[0]])), [&c[0]]);
+        let apps = [app("web", b"1")];
+        assert!(with_the_slot(&apps, Plan::Unchanged).is_empty());
     }
 
     #[test]
