@@ -434,12 +434,7 @@ pub fn check_listing(d: &Deployment, m: &Manifest) -> Result<()> {
             }
         }
     }
-    let components = m.components.iter().map(|c| match &c.part {
-        crate::manifest::component::Part::Command(p) => &p.artifact,
-        crate::manifest::component::Part::App(t) | crate::manifest::component::Part::Boot(t) => {
-            &t.index
-        }
-    });
+    let components = m.components.iter().map(|c| c.artifact());
     let signed = std::iter::once((&m.artifact.url, m.artifact.size, &m.artifact.sha256))
         .chain(m.deltas.iter().map(|x| (&x.url, x.size, &x.sha256)))
         .chain(components.map(|a| (&a.url, a.size, &a.sha256)));

@@ -38,7 +38,7 @@ use updraft::bundle::{
     data_padding, header, part_name,
 };
 use updraft::envelope::Envelope;
-use updraft::manifest::component::{Part, TreePart};
+use updraft::manifest::component::TreePart;
 use updraft::manifest::{Frame, Manifest};
 
 use crate::keys::Result;
@@ -122,10 +122,7 @@ pub fn bundle(dir: &Path, out: &Path, part_size: u64) -> Result<Summary> {
     // boot files) as its pack.
     let mut packs = Packs(Vec::new());
     for c in &m.components {
-        let a = match &c.part {
-            Part::Command(p) => &p.artifact,
-            Part::App(a) | Part::Boot(a) => &a.index,
-        };
+        let a = c.artifact();
         artifacts.push((
             a.url.clone(),
             a.size,

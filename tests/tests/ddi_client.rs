@@ -994,9 +994,26 @@ fn a_token_file_others_can_read_is_refused_and_never_sent() {
 /// slot runs already (the release marker says so), so the app is installed
 /// from the bundle's pack without a reboot and the action closed with
 /// success.
+/// Action `action` closed with success, naming app web `version`, which
+/// is active, and no reboot asked for.
+fn app_installed_without_a_reboot(server: &DdiServer, rig: &Rig, action: u64, version: &str) {
+    use updraft_tests::apps::active_file;
+    server.wait_for_closed(action, WAIT);
+    let why = closed_with(server, action, Finished::Success);
+    assert!(why.contains(&format!("web {version}")), "{why}");
+    assert_eq!(
+        active_file(&rig.dev, "web", "VERSION").as_deref(),
+        Some(version)
+    );
+    assert!(
+        !rig.dev.reboot_marker.exists(),
+        "an app release needs no reboot"
+    );
+}
+
 #[test]
 fn an_app_release_in_a_bundle_is_installed_without_a_reboot_and_closed() {
-    use updraft_tests::apps::{active_file, write_tree};
+    use updraft_tests::apps::write_tree;
     let server = server();
     let mut rig = device("ddi-app", &server, DdiAuth::TargetToken, TOKEN);
     rig.with_app("1.0", "web");
@@ -1015,17 +1032,7 @@ fn an_app_release_in_a_bundle_is_installed_without_a_reboot_and_closed() {
             .chunk(Chunk::new("os", "rootfs", "1.0").artifact(Artifact::file(&bundle))),
     );
     rig.dev.start_daemon();
-    server.wait_for_closed(1, WAIT);
-    let why = closed_with(&server, 1, Finished::Success);
-    assert!(why.contains("web 1.3"), "{why}");
-    assert_eq!(
-        active_file(&rig.dev, "web", "VERSION").as_deref(),
-        Some("1.3")
-    );
-    assert!(
-        !rig.dev.reboot_marker.exists(),
-        "an app release needs no reboot"
-    );
+    app_installed_without_a_reboot(&server, &rig, 1, "1.3");
     assert_conforming(&server);
     rig.dev.stop_daemon();
 }
@@ -1073,13 +1080,7 @@ fn a_distribution_set_of_one_module_per_component_installs_only_the_changed_app(
     );
     deploy(&server, set(1, modules));
     rig.dev.start_daemon();
-    server.wait_for_closed(1, WAIT);
-    let why = closed_with(&server, 1, Finished::Success);
-    assert!(why.contains("web 1.3"), "{why}");
-    assert_eq!(
-        active_file(&rig.dev, "web", "VERSION").as_deref(),
-        Some("1.3")
-    );
+    app_installed_without_a_reboot(&server, &rig, 1, "1.3");
 
     // Release 1.1 changes the app; a distribution set whose web module is
     // still 1.3 is not the release it carries, and is refused.
@@ -1101,17 +1102,7 @@ fn a_distribution_set_of_one_module_per_component_installs_only_the_changed_app(
 
     // The right set installs web 1.4 alone, without a reboot.
     deploy(&server, set(3, set11));
-    server.wait_for_closed(3, WAIT);
-    let why = closed_with(&server, 3, Finished::Success);
-    assert!(why.contains("web 1.4"), "{why}");
-    assert_eq!(
-        active_file(&rig.dev, "web", "VERSION").as_deref(),
-        Some("1.4")
-    );
-    assert!(
-        !rig.dev.reboot_marker.exists(),
-        "an app release needs no reboot"
-    );
+    app_installed_without_a_reboot(&server, &rig, 3, "1.4");
     assert_conforming(&server);
     rig.dev.stop_daemon();
 }

@@ -140,14 +140,20 @@ impl Component {
         }
     }
 
+    /// The framed artifact the component is fetched by: a tree's index, a
+    /// command's payload.
+    pub fn artifact(&self) -> &Artifact {
+        match &self.part {
+            Part::App(t) | Part::Boot(t) => &t.index,
+            Part::Command(c) => &c.artifact,
+        }
+    }
+
     /// What identifies the component's content: its index's hash (app,
     /// boot) or its artifact's (command). A device that runs this hash
     /// under this name has the component unchanged.
     pub fn content(&self) -> Sha256 {
-        match &self.part {
-            Part::App(a) | Part::Boot(a) => a.index.sha256,
-            Part::Command(c) => c.artifact.sha256,
-        }
+        self.artifact().sha256
     }
 }
 
