@@ -1,14 +1,14 @@
 //! Full-image artifacts: a zstd stream of independent frames, each verified
 //! against the signed frame table before a byte of it reaches a slot.
 //!
-//! The publisher cuts the image into frames of bounded output (4 MiB by
+//! The publisher cuts the image into frames of bounded output (2 MiB by
 //! default) with a window no larger than the frame. The signed manifest lists
 //! every frame's compressed offset and length and its decoded length and
 //! sha256. [`FrameDecoder`] takes one frame's compressed bytes, checks that
 //! they are exactly one zstd frame with an acceptable header, decodes it into
 //! a buffer of the signed size and compares the hash. Only then does the
-//! caller write it. Memory is two buffers of one frame each, whatever the
-//! image size.
+//! caller write it. Memory is a few buffers of one frame each
+//! ([`crate::pipeline`] decides how many), whatever the image size.
 //!
 //! The frame header is parsed here rather than trusted to the decoder so a
 //! frame asking for a large window is refused with a message naming the
@@ -106,25 +106,24 @@ pub fn parse_frame_header(buf: &[u8]) -> Result<FrameHeader> {
     })
 }
 
-/// Decodes and verifies frames; owns the output buffer.
+/// Decodes and verifies frames.
 pub struct FrameDecoder {
     dctx: zstd::bulk::Decompressor<'static>,
-    /// Aligned, so a block-device slot can take it without a copy.
+    /// [`decode`](Self::decode)'s output, made on first use. Aligned, so a
+    /// block-device slot can take it without a copy.
     out: AlignedBuf,
     max_window: u64,
 }
 
 impl FrameDecoder {
-    /// `max_out` is the largest `out_size` in the frame table (already
-    /// bounded by manifest validation).
-    pub fn new(max_out: usize) -> Result<FrameDecoder> {
+    pub fn new() -> Result<FrameDecoder> {
         let mut dctx = zstd::bulk::Decompressor::new()
             .map_err(|e| Error::new(Kind::Io, format!("creating zstd decoder: {e}")))?;
         dctx.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(MAX_WINDOW_LOG))
             .map_err(|e| Error::new(Kind::Io, format!("configuring zstd decoder: {e}")))?;
         Ok(FrameDecoder {
             dctx,
-            out: AlignedBuf::new(max_out),
+            out: AlignedBuf::default(),
             max_window: 1u64 << MAX_WINDOW_LOG,
         })
     }
@@ -132,19 +131,22 @@ impl FrameDecoder {
     /// Verify that `compressed` is exactly the signed frame `index`, decode
     /// it, and check its output hash. Returns the decoded bytes.
     pub fn decode(&mut self, index: usize, frame: &Frame, compressed: &[u8]) -> Result<&[u8]> {
-        self.decode_unhashed(index, frame, compressed)?;
-        check_output(index, frame, &self.out)?;
+        let mut out = std::mem::take(&mut self.out);
+        let decoded = self.decode_into(index, frame, compressed, &mut out);
+        self.out = out;
+        decoded?;
         Ok(&self.out)
     }
 
-    /// [`decode`](Self::decode) without the output hash, which the caller
-    /// must check with [`check_output`] before a byte of the output is
-    /// used. Lets the hash run on another thread than the decoder.
-    pub fn decode_unhashed(
+    /// [`decode`](Self::decode) into `out`, a buffer of the caller's, made
+    /// as long as the frame's output: several decoders can then share a
+    /// pool of buffers. `out`'s contents are unspecified on error.
+    pub fn decode_into(
         &mut self,
         index: usize,
         frame: &Frame,
         compressed: &[u8],
+        out: &mut AlignedBuf,
     ) -> Result<()> {
         let ctx = |e: Error| e.wrap(format!("artifact frame {index}"));
         if compressed.len() as u64 != frame.size {
@@ -206,13 +208,13 @@ impl FrameDecoder {
             }
         }
         let want = frame.out_size as usize;
-        self.out.set_len(want);
+        out.set_len(want);
         // The decoder writes into the buffer and no further, so a frame
         // that decodes to more than expected fails here instead of
         // allocating.
         let n = self
             .dctx
-            .decompress_to_buffer(compressed, &mut self.out[..])
+            .decompress_to_buffer(compressed, &mut out[..])
             .map_err(|e| {
                 ctx(Error::new(
                     Kind::Malformed,
@@ -225,15 +227,7 @@ impl FrameDecoder {
                 format!("decodes to {n} bytes, signed {}", frame.out_size),
             )));
         }
-        Ok(())
-    }
-
-    /// Hand over the last decoded frame's bytes, taking `spare` as the
-    /// buffer the next frame decodes into. Lets a decoded frame be
-    /// written on another thread while the next one decodes, with no copy
-    /// and no buffer beyond the two that circulate.
-    pub fn take_output(&mut self, spare: AlignedBuf) -> AlignedBuf {
-        std::mem::replace(&mut self.out, spare)
+        check_output(index, frame, out)
     }
 }
 
@@ -377,7 +371,7 @@ mod tests {
         let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let c = compress(&data, 3);
         let f = frame_for(&data, &c);
-        let mut d = FrameDecoder::new(data.len()).unwrap();
+        let mut d = FrameDecoder::new().unwrap();
         assert_eq!(d.decode(0, &f, &c).unwrap(), &data[..]);
     }
 
@@ -387,7 +381,7 @@ mod tests {
         let c = compress(&data, 3);
         let mut f = frame_for(&data, &c);
         f.out_sha256 = Sha256::of(b"other");
-        let mut d = FrameDecoder::new(5000).unwrap();
+        let mut d = FrameDecoder::new().unwrap();
         let e = d.decode(3, &f, &c).unwrap_err();
         assert_eq!(e.kind(), Kind::Integrity);
         assert!(
@@ -404,14 +398,14 @@ mod tests {
         let c2 = compress(&data, 3);
         c.extend_from_slice(&c2);
         let f = frame_for(&data, &c);
-        let mut d = FrameDecoder::new(10_000).unwrap();
+        let mut d = FrameDecoder::new().unwrap();
         let e = d.decode(0, &f, &c).unwrap_err();
         assert!(e.to_string().contains("followed by"), "{e}");
     }
 
     #[test]
     fn garbage_never_panics() {
-        let mut d = FrameDecoder::new(4096).unwrap();
+        let mut d = FrameDecoder::new().unwrap();
         let f = Frame {
             offset: 0,
             size: 0,

@@ -2,8 +2,9 @@
 //! handed to a sink, in bounded memory, resumable at any frame.
 //!
 //! ```text
-//! Source ─► Feed (helper thread: network) ─► Frames (updraft-decode: frame table,
-//!   zstd, artifact hash) ─► output hash vs frame table ─► Sink::write ─► sync points
+//! Source ─► Feed (helper thread: network) ─► Frames (updraft-decode-N: frame
+//!   table, artifact hash, zstd, output hash vs frame table) ─► in order ─►
+//!   Sink::write ─► sync points
 //! ```
 //!
 //! Any artifact of the manifest's framed format goes through here: today a
@@ -23,9 +24,10 @@
 //! the sink's.
 
 use std::sync::mpsc::{RecvTimeoutError, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::artifact::{FrameDecoder, check_output};
+use crate::artifact::FrameDecoder;
 use crate::bail;
 use crate::direct_io::AlignedBuf;
 use crate::error::{Error, Kind, Result};
@@ -153,33 +155,67 @@ enum FrameEvent {
     End { preferred: Option<usize> },
 }
 
-/// What the decode thread sends.
+/// What the helper threads send the caller.
 enum FrameMsg {
     Read(u64),
     Frame(usize, AlignedBuf),
+    /// Every frame was handed to a decoder and the stream ended as signed.
     End(Option<usize>),
-    Failed(Error),
+    /// Frame `.0` (the artifact's end: the frame count) cannot be
+    /// delivered; the frames before it still can.
+    Failed(usize, Error),
 }
 
-/// An artifact's frames, read from a [`Feed`] and decoded on a helper
-/// thread (`updraft-decode`), so that decoding frame N+1 overlaps with
-/// hashing and writing frame N.
+/// Decoded bytes the pipeline holds at most, in buffers of the largest
+/// frame's output: two at the least, whatever the frames' size. Frames of
+/// 2 MiB (the publisher's default) then keep three buffers in flight (two
+/// decoding, one being written), frames of 4 MiB two. The budget is what
+/// keeps a whole install within 16 MiB of resident memory.
+const DECODED_BUDGET: usize = 6 << 20;
+
+/// Decode threads at most.
+const MAX_DECODERS: usize = 4;
+
+/// How many frame buffers circulate and how many threads decode into
+/// them, for frames of `max_out` bytes on `cores` processors. A decoder
+/// holds one buffer while it decodes and the caller at least one while it
+/// writes, so decoders number at most one less than the buffers.
+fn shape(max_out: usize, cores: usize) -> (usize, usize) {
+    let buffers = (DECODED_BUDGET / max_out.max(1)).max(2);
+    let decoders = cores.min(buffers - 1).clamp(1, MAX_DECODERS);
+    (buffers, decoders)
+}
+
+/// An artifact's frames, read from a [`Feed`] and decoded on one or more
+/// helper threads (`updraft-decode-N`). Each thread takes a buffer, then
+/// the next frame: it reads the frame's compressed bytes (hashing them
+/// into the artifact hash, in order, under a lock), decodes them into the
+/// buffer and checks the decoded bytes against the frame's signed
+/// `out_sha256` before handing the frame over, so only verified frames
+/// come out, in order ([`Frames::wait`] puts frames that finish early back
+/// in order).
 ///
-/// The thread checks each compressed frame against the signed frame table
-/// (size, header, window) and hashes the artifact; [`Frames::wait`] hashes
-/// each decoded frame on the caller's thread and hands it over only when it
-/// matches its signed `out_sha256`, so only verified frames come out.
-/// Splitting the work so keeps both cores busy: decoding alone is about as
-/// costly as hashing the output. Exactly two output buffers
-/// circulate: the decode thread waits for the caller to give one back
-/// ([`Frames::recycle`]) before it hands over the next frame, so memory is
-/// bounded by two frames whatever the image size. The thread never touches
-/// a slot; the caller writes, syncs and records progress in order.
+/// Decoding and hashing a frame cost about the same; with two cores and
+/// small enough frames two threads keep both busy while the caller
+/// writes: the write of frame N overlaps with the decoding of the next
+/// ones. Memory is bounded by [`shape`]: a fixed number of output buffers
+/// circulates and each thread holds one compressed frame. A thread takes
+/// a buffer *before* it takes the next frame, so the lowest frame not yet
+/// delivered always has a buffer and the pipeline cannot wedge with every
+/// buffer held by frames waiting for it. The threads never touch a slot;
+/// the caller writes, syncs and records progress in order.
 struct Frames {
-    /// The signed frame table, to check each decoded frame's hash.
-    frames: Vec<Frame>,
     rx: Inbox<FrameMsg>,
     spare: Outbox<AlignedBuf>,
+    /// The next frame to hand over.
+    next: usize,
+    /// Frames decoded ahead of `next`.
+    early: Vec<(usize, AlignedBuf)>,
+    /// The end, once told: the transfer's preferred base URL.
+    end: Option<Option<usize>>,
+    /// The first frame that cannot be delivered, and why.
+    failed: Option<(usize, Error)>,
+    count: usize,
     ended: bool,
 }
 
@@ -193,45 +229,57 @@ impl Frames {
         start: usize,
         artifact_sha256: Option<Sha256>,
     ) -> Frames {
-        let table = frames.clone();
-        let (tx, rx) = channel::<FrameMsg>(1);
-        let (spare, spare_rx) = channel::<AlignedBuf>(2);
-        // The second buffer; the decoder allocates the first itself.
-        let _ = spare.try_send(AlignedBuf::default());
-        let errors = tx.clone();
-        let spawned = std::thread::Builder::new()
-            .name("updraft-decode".into())
-            .stack_size(256 * 1024)
-            .spawn(move || {
-                let stage = DecodeStage {
-                    tx: &tx,
-                    spare: &spare_rx,
-                    unreported: 0,
-                    last_report: Instant::now(),
-                };
-                match stage.run(feed, &frames, start, artifact_sha256) {
-                    Ok(Some(preferred)) => {
-                        let _ = tx.send(FrameMsg::End(preferred));
-                    }
-                    // The caller went away: nothing to tell.
-                    Ok(None) => {}
-                    Err(e) => {
-                        let _ = tx.send(FrameMsg::Failed(e));
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            let _ = errors.try_send(FrameMsg::Failed(Error::new(
-                Kind::Io,
-                format!("starting the decode thread: {e}"),
-            )));
+        let max_out = frames.iter().map(|f| f.out_size).max().unwrap_or(0) as usize;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (buffers, decoders) = shape(max_out, cores);
+        let count = frames.len();
+        let (tx, rx) = channel::<FrameMsg>(buffers + 2);
+        let (spare, spare_rx) = channel::<AlignedBuf>(buffers);
+        for _ in 0..buffers {
+            let _ = spare.try_send(AlignedBuf::default());
         }
-        Frames {
-            frames: table,
+        let spare_rx = Arc::new(Mutex::new(spare_rx));
+        let reading = Arc::new(Mutex::new(Reading {
+            feed: Some(feed),
+            frames,
+            next: start,
+            artifact_hash: artifact_sha256.map(|want| (Hasher::new(), want)),
+            unreported: 0,
+            last_report: Instant::now(),
+            over: false,
+        }));
+        let mut out = Frames {
             rx,
             spare,
+            next: start,
+            early: Vec::new(),
+            end: None,
+            failed: None,
+            count,
             ended: false,
+        };
+        for n in 0..decoders {
+            let stage = DecodeStage {
+                tx: tx.clone(),
+                spare: spare_rx.clone(),
+                reading: reading.clone(),
+            };
+            let spawned = std::thread::Builder::new()
+                .name(format!("updraft-decode-{n}"))
+                .stack_size(256 * 1024)
+                .spawn(move || stage.run());
+            if let Err(e) = spawned {
+                if n == 0 {
+                    out.failed = Some((
+                        start,
+                        Error::new(Kind::Io, format!("starting the decode thread: {e}")),
+                    ));
+                }
+                // With one thread or more running, fewer only decode slower.
+                break;
+            }
         }
+        out
     }
 
     /// The next event, waiting at most [`TICK`].
@@ -239,36 +287,47 @@ impl Frames {
         if self.ended {
             return Err(Error::new(Kind::Io, "artifact stream already ended"));
         }
-        match self.rx.recv_timeout(TICK) {
-            Ok(FrameMsg::Read(n)) => Ok(FrameEvent::Read(n)),
-            Ok(FrameMsg::Frame(index, data)) => {
-                // The output hash runs here, on the caller's thread, while
-                // the decode thread already decodes the next frame.
-                let checked = match self.frames.get(index) {
-                    Some(f) => check_output(index, f, &data),
-                    None => Err(Error::new(
-                        Kind::Io,
-                        format!("decode thread sent frame {index}, past the frame table"),
-                    )),
-                };
-                if let Err(e) = checked {
-                    self.ended = true;
+        loop {
+            if let Some(at) = self.early.iter().position(|(i, _)| *i == self.next) {
+                let (index, data) = self.early.swap_remove(at);
+                self.next += 1;
+                return Ok(FrameEvent::Frame { index, data });
+            }
+            if self.failed.as_ref().is_some_and(|(at, _)| *at <= self.next) {
+                self.ended = true;
+                if let Some((_, e)) = self.failed.take() {
                     return Err(e);
                 }
-                Ok(FrameEvent::Frame { index, data })
             }
-            Ok(FrameMsg::End(preferred)) => {
-                self.ended = true;
-                Ok(FrameEvent::End { preferred })
+            if self.next == self.count {
+                if let Some(preferred) = self.end {
+                    self.ended = true;
+                    return Ok(FrameEvent::End { preferred });
+                }
             }
-            Ok(FrameMsg::Failed(e)) => {
-                self.ended = true;
-                Err(e)
-            }
-            Err(RecvTimeoutError::Timeout) => Ok(FrameEvent::Idle),
-            Err(RecvTimeoutError::Disconnected) => {
-                self.ended = true;
-                Err(Error::new(Kind::Io, "decode thread ended unexpectedly"))
+            match self.rx.recv_timeout(TICK) {
+                Ok(FrameMsg::Read(n)) => return Ok(FrameEvent::Read(n)),
+                Ok(FrameMsg::Frame(index, data)) => {
+                    if index < self.next || index >= self.count {
+                        self.ended = true;
+                        return Err(Error::new(
+                            Kind::Io,
+                            format!("a decode thread sent frame {index} out of turn"),
+                        ));
+                    }
+                    self.early.push((index, data));
+                }
+                Ok(FrameMsg::End(preferred)) => self.end = Some(preferred),
+                Ok(FrameMsg::Failed(at, e)) => {
+                    if self.failed.as_ref().is_none_or(|(first, _)| at < *first) {
+                        self.failed = Some((at, e));
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => return Ok(FrameEvent::Idle),
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.ended = true;
+                    return Err(Error::new(Kind::Io, "decode threads ended unexpectedly"));
+                }
             }
         }
     }
@@ -279,60 +338,87 @@ impl Frames {
     }
 }
 
-/// The decode thread's side of [`Frames`].
-struct DecodeStage<'a> {
-    tx: &'a Outbox<FrameMsg>,
-    spare: &'a Inbox<AlignedBuf>,
+/// The compressed stream, shared by the decode threads: one reads at a
+/// time, so frames are taken, and the artifact hashed, in order.
+struct Reading {
+    /// `None` once the stream ended.
+    feed: Option<Feed>,
+    /// The signed frame table.
+    frames: Vec<Frame>,
+    /// The next frame to read.
+    next: usize,
+    /// The artifact's hash so far, and the signed one (from frame 0 only).
+    artifact_hash: Option<(Hasher, Sha256)>,
     /// Compressed bytes read but not yet reported.
     unreported: u64,
     last_report: Instant,
+    /// The end or a failure was told: no thread reads any more.
+    over: bool,
 }
 
-/// How often the decode thread reports bytes read while inside a frame.
+/// What a decode thread does next.
+enum Next {
+    Decode(usize, Frame),
+    /// Nothing: the stream is over, or the caller went away.
+    Stop,
+}
+
+/// How often progress is reported while a frame is read.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
-impl DecodeStage<'_> {
-    /// `Ok(Some(preferred))` when every frame went out, `Ok(None)` when the
-    /// caller stopped listening.
-    fn run(
-        mut self,
-        mut feed: Feed,
-        frames: &[Frame],
-        start: usize,
-        artifact_sha256: Option<Sha256>,
-    ) -> Result<Option<Option<usize>>> {
-        let max_out = frames.iter().map(|f| f.out_size).max().unwrap_or(0) as usize;
-        let max_in = frames.iter().map(|f| f.size).max().unwrap_or(0) as usize;
-        let mut decoder = FrameDecoder::new(max_out)?;
-        let mut compressed = vec![0u8; max_in];
-        let mut artifact_hash = artifact_sha256.map(|_| Hasher::new());
-        for (i, f) in frames.iter().enumerate().skip(start) {
-            let buf = &mut compressed[..f.size as usize];
-            match self.fill(&mut feed, buf) {
-                Ok(true) => {}
-                Ok(false) => return Ok(None),
-                Err(e) => {
-                    return Err(
-                        e.wrap(format!("reading artifact frame {i} at offset {}", f.offset))
-                    );
-                }
-            }
-            if let Some(h) = artifact_hash.as_mut() {
-                h.update(buf);
-            }
-            decoder.decode_unhashed(i, f, buf)?;
-            let Some(spare) = self.spare.recv() else {
-                return Ok(None);
+impl Reading {
+    /// Read the next frame into `compressed`, or tell the caller the end
+    /// (or why not) once the last frame was read.
+    fn take(&mut self, tx: &Outbox<FrameMsg>, compressed: &mut Vec<u8>) -> Next {
+        if self.over {
+            return Next::Stop;
+        }
+        let i = self.next;
+        let Some(f) = self.frames.get(i).copied() else {
+            self.over = true;
+            let end = self.frames.len();
+            let msg = match self.finish() {
+                Ok(preferred) => FrameMsg::End(preferred),
+                Err(e) => FrameMsg::Failed(end, e),
             };
-            let data = decoder.take_output(spare);
-            self.flush_progress(true);
-            if self.tx.send(FrameMsg::Frame(i, data)).is_err() {
-                return Ok(None);
+            let _ = tx.send(msg);
+            return Next::Stop;
+        };
+        compressed.clear();
+        compressed.resize(f.size as usize, 0);
+        match self.fill(tx, compressed) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.over = true;
+                return Next::Stop;
+            }
+            Err(e) => {
+                self.over = true;
+                let e = e.wrap(format!("reading artifact frame {i} at offset {}", f.offset));
+                let _ = tx.send(FrameMsg::Failed(i, e));
+                return Next::Stop;
             }
         }
+        if let Some((h, _)) = self.artifact_hash.as_mut() {
+            h.update(compressed);
+        }
+        self.next += 1;
+        if !self.flush_progress(tx, true) {
+            self.over = true;
+            return Next::Stop;
+        }
+        Next::Decode(i, f)
+    }
+
+    /// After the last frame: the stream ends at its signed size and, when
+    /// asked for, the artifact hash matches; the preferred base URL.
+    fn finish(&mut self) -> Result<Option<usize>> {
+        let Some(feed) = self.feed.take() else {
+            return Ok(None);
+        };
         let preferred = feed.preferred();
         feed.finish()?;
-        if let (Some(h), Some(want)) = (artifact_hash, artifact_sha256) {
+        if let Some((h, want)) = self.artifact_hash.take() {
             let got = h.finish();
             if got != want {
                 bail!(
@@ -341,11 +427,25 @@ impl DecodeStage<'_> {
                 );
             }
         }
-        Ok(Some(preferred))
+        Ok(preferred)
     }
 
-    /// Fill `buf` from `feed`; `Ok(false)` when the caller went away.
-    fn fill(&mut self, feed: &mut Feed, buf: &mut [u8]) -> Result<bool> {
+    /// Fill `buf` from the feed; `Ok(false)` when the caller went away.
+    fn fill(&mut self, tx: &Outbox<FrameMsg>, buf: &mut [u8]) -> Result<bool> {
+        let Some(mut feed) = self.feed.take() else {
+            bail!(Io, "the artifact stream already ended");
+        };
+        let filled = self.fill_from(&mut feed, tx, buf);
+        self.feed = Some(feed);
+        filled
+    }
+
+    fn fill_from(
+        &mut self,
+        feed: &mut Feed,
+        tx: &Outbox<FrameMsg>,
+        buf: &mut [u8],
+    ) -> Result<bool> {
         let mut n = 0;
         while n < buf.len() {
             match feed.read_some(&mut buf[n..])? {
@@ -355,13 +455,15 @@ impl DecodeStage<'_> {
                     self.unreported += k as u64;
                     // Progress at most every PROGRESS_EVERY: each message
                     // wakes the state machine.
-                    if self.last_report.elapsed() >= PROGRESS_EVERY && !self.flush_progress(false) {
+                    if self.last_report.elapsed() >= PROGRESS_EVERY
+                        && !self.flush_progress(tx, false)
+                    {
                         return Ok(false);
                     }
                 }
                 // Stalled: make sure someone is still listening.
                 None => {
-                    if !self.flush_progress(false) {
+                    if !self.flush_progress(tx, false) {
                         return Ok(false);
                     }
                 }
@@ -372,17 +474,16 @@ impl DecodeStage<'_> {
 
     /// Report unreported bytes without blocking (a full channel keeps them
     /// for later), or wait when `block`. False when the caller went away.
-    fn flush_progress(&mut self, block: bool) -> bool {
+    fn flush_progress(&mut self, tx: &Outbox<FrameMsg>, block: bool) -> bool {
         if block && self.unreported == 0 {
             return true;
         }
         let msg = FrameMsg::Read(self.unreported);
         // Err(true): not sent but still listened to (the channel is full).
         let sent = if block {
-            self.tx.send(msg).map_err(|_| false)
+            tx.send(msg).map_err(|_| false)
         } else {
-            self.tx
-                .try_send(msg)
+            tx.try_send(msg)
                 .map_err(|e| matches!(e, TrySendError::Full(())))
         };
         match sent {
@@ -394,6 +495,58 @@ impl DecodeStage<'_> {
             Err(listening) => listening,
         }
     }
+}
+
+/// A decode thread's side of [`Frames`].
+struct DecodeStage {
+    tx: Outbox<FrameMsg>,
+    spare: Arc<Mutex<Inbox<AlignedBuf>>>,
+    reading: Arc<Mutex<Reading>>,
+}
+
+impl DecodeStage {
+    /// Take a buffer, then a frame; decode and verify it into the buffer
+    /// and hand it over; until the frames or the caller end.
+    fn run(self) {
+        let mut decoder = match FrameDecoder::new() {
+            Ok(d) => d,
+            Err(e) => {
+                let at = lock(&self.reading).next;
+                let _ = self.tx.send(FrameMsg::Failed(at, e));
+                return;
+            }
+        };
+        // Sized once for the largest frame: growing it frame by frame
+        // would leave the smaller buffers behind in the heap.
+        let max_in = lock(&self.reading)
+            .frames
+            .iter()
+            .map(|f| f.size)
+            .max()
+            .unwrap_or(0);
+        let mut compressed = Vec::with_capacity(max_in as usize);
+        loop {
+            let Some(mut out) = lock(&self.spare).recv() else {
+                return;
+            };
+            let Next::Decode(index, f) = lock(&self.reading).take(&self.tx, &mut compressed) else {
+                return;
+            };
+            let msg = match decoder.decode_into(index, &f, &compressed, &mut out) {
+                Ok(()) => FrameMsg::Frame(index, out),
+                Err(e) => FrameMsg::Failed(index, e),
+            };
+            if self.tx.send(msg).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// A shared value, locked; a thread that panicked holding it left no
+/// partial state that matters (the stream then fails as a whole).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -488,26 +641,57 @@ mod tests {
     }
 
     #[test]
-    fn no_third_buffer_is_made_while_two_are_out() {
-        let (art, frames, _) = artifact(4, 40_000);
+    fn the_frame_size_decides_how_many_buffers_circulate_and_decoders_fill_them() {
+        const MIB: usize = 1 << 20;
+        // (largest frame output, cores) → (buffers, decoders)
+        let rows = [
+            ((4 * MIB, 2), (2, 1)),
+            ((4 * MIB, 1), (2, 1)),
+            ((2 * MIB, 2), (3, 2)),
+            ((2 * MIB, 1), (3, 1)),
+            ((2 * MIB, 8), (3, 2)),
+            ((MIB, 2), (6, 2)),
+            ((MIB, 8), (6, 4)),
+            ((8 * MIB, 4), (2, 1)),
+            ((16 * MIB, 2), (2, 1)),
+            ((3 * MIB, 2), (2, 1)),
+            ((0, 2), (DECODED_BUDGET, 2)),
+        ];
+        for ((max_out, cores), want) in rows {
+            assert_eq!(
+                shape(max_out, cores),
+                want,
+                "{max_out} bytes, {cores} cores"
+            );
+        }
+    }
+
+    #[test]
+    fn no_more_buffers_are_out_than_the_shape_allows() {
+        // Frames of a quarter of the budget: four buffers.
+        let size = DECODED_BUDGET / 4;
+        let (art, frames, image) = artifact(9, size);
         let mut s = frames_over(&art, &frames, None);
         let mut held = Vec::new();
-        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
         while std::time::Instant::now() < deadline {
             if let FrameEvent::Frame { index, data } = s.wait().unwrap() {
                 held.push((index, data));
             }
         }
-        // The decoder owns one buffer and the caller holds the other: frame
-        // 1 waits until a buffer comes back.
-        assert_eq!(held.iter().map(|h| h.0).collect::<Vec<_>>(), vec![0]);
-        let (_, data) = held.pop().unwrap();
+        // Every buffer is out: no fifth frame comes until one goes back.
+        assert_eq!(
+            held.iter().map(|h| h.0).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3]
+        );
+        let (_, data) = held.remove(0);
         s.recycle(data);
         let index = loop {
-            if let FrameEvent::Frame { index, .. } = s.wait().unwrap() {
+            if let FrameEvent::Frame { index, data } = s.wait().unwrap() {
+                assert_eq!(&data[..], &image[4 * size..5 * size]);
                 break index;
             }
         };
-        assert_eq!(index, 1);
+        assert_eq!(index, 4);
     }
 }

@@ -16,11 +16,17 @@
 //!    factory-written partition). A read-write root filesystem never
 //!    hashes equal to its image, so the marker is the primary evidence.
 //! 2. **The slot's bytes**, only without a marker: the first `image.size`
-//!    bytes of the booted slot are hashed and compared with the signed
-//!    `image.sha256`. The hash runs on a helper thread at idle I/O priority
-//!    while the state machine ticks (the socket and the watchdog are
-//!    served), and its verdict is cached per slot and image in the store,
-//!    so a slot is hashed at most once for an image.
+//!    bytes of the booted slot are read frame by frame and each frame's
+//!    bytes compared with its signed `out_sha256`, stopping at the first
+//!    frame that differs. The frames cover the image exactly and each
+//!    hash is signed, so all of them matching is the signed image; a slot
+//!    holding anything else (any other release: its first frame holds the
+//!    file system's superblock) costs one frame, not the whole slot, which
+//!    on an SD card at 20 MB/s is minutes for a 4 GiB slot, paid by every
+//!    fresh device's first update. The read runs on a helper thread at
+//!    idle I/O priority while the state machine ticks (the socket and the
+//!    watchdog are served), and its verdict is cached per slot and image
+//!    in the store, so a slot is read at most once for an image.
 //!
 //! The marker is as trusted as the root filesystem that carries it (the
 //! code running there is that image's); it is read with a size cap and
@@ -35,6 +41,7 @@ use std::path::Path;
 
 use crate::error::{Error, Kind, Result};
 use crate::hash::Sha256;
+use crate::manifest::Frame;
 use crate::progress::Ticker;
 use crate::worker::offload;
 
@@ -143,16 +150,21 @@ fn unquote(value: &str) -> Option<&str> {
     }
 }
 
-/// [`crate::install::hash_slot_prefix`] of the slot at `path` (`None`
-/// when it holds fewer than `len` bytes), read on a helper thread at idle
-/// I/O priority while `ticker` ticks.
-pub fn hash_booted_slot(path: &Path, len: u64, ticker: &mut dyn Ticker) -> Result<Option<Sha256>> {
+/// Whether the slot at `path` holds the image the signed `frames`
+/// describe: each frame's bytes hash to its `out_sha256`, read in order
+/// and stopping at the first that does not (or that the slot is too small
+/// to hold). Read on a helper thread at idle I/O priority while `ticker`
+/// ticks.
+pub fn booted_slot_holds(path: &Path, frames: &[Frame], ticker: &mut dyn Ticker) -> Result<bool> {
     let path = path.to_path_buf();
+    let frames = frames.to_vec();
     offload(
-        "hashing the booted slot",
+        "reading the booted slot",
         move || {
             idle_io_priority();
-            crate::install::hash_slot_prefix(&path, len, &mut crate::progress::NoTick)
+            let first_differing =
+                crate::install::probe_frames(&path, &frames, 0, &mut crate::progress::NoTick)?;
+            Ok(first_differing == frames.len())
         },
         ticker,
     )?
@@ -254,16 +266,45 @@ mod tests {
         assert!(e.contains(&path.display().to_string()), "{e}");
     }
 
+    /// An image of `n` frames of `size` bytes each, and its signed frame
+    /// table (the compressed side is not read here).
+    fn framed_image(n: usize, size: usize) -> (Vec<u8>, Vec<Frame>) {
+        let image: Vec<u8> = (0..n * size).map(|i| (i * 7 % 251) as u8).collect();
+        let frames = image
+            .chunks(size)
+            .map(|c| Frame {
+                offset: 0,
+                size: 1,
+                out_size: c.len() as u64,
+                out_sha256: Sha256::of(c),
+            })
+            .collect();
+        (image, frames)
+    }
+
     #[test]
-    fn the_slot_prefix_hash_covers_exactly_the_image_size() {
-        let dir = crate::test_support::scratch_dir("provision", "prefix");
+    fn the_booted_slot_holds_the_image_when_every_frame_matches() {
+        let dir = crate::test_support::scratch_dir("provision", "frames");
         let path = dir.join("slot");
-        let mut bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-        std::fs::write(&path, &bytes).unwrap();
+        let (image, frames) = framed_image(5, 40_000);
         let mut t = crate::progress::NoTick;
-        let h = hash_booted_slot(&path, 200_000, &mut t).unwrap();
-        bytes.truncate(200_000);
-        assert_eq!(h, Some(Sha256::of(&bytes)));
-        assert_eq!(hash_booted_slot(&path, 300_001, &mut t).unwrap(), None);
+        let with = |bytes: &[u8], t: &mut dyn Ticker| {
+            std::fs::write(&path, bytes).unwrap();
+            booted_slot_holds(&path, &frames, t).unwrap()
+        };
+        // The image, followed by the rest of a larger slot.
+        let mut slot = image.clone();
+        slot.extend_from_slice(&[0xaa; 30_000]);
+        assert!(with(&slot, &mut t));
+        assert!(with(&image, &mut t));
+        // Another release: its first frame differs, or only its last.
+        let mut first = image.clone();
+        first[17] ^= 1;
+        assert!(!with(&first, &mut t));
+        let mut last = image.clone();
+        last[5 * 40_000 - 1] ^= 1;
+        assert!(!with(&last, &mut t));
+        // A slot one byte too small to hold it.
+        assert!(!with(&image[..image.len() - 1], &mut t));
     }
 }

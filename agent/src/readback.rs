@@ -7,8 +7,13 @@
 //! completed is final: nothing will write it again during this install. So
 //! a full install started at the first frame hands each completed range to
 //! a reader thread (`updraft-verify`), which drops it from the page cache
-//! (or reads it `O_DIRECT` on a block device) and hashes it in order, while
-//! the state machine writes the next frames. After the final `fdatasync`
+//! (or reads it `O_DIRECT` on a block device) and hands each block to a
+//! hashing thread (`updraft-verify-hash`), while the state machine writes
+//! the next frames. Reading and hashing overlap: a direct read leaves the
+//! processor idle while the device works, and the hash of a block costs
+//! about as long as its read, so done in turn they took twice as long as
+//! either (measured: the read-back outlasted the write by 0.2 s on a
+//! 256 MiB image). After the final `fdatasync`
 //! only the last range is left to read, and the verdict is the same as a
 //! read-back of the whole slot after the write: the hash of what the
 //! medium returns, from the first byte to the image size.
@@ -20,7 +25,7 @@
 //! back after the write ([`crate::install::verify_slot`]).
 
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, mpsc};
 
 use crate::direct_io::AlignedBuf;
 use crate::error::{Error, Kind, Result};
@@ -29,10 +34,11 @@ use crate::progress::{Progress, Ticker};
 use crate::slot::SlotReader;
 use crate::worker::{Background, TICK};
 
-/// Bytes per read. Smaller than a whole-slot read-back's block: this buffer
-/// lives beside the two frame buffers of the write, and direct reads of
-/// half a MiB already keep an eMMC or SSD busy.
-const BLOCK: usize = 512 * 1024;
+/// Bytes per read. Smaller than a whole-slot read-back's block: two of
+/// these live beside the frame buffers of the write, and direct reads of
+/// a quarter MiB, one always queued while the other is hashed, keep an
+/// eMMC or SSD busy.
+const BLOCK: usize = 256 * 1024;
 
 /// How far the slot is complete, handed from the state machine to the
 /// reader thread: the offset below which every byte is final, and whether
@@ -132,15 +138,54 @@ impl Drop for ReadBack {
     }
 }
 
-/// The thread's side: hash each new range in order until no more come;
-/// returns how far it read and the hash of it.
+/// The thread's side: read each new range in order until no more come,
+/// handing every block to a hashing thread; returns how far it read and
+/// the hash of it. Two blocks circulate: one read while the other is
+/// hashed.
 fn read_ranges(reader: &SlotReader, complete: &Watermark) -> Result<(u64, Sha256)> {
-    let mut h = Hasher::new();
-    let mut buf = AlignedBuf::new(BLOCK);
-    let mut done = 0u64;
-    while let Some(to) = complete.past(done) {
-        reader.hash_range(&mut h, &mut buf, done, to, &mut |_| Ok(()))?;
-        done = to;
+    let (full, full_rx) = mpsc::sync_channel::<(AlignedBuf, usize)>(1);
+    let (empty, empty_rx) = mpsc::sync_channel::<AlignedBuf>(2);
+    for _ in 0..2 {
+        let _ = empty.send(AlignedBuf::new(BLOCK));
     }
-    Ok((done, h.finish()))
+    std::thread::scope(|s| {
+        let hasher = std::thread::Builder::new()
+            .name("updraft-verify-hash".into())
+            .stack_size(64 * 1024)
+            .spawn_scoped(s, move || {
+                let mut h = Hasher::new();
+                for (buf, n) in full_rx {
+                    h.update(&buf[..n]);
+                    if empty.send(buf).is_err() {
+                        break;
+                    }
+                }
+                h.finish()
+            })
+            .map_err(|e| Error::new(Kind::Io, format!("starting the read-back hash: {e}")))?;
+        let read = (|| -> Result<u64> {
+            let mut done = 0u64;
+            while let Some(to) = complete.past(done) {
+                let mut off = done;
+                while off < to {
+                    let n = (to - off).min(BLOCK as u64) as usize;
+                    let Ok(mut buf) = empty_rx.recv() else {
+                        return Err(Error::new(Kind::Io, "the read-back hash stopped"));
+                    };
+                    reader.read_back(&mut buf, off, n)?;
+                    if full.send((buf, n)).is_err() {
+                        return Err(Error::new(Kind::Io, "the read-back hash stopped"));
+                    }
+                    off += n as u64;
+                }
+                done = to;
+            }
+            Ok(done)
+        })();
+        drop(full);
+        let hash = hasher
+            .join()
+            .map_err(|_| Error::new(Kind::Io, "the read-back hash panicked"))?;
+        Ok((read?, hash))
+    })
 }

@@ -571,6 +571,26 @@ impl SlotReader {
         Ok(())
     }
 
+    /// Read `n` bytes at `off` into `buf` from the medium, as
+    /// [`hash_range`](Self::hash_range) reads them (the range is dropped
+    /// from the page cache first where there is no direct descriptor), for
+    /// a caller that hashes on another thread.
+    pub fn read_back(&self, buf: &mut AlignedBuf, off: u64, n: usize) -> Result<()> {
+        if off.saturating_add(n as u64) > self.capacity || n > buf.len() {
+            bail!(
+                Slot,
+                "slot {} holds {} bytes, fewer than the {} to read back",
+                self.path.display(),
+                self.capacity,
+                off.saturating_add(n as u64)
+            );
+        }
+        if self.direct.is_none() && n > 0 {
+            drop_range(&self.file, off, n as u64);
+        }
+        self.read_block(&mut buf[..], off, n)
+    }
+
     /// Read exactly `buf.len()` bytes at `offset` as the medium holds
     /// them: every whole [`direct_io::ALIGN`] unit inside the slot through
     /// the direct descriptor, where the device has one, and only the rest

@@ -8,7 +8,7 @@ use updraft::manifest::Frame;
 
 fuzz_target!(|data: &[u8]| {
     let _ = parse_frame_header(data);
-    let Ok(mut dec) = FrameDecoder::new(1 << 20) else { return };
+    let Ok(mut dec) = FrameDecoder::new() else { return };
     let frame = Frame {
         offset: 0,
         size: data.len() as u64,

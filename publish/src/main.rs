@@ -12,7 +12,9 @@ use updraft::help::{self, Command, Opt, Program};
 use updraft_publish::bundle;
 use updraft_publish::description::{self, Description};
 use updraft_publish::keys::{self, Key, KeyDocSpec};
-use updraft_publish::release::{self, ComponentSpec, DEFAULT_FRAME_SIZE, ReleaseSpec};
+use updraft_publish::release::{
+    self, ComponentSpec, DEFAULT_FRAME_SIZE, DEFAULT_LEVEL, ReleaseSpec,
+};
 use updraft_publish::verify;
 
 const fn opt(name: &'static str, value: &'static str, help: &'static str) -> Opt {
@@ -168,14 +170,14 @@ const PROGRAM: Program = Program {
                 opt(
                     "--frame-size",
                     "BYTES",
-                    "decoded bytes per frame, 1 to 8 MiB (default 4 MiB)",
+                    "decoded bytes per frame, 1 to 8 MiB (default 2 MiB)",
                 ),
                 opt(
                     "--bundle",
                     "FILE.updraft",
                     "also write DIR as one bundle file (as `updraft-publish bundle`)",
                 ),
-                opt("--level", "N", "zstd level (default 19)"),
+                opt("--level", "N", "zstd level (default 12)"),
                 opt(
                     "--threads",
                     "N",
@@ -605,7 +607,7 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                 rollout,
                 out: PathBuf::from(usage(f.required("out"))?),
                 frame_size: usage(f.number("frame-size"))?.unwrap_or(DEFAULT_FRAME_SIZE),
-                level: usage(f.number("level"))?.unwrap_or(19),
+                level: usage(f.number("level"))?.unwrap_or(DEFAULT_LEVEL),
                 threads,
                 delta_memory,
             };

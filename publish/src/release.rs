@@ -1,7 +1,7 @@
 //! Making a release: the framed full artifact, deltas, and the signed
 //! manifest, written into a directory that can be served as it is.
 //!
-//! The full image is cut into frames of `frame_size` bytes (4 MiB by
+//! The full image is cut into frames of `frame_size` bytes (2 MiB by
 //! default), each compressed as an independent zstd frame with a window no
 //! larger than the frame and its content size recorded, so the device can
 //! decode any frame alone with a few MiB of memory and resume a download at
@@ -28,8 +28,19 @@ use updraft::trust::{Anchor, KeySet, PublicKey, Trust};
 use crate::keys::{Key, Result, latest_key_document, peek_key_document};
 use crate::sign::sign_envelope;
 
-/// Default decoded size of one artifact frame.
-pub const DEFAULT_FRAME_SIZE: usize = 4 * 1024 * 1024;
+/// Default decoded size of one artifact frame: 2 MiB. The device decodes
+/// with three frame buffers in flight (two frames decoding on two cores
+/// while a third is written) within 6 MiB, and its whole install within
+/// 16 MiB of resident memory; frames of 4 MiB leave it one decoder. They
+/// cost 2.7 % of artifact size on the benchmark image (docs/manifest.md,
+/// "Choosing the level and frame size").
+pub const DEFAULT_FRAME_SIZE: usize = 2 * 1024 * 1024;
+
+/// Default zstd level of the full artifact and app blobs: 12, the last
+/// level before zstd's slow strategies. On the benchmark's 256 MiB ext4
+/// image, level 16 makes the artifact 3 % smaller in five times the time,
+/// level 19 9 % smaller in eleven times (docs/manifest.md).
+pub const DEFAULT_LEVEL: i32 = 12;
 
 /// A delta is published only when it is at most this share of the full
 /// artifact.
@@ -207,50 +218,80 @@ fn frame_stream(
     let mut offset = 0u64;
     let mut image_size = 0u64;
     let threads = spec.threads.max(1);
-    loop {
-        // Read up to `threads` frames, compress them in parallel, append.
-        let mut batch: Vec<Vec<u8>> = Vec::new();
+    // Frames are compressed independently by `threads` workers, each
+    // taking the next frame as soon as it is done with one (frames of
+    // zeros take no time, frames of code the longest: a worker never waits
+    // for another's frame). This thread reads the frames in order, and
+    // hashes and appends them in order as they come back; at most two
+    // frames per worker are read and not yet written.
+    let in_flight_max = 2 * threads;
+    std::thread::scope(|s| -> Result<()> {
+        let (work_tx, work_rx) = std::sync::mpsc::sync_channel::<(usize, Vec<u8>)>(in_flight_max);
+        let work_rx = std::sync::Arc::new(std::sync::Mutex::new(work_rx));
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<(usize, Vec<u8>, Result<Vec<u8>>)>();
         for _ in 0..threads {
-            let mut buf = vec![0u8; spec.frame_size];
-            let n = read_full(input, &mut buf).map_err(|e| format!("reading {what}: {e}"))?;
-            if n == 0 {
+            let work_rx = work_rx.clone();
+            let done_tx = done_tx.clone();
+            s.spawn(move || {
+                loop {
+                    let next = work_rx
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .recv();
+                    let Ok((index, raw)) = next else { return };
+                    let c = compress_frame(&raw, spec.level, wlog);
+                    if done_tx.send((index, raw, c)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(done_tx);
+        let mut read = 0usize;
+        let mut written = 0usize;
+        let mut eof = false;
+        let mut early: std::collections::BTreeMap<usize, (Vec<u8>, Vec<u8>)> = Default::default();
+        loop {
+            while !eof && read - written < in_flight_max {
+                let mut buf = vec![0u8; spec.frame_size];
+                let n = read_full(input, &mut buf).map_err(|e| format!("reading {what}: {e}"))?;
+                if n == 0 {
+                    eof = true;
+                    break;
+                }
+                buf.truncate(n);
+                work_tx
+                    .send((read, buf))
+                    .map_err(|_| "the compression threads stopped".to_string())?;
+                read += 1;
+            }
+            if written == read {
                 break;
             }
-            buf.truncate(n);
-            batch.push(buf);
+            let (index, raw, c) = done_rx
+                .recv()
+                .map_err(|_| "a compression thread stopped".to_string())?;
+            early.insert(index, (raw, c?));
+            while let Some((raw, c)) = early.remove(&written) {
+                image_hash.update(&raw);
+                artifact_hash.update(&c);
+                out.write_all(&c)
+                    .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+                frames.push(Frame {
+                    offset,
+                    size: c.len() as u64,
+                    out_size: raw.len() as u64,
+                    out_sha256: Sha256::of(&raw),
+                });
+                offset += c.len() as u64;
+                image_size += raw.len() as u64;
+                written += 1;
+            }
         }
-        if batch.is_empty() {
-            break;
-        }
-        let compressed: Vec<Result<Vec<u8>>> = std::thread::scope(|s| {
-            let handles: Vec<_> = batch
-                .iter()
-                .map(|b| s.spawn(move || compress_frame(b, spec.level, wlog)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("compression thread panicked".into()))
-                })
-                .collect()
-        });
-        for (raw, c) in batch.iter().zip(compressed) {
-            let c = c?;
-            image_hash.update(raw);
-            artifact_hash.update(&c);
-            out.write_all(&c)
-                .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
-            frames.push(Frame {
-                offset,
-                size: c.len() as u64,
-                out_size: raw.len() as u64,
-                out_sha256: Sha256::of(raw),
-            });
-            offset += c.len() as u64;
-            image_size += raw.len() as u64;
-        }
-    }
+        // The workers end when the work channel closes.
+        drop(work_tx);
+        Ok(())
+    })?;
     if image_size == 0 {
         let _ = std::fs::remove_file(&tmp);
         return Err(format!("{what} is empty"));

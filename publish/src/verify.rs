@@ -150,8 +150,7 @@ fn check_artifact(dir: &Path, m: &Manifest) -> Result<String> {
             a.sha256
         ));
     }
-    let max_out = a.frames.iter().map(|f| f.out_size).max().unwrap_or(0) as usize;
-    let mut dec = FrameDecoder::new(max_out).map_err(|e| e.to_string())?;
+    let mut dec = FrameDecoder::new().map_err(|e| e.to_string())?;
     let mut image = Hasher::new();
     for (i, f) in a.frames.iter().enumerate() {
         let chunk = &data[f.offset as usize..(f.offset + f.size) as usize];

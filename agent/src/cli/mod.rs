@@ -369,6 +369,9 @@ pub fn parse(args: &[String]) -> std::result::Result<Args, UsageError> {
 
 /// Run a parsed command; returns the exit status.
 pub fn run(args: Args) -> i32 {
+    // Before any thread exists (see crate::memory): an install, a check
+    // and the daemon all move frames.
+    crate::memory::tune_allocator();
     let result = match args.command {
         Command::Version => {
             println!("updraft {}", env!("CARGO_PKG_VERSION"));

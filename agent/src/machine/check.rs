@@ -246,7 +246,9 @@ impl Machine {
     }
 
     /// Whether the booted slot's first `image.size` bytes are `m`'s image,
-    /// hashed once per slot and image: the verdict is kept in the store
+    /// compared frame by frame with its signed frame table (stopping at the
+    /// first frame that differs) once per slot and image: the verdict is
+    /// kept in the store
     /// (`booted_hash.<slot>`). A slot that cannot be read holds nothing
     /// known.
     fn booted_holds(&mut self, m: &Manifest, t: &mut dyn Ticker) -> Result<bool> {
@@ -260,14 +262,14 @@ impl Machine {
             }
         }
         log::info!(
-            "slot {}: no install recorded; hashing its first {} bytes for release {}",
+            "slot {}: no install recorded; hashing its first {} bytes for release {} (frame by frame, stopping at the first that differs)",
             self.booted,
             m.image.size,
             m.release.version
         );
         let path = self.slots.path(self.booted);
-        let same = match crate::provision::hash_booted_slot(path, m.image.size, t) {
-            Ok(found) => found == Some(m.image.sha256),
+        let same = match crate::provision::booted_slot_holds(path, &m.artifact.frames, t) {
+            Ok(same) => same,
             Err(e) if e.kind() == Kind::Stopped => return Err(e),
             Err(e) => {
                 log::warn!("slot {}: {e}; its release is not known", self.booted);

@@ -242,18 +242,35 @@ pub fn print_table(rows: &[Vec<String>]) {
 /// `--size MIB --level N --runs N` of the benchmarks that publish the
 /// bench image (defaults 256 MiB, level 19, 3 runs).
 pub struct ImageRuns {
+    /// `--save-baseline`: store this run's figures as the baseline.
+    pub save_baseline: bool,
     pub size_mib: u64,
-    pub level: u64,
+    /// `--level`: the zstd level of every compressed output; without it
+    /// updraft-publish keeps its own default and the references use
+    /// [`REFERENCE_LEVEL`].
+    pub level: Option<u64>,
     pub runs: usize,
 }
 
+/// The zstd level of the reference outputs (RAUC's squashfs, plain zstd)
+/// when `--level` is not given: their smallest output.
+pub const REFERENCE_LEVEL: u64 = 19;
+
 /// Parse and check [`ImageRuns`]; errors end with `usage`.
 pub fn image_runs(args: &[String], usage: &str) -> Result<ImageRuns> {
-    let f = flags(args, &["size", "level", "runs"]).map_err(|e| format!("{e}\n{usage}"))?;
+    let (switches, args): (Vec<&String>, Vec<String>) = {
+        let (s, a): (Vec<&String>, Vec<&String>) =
+            args.iter().partition(|a| a.as_str() == "--save-baseline");
+        (s, a.into_iter().cloned().collect())
+    };
+    let f = flags(&args, &["size", "level", "runs"]).map_err(|e| format!("{e}\n{usage}"))?;
     let size_mib = number_flag(&f, "size", 256)?;
-    let level = number_flag(&f, "level", 19)?;
+    let level = match f.iter().find(|(k, _)| *k == "level") {
+        Some(_) => Some(number_flag(&f, "level", 0)?),
+        None => None,
+    };
     let runs = number_flag(&f, "runs", 3)?.max(1) as usize;
-    if !(16..=4096).contains(&size_mib) || !(1..=22).contains(&level) {
+    if !(16..=4096).contains(&size_mib) || level.is_some_and(|l| !(1..=22).contains(&l)) {
         return Err(format!(
             "--size must be 16..4096 MiB and --level 1..22\n{usage}"
         ));
@@ -262,7 +279,89 @@ pub fn image_runs(args: &[String], usage: &str) -> Result<ImageRuns> {
         size_mib,
         level,
         runs,
+        save_baseline: !switches.is_empty(),
     })
+}
+
+/// The machine's load: the 1-minute load average, read before a benchmark
+/// builds or runs anything, beside the number of cores.
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    pub average: f64,
+    pub cores: usize,
+}
+
+impl Load {
+    pub fn now() -> Option<Load> {
+        let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+        let average = text.split_whitespace().next()?.parse().ok()?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Some(Load { average, cores })
+    }
+
+    /// Load averages further apart than this are different machines as far
+    /// as timings go: a run is not compared with a baseline taken at
+    /// another load.
+    pub const COMPARABLE: f64 = 0.5;
+
+    pub fn comparable(&self, other: &Load) -> bool {
+        self.cores == other.cores && (self.average - other.average).abs() <= Load::COMPARABLE
+    }
+}
+
+impl std::fmt::Display for Load {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "load {:.2} on {} cores", self.average, self.cores)
+    }
+}
+
+/// Figures of an earlier run, kept in the source tree so that the next run
+/// prints them beside its own: `key value` lines, `#` comments.
+pub struct Baseline {
+    pub values: Vec<(String, String)>,
+}
+
+impl Baseline {
+    pub fn parse(text: &str) -> Baseline {
+        let values = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .filter_map(|l| l.split_once(char::is_whitespace))
+            .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+            .collect();
+        Baseline { values }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn number(&self, key: &str) -> Option<f64> {
+        self.get(key)?.parse().ok()
+    }
+
+    pub fn load(&self) -> Option<Load> {
+        Some(Load {
+            average: self.number("load")?,
+            cores: self.number("cores")? as usize,
+        })
+    }
+}
+
+/// The commit checked out (`+` when the tree has changes), for a stored
+/// baseline.
+pub fn head_commit() -> String {
+    util::output(Command::new("git").arg("-C").arg(root()).args([
+        "describe",
+        "--always",
+        "--dirty=+",
+    ]))
+    .map(|s| s.trim().to_string())
+    .unwrap_or_else(|_| "unknown".into())
 }
 
 /// Parse `--name VALUE` flags; anything else is a usage error.

@@ -337,15 +337,21 @@ impl Signer {
 
 // ---- RAUC -------------------------------------------------------------------
 
+/// mksquashfs arguments for RAUC's smallest bundle: zstd at `level` in
+/// 1 MiB blocks.
+pub(super) fn smallest(level: u64) -> String {
+    format!("-comp zstd -Xcompression-level {level} -b 1M")
+}
+
 /// The `rauc bundle` command that packs `image` as the one raw image of a
-/// bundle in `format` (squashfs, zstd at `level`, 1 MiB blocks), signed by
-/// `signer`. Its input directory is `dir/content` (made afresh, holding the
+/// bundle in `format`, signed by `signer`, its squashfs made with
+/// `mksquashfs` arguments (`None`: RAUC's own, i.e. mksquashfs's defaults). Its input directory is `dir/content` (made afresh, holding the
 /// RAUC manifest and a hard link to the image); the caller removes it.
 fn rauc_bundle_command(
     dir: &Path,
     signer: &Signer,
     image: &Path,
-    level: u64,
+    mksquashfs: Option<&str>,
     format: &str,
     bundle: &Path,
 ) -> Result<Command> {
@@ -369,18 +375,22 @@ fn rauc_bundle_command(
     cmd.arg("bundle")
         .arg(format!("--cert={}", signer.cert.display()))
         .arg(format!("--key={}", signer.key.display()))
-        .arg(format!("--keyring={}", signer.cert.display()))
-        .arg(format!(
-            "--mksquashfs-args=-comp zstd -Xcompression-level {level} -b 1M"
-        ))
-        .arg(&content)
-        .arg(bundle);
+        .arg(format!("--keyring={}", signer.cert.display()));
+    if let Some(args) = mksquashfs {
+        cmd.arg(format!("--mksquashfs-args={args}"));
+    }
+    cmd.arg(&content).arg(bundle);
     Ok(cmd)
 }
 
 /// `rauc bundle` for `bench publish`: a signing certificate under `dir`
 /// and the command packing `image` into `bundle`, or why RAUC is absent.
-pub(super) fn rauc_bundle(dir: &Path, image: &Path, level: u64, bundle: &Path) -> Result<Command> {
+pub(super) fn rauc_bundle(
+    dir: &Path,
+    image: &Path,
+    mksquashfs: Option<&str>,
+    bundle: &Path,
+) -> Result<Command> {
     let missing: Vec<&str> = ["rauc", "mksquashfs", "openssl"]
         .into_iter()
         .filter(|t| !util::have(t))
@@ -393,7 +403,7 @@ pub(super) fn rauc_bundle(dir: &Path, image: &Path, level: u64, bundle: &Path) -
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let signer = Signer::make(dir)?;
-    rauc_bundle_command(dir, &signer, image, level, "plain", bundle)
+    rauc_bundle_command(dir, &signer, image, mksquashfs, "plain", bundle)
 }
 
 struct Rauc {
@@ -440,8 +450,14 @@ impl Rauc {
         {
             println!("  rauc: reusing {}", bundle.display());
         } else {
-            let mut cmd =
-                rauc_bundle_command(&rdir, signer, inp.image, inp.level, format, &bundle)?;
+            let mut cmd = rauc_bundle_command(
+                &rdir,
+                signer,
+                inp.image,
+                Some(&smallest(inp.level)),
+                format,
+                &bundle,
+            )?;
             println!("  rauc: {}", shell_line(&cmd));
             let t = Instant::now();
             util::output(&mut cmd)?;
