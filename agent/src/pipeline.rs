@@ -230,6 +230,7 @@ impl Frames {
         artifact_sha256: Option<Sha256>,
     ) -> Frames {
         let max_out = frames.iter().map(|f| f.out_size).max().unwrap_or(0) as usize;
+        let max_in = frames.iter().map(|f| f.size).max().unwrap_or(0) as usize;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let (buffers, decoders) = shape(max_out, cores);
         let count = frames.len();
@@ -244,8 +245,10 @@ impl Frames {
             frames,
             next: start,
             artifact_hash: artifact_sha256.map(|want| (Hasher::new(), want)),
-            unreported: 0,
-            last_report: Instant::now(),
+            progress: Unreported {
+                bytes: 0,
+                since: Instant::now(),
+            },
             over: false,
         }));
         let mut out = Frames {
@@ -263,6 +266,7 @@ impl Frames {
                 tx: tx.clone(),
                 spare: spare_rx.clone(),
                 reading: reading.clone(),
+                max_in,
             };
             let spawned = std::thread::Builder::new()
                 .name(format!("updraft-decode-{n}"))
@@ -349,11 +353,15 @@ struct Reading {
     next: usize,
     /// The artifact's hash so far, and the signed one (from frame 0 only).
     artifact_hash: Option<(Hasher, Sha256)>,
-    /// Compressed bytes read but not yet reported.
-    unreported: u64,
-    last_report: Instant,
+    progress: Unreported,
     /// The end or a failure was told: no thread reads any more.
     over: bool,
+}
+
+/// Compressed bytes read but not yet reported, and when bytes last were.
+struct Unreported {
+    bytes: u64,
+    since: Instant,
 }
 
 /// What a decode thread does next.
@@ -403,7 +411,7 @@ impl Reading {
             h.update(compressed);
         }
         self.next += 1;
-        if !self.flush_progress(tx, true) {
+        if !self.progress.flush(tx, true) {
             self.over = true;
             return Next::Stop;
         }
@@ -432,38 +440,27 @@ impl Reading {
 
     /// Fill `buf` from the feed; `Ok(false)` when the caller went away.
     fn fill(&mut self, tx: &Outbox<FrameMsg>, buf: &mut [u8]) -> Result<bool> {
-        let Some(mut feed) = self.feed.take() else {
+        let Some(feed) = self.feed.as_mut() else {
             bail!(Io, "the artifact stream already ended");
         };
-        let filled = self.fill_from(&mut feed, tx, buf);
-        self.feed = Some(feed);
-        filled
-    }
-
-    fn fill_from(
-        &mut self,
-        feed: &mut Feed,
-        tx: &Outbox<FrameMsg>,
-        buf: &mut [u8],
-    ) -> Result<bool> {
         let mut n = 0;
         while n < buf.len() {
             match feed.read_some(&mut buf[n..])? {
                 Some(0) => bail!(Network, "stream ended {} bytes early", buf.len() - n),
                 Some(k) => {
                     n += k;
-                    self.unreported += k as u64;
+                    self.progress.bytes += k as u64;
                     // Progress at most every PROGRESS_EVERY: each message
                     // wakes the state machine.
-                    if self.last_report.elapsed() >= PROGRESS_EVERY
-                        && !self.flush_progress(tx, false)
+                    if self.progress.since.elapsed() >= PROGRESS_EVERY
+                        && !self.progress.flush(tx, false)
                     {
                         return Ok(false);
                     }
                 }
                 // Stalled: make sure someone is still listening.
                 None => {
-                    if !self.flush_progress(tx, false) {
+                    if !self.progress.flush(tx, false) {
                         return Ok(false);
                     }
                 }
@@ -471,14 +468,16 @@ impl Reading {
         }
         Ok(true)
     }
+}
 
-    /// Report unreported bytes without blocking (a full channel keeps them
-    /// for later), or wait when `block`. False when the caller went away.
-    fn flush_progress(&mut self, tx: &Outbox<FrameMsg>, block: bool) -> bool {
-        if block && self.unreported == 0 {
+impl Unreported {
+    /// Report the bytes without blocking (a full channel keeps them for
+    /// later), or wait when `block`. False when the caller went away.
+    fn flush(&mut self, tx: &Outbox<FrameMsg>, block: bool) -> bool {
+        if block && self.bytes == 0 {
             return true;
         }
-        let msg = FrameMsg::Read(self.unreported);
+        let msg = FrameMsg::Read(self.bytes);
         // Err(true): not sent but still listened to (the channel is full).
         let sent = if block {
             tx.send(msg).map_err(|_| false)
@@ -488,8 +487,8 @@ impl Reading {
         };
         match sent {
             Ok(()) => {
-                self.unreported = 0;
-                self.last_report = Instant::now();
+                self.bytes = 0;
+                self.since = Instant::now();
                 true
             }
             Err(listening) => listening,
@@ -502,6 +501,8 @@ struct DecodeStage {
     tx: Outbox<FrameMsg>,
     spare: Arc<Mutex<Inbox<AlignedBuf>>>,
     reading: Arc<Mutex<Reading>>,
+    /// The largest compressed frame.
+    max_in: usize,
 }
 
 impl DecodeStage {
@@ -518,13 +519,7 @@ impl DecodeStage {
         };
         // Sized once for the largest frame: growing it frame by frame
         // would leave the smaller buffers behind in the heap.
-        let max_in = lock(&self.reading)
-            .frames
-            .iter()
-            .map(|f| f.size)
-            .max()
-            .unwrap_or(0);
-        let mut compressed = Vec::with_capacity(max_in as usize);
+        let mut compressed = Vec::with_capacity(self.max_in);
         loop {
             let Some(mut out) = lock(&self.spare).recv() else {
                 return;

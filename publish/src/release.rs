@@ -228,7 +228,10 @@ fn frame_stream(
     std::thread::scope(|s| -> Result<()> {
         let (work_tx, work_rx) = std::sync::mpsc::sync_channel::<(usize, Vec<u8>)>(in_flight_max);
         let work_rx = std::sync::Arc::new(std::sync::Mutex::new(work_rx));
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<(usize, Vec<u8>, Result<Vec<u8>>)>();
+        // A worker also hashes its frame: the frame table's hash costs as
+        // much as the image hash this thread keeps in order.
+        type Done = (usize, Vec<u8>, Sha256, Result<Vec<u8>>);
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<Done>();
         for _ in 0..threads {
             let work_rx = work_rx.clone();
             let done_tx = done_tx.clone();
@@ -240,7 +243,8 @@ fn frame_stream(
                         .recv();
                     let Ok((index, raw)) = next else { return };
                     let c = compress_frame(&raw, spec.level, wlog);
-                    if done_tx.send((index, raw, c)).is_err() {
+                    let sha = Sha256::of(&raw);
+                    if done_tx.send((index, raw, sha, c)).is_err() {
                         return;
                     }
                 }
@@ -250,7 +254,8 @@ fn frame_stream(
         let mut read = 0usize;
         let mut written = 0usize;
         let mut eof = false;
-        let mut early: std::collections::BTreeMap<usize, (Vec<u8>, Vec<u8>)> = Default::default();
+        let mut early: std::collections::BTreeMap<usize, (Vec<u8>, Sha256, Vec<u8>)> =
+            Default::default();
         loop {
             while !eof && read - written < in_flight_max {
                 let mut buf = vec![0u8; spec.frame_size];
@@ -268,11 +273,11 @@ fn frame_stream(
             if written == read {
                 break;
             }
-            let (index, raw, c) = done_rx
+            let (index, raw, sha, c) = done_rx
                 .recv()
                 .map_err(|_| "a compression thread stopped".to_string())?;
-            early.insert(index, (raw, c?));
-            while let Some((raw, c)) = early.remove(&written) {
+            early.insert(index, (raw, sha, c?));
+            while let Some((raw, out_sha256, c)) = early.remove(&written) {
                 image_hash.update(&raw);
                 artifact_hash.update(&c);
                 out.write_all(&c)
@@ -281,7 +286,7 @@ fn frame_stream(
                     offset,
                     size: c.len() as u64,
                     out_size: raw.len() as u64,
-                    out_sha256: Sha256::of(&raw),
+                    out_sha256,
                 });
                 offset += c.len() as u64;
                 image_size += raw.len() as u64;

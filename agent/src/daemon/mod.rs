@@ -67,8 +67,7 @@ mod front;
 /// the watchdog, reports, and starts again after a backoff, so no start
 /// failure becomes a restart loop.
 pub fn serve(config: &Path) -> Result<()> {
-    // Before any thread exists (see crate::memory).
-    memory::tune_allocator();
+    // The allocator is tuned by cli::run, before any thread exists.
     signals::install()?;
     let mut attempts: u32 = 0;
     let mut degraded: Option<Degraded> = None;

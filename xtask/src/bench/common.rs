@@ -242,8 +242,9 @@ pub fn print_table(rows: &[Vec<String>]) {
 /// `--size MIB --level N --runs N` of the benchmarks that publish the
 /// bench image (defaults 256 MiB, level 19, 3 runs).
 pub struct ImageRuns {
-    /// `--save-baseline`: store this run's figures as the baseline.
-    pub save_baseline: bool,
+    /// The switches given (`--NAME` without a value), of those the
+    /// benchmark knows.
+    pub switches: Vec<&'static str>,
     pub size_mib: u64,
     /// `--level`: the zstd level of every compressed output; without it
     /// updraft-publish keeps its own default and the references use
@@ -257,12 +258,11 @@ pub struct ImageRuns {
 pub const REFERENCE_LEVEL: u64 = 19;
 
 /// Parse and check [`ImageRuns`]; errors end with `usage`.
-pub fn image_runs(args: &[String], usage: &str) -> Result<ImageRuns> {
-    let (switches, args): (Vec<&String>, Vec<String>) = {
-        let (s, a): (Vec<&String>, Vec<&String>) =
-            args.iter().partition(|a| a.as_str() == "--save-baseline");
-        (s, a.into_iter().cloned().collect())
-    };
+pub fn image_runs(args: &[String], usage: &str, switches: &[&'static str]) -> Result<ImageRuns> {
+    let (on, args): (Vec<&String>, Vec<&String>) = args
+        .iter()
+        .partition(|a| switches.iter().any(|s| a.strip_prefix("--") == Some(s)));
+    let args: Vec<String> = args.into_iter().cloned().collect();
     let f = flags(&args, &["size", "level", "runs"]).map_err(|e| format!("{e}\n{usage}"))?;
     let size_mib = number_flag(&f, "size", 256)?;
     let level = match f.iter().find(|(k, _)| *k == "level") {
@@ -279,7 +279,11 @@ pub fn image_runs(args: &[String], usage: &str) -> Result<ImageRuns> {
         size_mib,
         level,
         runs,
-        save_baseline: !switches.is_empty(),
+        switches: switches
+            .iter()
+            .copied()
+            .filter(|s| on.iter().any(|a| a.strip_prefix("--") == Some(s)))
+            .collect(),
     })
 }
 

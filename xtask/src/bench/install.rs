@@ -78,8 +78,9 @@ pub fn run(args: &[String]) -> Result {
         size_mib,
         level,
         runs,
-        save_baseline,
-    } = common::image_runs(args, USAGE)?;
+        switches,
+    } = common::image_runs(args, USAGE, &["save-baseline"])?;
+    let save_baseline = switches.contains(&"save-baseline");
     if !is_root() {
         return Err(
             "needs root: it attaches loop devices and drops the page cache (run it with sudo)"

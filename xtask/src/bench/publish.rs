@@ -58,15 +58,12 @@ struct Method {
 
 pub fn run(args: &[String]) -> Result {
     let load = Load::now();
-    let (levels, args): (Vec<&String>, Vec<&String>) =
-        args.iter().partition(|a| a.as_str() == "--levels");
-    let args: Vec<String> = args.into_iter().cloned().collect();
     let common::ImageRuns {
         size_mib,
         level,
         runs,
-        save_baseline: _,
-    } = common::image_runs(&args, USAGE)?;
+        switches,
+    } = common::image_runs(args, USAGE, &["levels"])?;
     common::require_tools(&[GNU_TIME, "mkfs.ext4", "zstd"])?;
     let started = Instant::now();
     let bins = common::release_binaries()?;
@@ -285,7 +282,7 @@ pub fn run(args: &[String]) -> Result {
         ));
     }
 
-    if !levels.is_empty() {
+    if switches.contains(&"levels") {
         level_table(&release, &work, &report, default_level)?;
     }
     println!(
