@@ -106,13 +106,21 @@ impl Rig {
     /// units), booted from slot A that its release marker says holds
     /// `release`.
     pub fn with_app(&mut self, release: &str, app: &str) {
-        let marker = self.dev.path("etc-updraft-release");
-        std::fs::write(&marker, format!("UPDRAFT_RELEASE={release}\n")).expect("release marker");
+        self.with_marker(release);
         let dir = self.dev.dir().to_path_buf();
         std::fs::create_dir_all(crate::apps::health_dir(&dir, app)).expect("health dir");
         self.dev.reconfigure(|s| {
-            s.device = format!("release_file = {:?}", marker.display().to_string());
             s.sections = crate::apps::app_sections(&dir, app, "");
+        });
+    }
+
+    /// Boot the device from slot A with a release marker naming `release`
+    /// (an image from the factory, no install recorded).
+    pub fn with_marker(&mut self, release: &str) {
+        let marker = self.dev.path("etc-updraft-release");
+        std::fs::write(&marker, format!("UPDRAFT_RELEASE={release}\n")).expect("release marker");
+        self.dev.reconfigure(|s| {
+            s.device = format!("release_file = {:?}", marker.display().to_string());
         });
     }
 

@@ -237,6 +237,7 @@ fn an_assigned_release_is_installed_and_closed_with_success_only_after_its_commi
 fn a_failed_health_check_is_closed_with_failure_and_the_image_is_not_taken_again() {
     let server = server();
     let mut rig = device("ddi-rollback", &server, DdiAuth::TargetToken, TOKEN);
+    rig.with_marker("1.0");
     rig.dev
         .health_check("10-fails", "echo 'app did not start' >&2; exit 1");
     let rel = rig.publish("1.1", 12, IMAGE, &[]);
@@ -245,17 +246,27 @@ fn a_failed_health_check_is_closed_with_failure_and_the_image_is_not_taken_again
     rig.dev.wait_reboot_requested(WAIT);
     assert_eq!(rig.dev.reboot(), SlotName::B);
     rig.dev.start_daemon();
-    // The failed trial reboots back into A.
+    // The failed trial reboots back into A. A poll while that reboot is
+    // pending still tells the server about the committed release.
     rig.dev.wait_reboot_requested(WAIT);
+    let puts = server.config_data_log().len();
+    rig.dev.ok(&["check"]);
+    assert!(
+        server.wait_until(WAIT, |s| s.config_data_log().len() > puts),
+        "no configData from slot B"
+    );
     assert_eq!(rig.dev.reboot(), SlotName::A);
     rig.dev.start_daemon();
     let action = server.wait_for_closed(1, WAIT);
     assert_eq!(action.status, ActionStatus::Error, "{action:#?}");
     let why = closed_with(&server, 1, Finished::Failure);
     assert!(why.contains("rolled back"), "{why}");
+    // Through the trial boot and after it, the server heard of 1.0 as the
+    // running release (named by slot A's marker) and of nothing else.
     let (puts, _) = request_positions(&server, 1);
+    assert!(!puts.is_empty(), "no configData");
     assert!(
-        puts.iter().all(|(_, v)| v.as_deref() != Some("1.1")),
+        puts.iter().all(|(_, v)| v.as_deref() == Some("1.0")),
         "{puts:?}"
     );
     // The same image assigned again is declined without a download.

@@ -574,13 +574,21 @@ impl Machine {
             _ => self.booted,
         };
         // Recorded, or named by the image's release marker (a device
-        // fresh from the factory, before any manifest confirmed it).
+        // fresh from the factory, before any manifest confirmed it). The
+        // marker is the booted image's: under a trial boot of the other
+        // slot, the committed release is the one last reported, which the
+        // trial did not change.
         let running = match self.store.slot_record(committed_slot)? {
             Some(r) => r.version,
-            None => match crate::provision::read_marker(&self.cfg.device.release_file) {
-                Ok(Some(m)) if committed_slot == self.booted => m.version,
-                _ => "unknown".into(),
-            },
+            None if committed_slot == self.booted => {
+                match crate::provision::read_marker(&self.cfg.device.release_file) {
+                    Ok(Some(m)) => m.version,
+                    _ => "unknown".into(),
+                }
+            }
+            None => self
+                .last_sent_attribute("sw_version")?
+                .unwrap_or_else(|| "unknown".into()),
         };
         let compatible = self.cfg.device.compatible.clone();
         let mut attrs: Vec<(String, String)> = [
@@ -599,6 +607,17 @@ impl Machine {
             attrs.push((format!("component.{}", c.name), c.version));
         }
         Ok(attrs)
+    }
+
+    /// The value of `key` in the attributes last queued for the server.
+    fn last_sent_attribute(&self, key: &str) -> Result<Option<String>> {
+        let Some(text) = self.store.get(CONFIG_SENT)? else {
+            return Ok(None);
+        };
+        // Written by `config_row` below; an unreadable value (an older
+        // encoding) only means nothing is known.
+        let attrs: Vec<(String, String)> = serde_json::from_str(&text).unwrap_or_default();
+        Ok(attrs.into_iter().find(|(k, _)| k == key).map(|(_, v)| v))
     }
 
     /// The configData row for `state`, when the server asks (`asked`,
