@@ -730,18 +730,35 @@ impl Device {
     /// The power-on part of a reboot: new boot id, command line naming
     /// `slot`, reboot marker cleared.
     pub fn reboot_into(&mut self, slot: SlotName) {
+        self.power_on(&format!(
+            "console=ttyS0 root=/dev/root updraft.slot={}\n",
+            slot.as_str()
+        ));
+    }
+
+    /// The power-on part of a reboot with the kernel command line a boot
+    /// firmware chose: new boot id, reboot marker cleared.
+    pub fn power_on(&mut self, cmdline: &str) {
         self.stop_daemon();
         self.boots += 1;
         std::fs::write(&self.boot_id, format!("boot-{}\n", self.boots)).expect("boot id");
-        std::fs::write(
-            &self.cmdline,
-            format!(
-                "console=ttyS0 root=/dev/root updraft.slot={}\n",
-                slot.as_str()
-            ),
-        )
-        .expect("cmdline");
+        std::fs::write(&self.cmdline, cmdline).expect("cmdline");
         let _ = std::fs::remove_file(&self.reboot_marker);
+    }
+
+    /// A reboot command that records its arguments in the reboot marker
+    /// (`reboot "0 tryboot"` leaves `0 tryboot`), as a TOML array.
+    pub fn recording_reboot_command(&self) -> String {
+        format!(
+            "[\"/bin/sh\", \"-c\", \"printf '%s' \\\"$*\\\" > {}\", \"reboot\"]",
+            self.reboot_marker.display()
+        )
+    }
+
+    /// The arguments the last reboot command was given, once it ran
+    /// ([`Device::recording_reboot_command`]).
+    pub fn reboot_arguments(&self) -> Option<String> {
+        std::fs::read_to_string(&self.reboot_marker).ok()
     }
 
     /// Add an executable health check.

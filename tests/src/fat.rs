@@ -86,6 +86,13 @@ impl FatPartition {
     /// `path` (e.g. `/slot-b/config.txt`) as mtools reads it from the
     /// unmounted image.
     pub fn read_image(&mut self, path: &str) -> Vec<u8> {
+        self.try_read_image(path)
+            .unwrap_or_else(|| panic!("mtype finds no {path} in {}", self.image.display()))
+    }
+
+    /// `path` as mtools reads it from the unmounted image, `None` when
+    /// the image holds no such file (or is no FAT mtools can read).
+    pub fn try_read_image(&mut self, path: &str) -> Option<Vec<u8>> {
         self.unmount();
         let out = Command::new(tool("mtype"))
             .args(["-i"])
@@ -93,13 +100,8 @@ impl FatPartition {
             .arg(format!("::{path}"))
             .output()
             .expect("running mtype");
-        assert!(
-            out.status.success(),
-            "mtype {path}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         self.mount_rw();
-        out.stdout
+        out.status.success().then_some(out.stdout)
     }
 
     fn unmount(&mut self) {

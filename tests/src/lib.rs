@@ -31,6 +31,7 @@ pub mod proxied;
 pub mod proxy;
 pub mod publisher;
 pub mod rng;
+pub mod rpi;
 pub mod server;
 pub mod skip;
 pub mod static_server;

@@ -11,6 +11,10 @@
 //! | attempts left         | `BOOT_A_LEFT=3`          | `A_TRY=0` (one try)        | `BOOT_A_LEFT`    |
 //! | may be booted         | in `BOOT_ORDER`, LEFT>0  | `A_OK=1`, in `ORDER`       | as U-Boot        |
 //!
+//! The Raspberry Pi firmware (`rpi-tryboot`) has no order or counter of
+//! its own: `autoboot.txt` names a default partition and a trial's, and a
+//! trial is one boot armed by the reboot ([`tryboot`] maps the model).
+//!
 //! Every change is one write of the whole environment, so a power cut leaves
 //! either the old or the new selection, never a mix, as far as the medium
 //! allows (see `docs/bootloaders.md`). A backend must refuse to write when it
@@ -20,6 +24,7 @@
 pub mod file;
 pub mod grub;
 pub mod script;
+pub mod tryboot;
 pub mod uboot;
 
 use std::fmt;
@@ -113,6 +118,14 @@ pub trait Bootloader {
         tries
     }
 
+    /// What the reboot into a trial passes to the reboot command, when the
+    /// trial is armed by the reboot itself (the Raspberry Pi firmware's
+    /// one-shot tryboot flag: `reboot "0 tryboot"`). `None`: the selection
+    /// written is the trial.
+    fn trial_reboot_argument(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Mark `slot` good: first in the order, bootable, attempts reset to
     /// `tries`. Writes nothing when that is already the state.
     fn mark_good_with(&mut self, slot: SlotName, tries: u32, t: &mut dyn Ticker) -> Result<()>;
@@ -166,7 +179,18 @@ pub fn from_config(cfg: &Config) -> Result<Box<dyn Bootloader>> {
             };
             Box::new(script::ScriptBootloader::new(script.clone())?)
         }
+        BootloaderKind::RpiTryboot => Box::new(tryboot::TrybootBootloader::new(b)?),
     })
+}
+
+/// The booted slot. The Raspberry Pi firmware says which partition it
+/// booted in the device tree; every other bootloader passes
+/// `updraft.slot=` on the kernel command line.
+pub fn booted_slot(cfg: &Config) -> Result<SlotName> {
+    match cfg.bootloader.kind {
+        BootloaderKind::RpiTryboot => tryboot::booted_slot(&cfg.bootloader, &cfg.slots.cmdline),
+        _ => crate::slot::booted_slot(&cfg.slots.cmdline),
+    }
 }
 
 /// The model operations on a generic (order, left) pair, shared by the

@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::progress::mib;
-use crate::slot::{self, SlotPair};
+use crate::slot::SlotPair;
 use crate::state::Method;
 use crate::status::{self, LastInstall, Status};
 use crate::timestamp::Timestamp;
@@ -32,7 +32,7 @@ pub(super) fn status(cfg: &Config, json: bool) -> Result<()> {
 fn offline_status(cfg: &Config) -> Result<Status> {
     let store = Store::open_for_reading(&cfg.db_path())?;
     let (state, since) = store.state()?;
-    let booted = slot::booted_slot(&cfg.slots.cmdline)?;
+    let booted = crate::bootloader::booted_slot(cfg)?;
     let (boot, boot_err) = match crate::bootloader::from_config(cfg).and_then(|mut b| b.read()) {
         Ok(b) => (Some(b), None),
         Err(e) => (None, Some(e.to_string())),

@@ -8,6 +8,10 @@
 
 use super::*;
 
+/// The highest partition number a Raspberry Pi boot partition can have
+/// (GPT's usual 128 entries; MBR has 4).
+const MAX_BOOT_PARTITION: u32 = 128;
+
 impl Config {
     pub(super) fn check(&self) -> Result<()> {
         let bad = |key: &str, why: String| Err(Error::new(Kind::Config, format!("{key}: {why}")));
@@ -259,6 +263,31 @@ impl Config {
                 "bootloader.script",
                 "is required when kind = \"script\"".into(),
             );
+        }
+        if b.kind == BootloaderKind::RpiTryboot {
+            if b.autoboot.is_none() {
+                return bad(
+                    "bootloader.autoboot",
+                    "is required when kind = \"rpi-tryboot\" (autoboot.txt on the mounted first FAT partition)".into(),
+                );
+            }
+            for (key, p) in [
+                ("bootloader.boot_partition_a", b.boot_partition_a),
+                ("bootloader.boot_partition_b", b.boot_partition_b),
+            ] {
+                if p == 0 || p > MAX_BOOT_PARTITION {
+                    return bad(
+                        key,
+                        format!("{p} is not a partition number from 1 to {MAX_BOOT_PARTITION}"),
+                    );
+                }
+            }
+            if b.boot_partition_a == b.boot_partition_b {
+                return bad(
+                    "bootloader.boot_partition_b",
+                    format!("is slot A's boot partition too ({})", b.boot_partition_a),
+                );
+            }
         }
         Ok(())
     }

@@ -451,6 +451,8 @@ pub enum BootloaderKind {
     #[default]
     File,
     Script,
+    /// The Raspberry Pi firmware's `autoboot.txt` and tryboot flag.
+    RpiTryboot,
 }
 
 #[derive(Debug, Clone)]
@@ -464,6 +466,14 @@ pub struct Bootloader {
     pub grubenv: PathBuf,
     /// Script backend: an executable called as `SCRIPT <verb> [SLOT] [TRIES]`.
     pub script: Option<PathBuf>,
+    /// rpi-tryboot: `autoboot.txt` on the mounted first FAT partition.
+    pub autoboot: Option<PathBuf>,
+    /// rpi-tryboot: the boot partition number of slot A.
+    pub boot_partition_a: u32,
+    /// rpi-tryboot: the boot partition number of slot B.
+    pub boot_partition_b: u32,
+    /// rpi-tryboot: the firmware's `chosen/bootloader` device-tree node.
+    pub device_tree: PathBuf,
 }
 
 /// The lock libubootenv takes around every access to the U-Boot
@@ -473,6 +483,10 @@ pub struct Bootloader {
 /// in the Debian bookworm build (libubootenv 0.3.2). `/var/lock` is
 /// `/run/lock`.
 pub const DEFAULT_UBOOT_LOCK_FILE: &str = "/var/lock/fw_printenv.lock";
+
+/// Where the Raspberry Pi firmware's `chosen/bootloader` values appear on
+/// a running Pi (`partition`, `tryboot`).
+pub const DEFAULT_DEVICE_TREE: &str = "/proc/device-tree/chosen/bootloader";
 
 impl Default for Bootloader {
     fn default() -> Self {
@@ -484,6 +498,10 @@ impl Default for Bootloader {
             lock_file: PathBuf::from(DEFAULT_UBOOT_LOCK_FILE),
             grubenv: PathBuf::from("/boot/grub/grubenv"),
             script: None,
+            autoboot: None,
+            boot_partition_a: 2,
+            boot_partition_b: 3,
+            device_tree: PathBuf::from(DEFAULT_DEVICE_TREE),
         }
     }
 }
@@ -705,6 +723,44 @@ b = "/dev/b"
 [system]
 reboot_command = ["/sbin/reboot"]
 "#;
+
+    #[test]
+    fn the_rpi_tryboot_bootloader_needs_its_file_and_two_partitions() {
+        let with = |lines: &str| {
+            Config::parse(&format!(
+                "{MINIMAL}[bootloader]\nkind = \"rpi-tryboot\"\n{lines}"
+            ))
+        };
+        let c = with("autoboot = \"/boot/autoboot/autoboot.txt\"\n").unwrap();
+        let b = &c.bootloader;
+        assert_eq!(b.kind, BootloaderKind::RpiTryboot);
+        assert_eq!((b.boot_partition_a, b.boot_partition_b), (2, 3));
+        assert_eq!(b.device_tree, PathBuf::from(DEFAULT_DEVICE_TREE));
+        // (lines, the error names)
+        let rows = [
+            ("", "bootloader.autoboot: is required"),
+            (
+                "autoboot = \"/a\"\nboot_partition_a = 3\n",
+                "bootloader.boot_partition_b: is slot A's boot partition too (3)",
+            ),
+            (
+                "autoboot = \"/a\"\nboot_partition_a = 0\n",
+                "bootloader.boot_partition_a: 0 is not a partition number",
+            ),
+            (
+                "autoboot = \"/a\"\nboot_partition_b = 99999999999\n",
+                "99999999999 is too large",
+            ),
+            (
+                "autoboot = \"/a\"\nboot_partition_b = -1\n",
+                "boot_partition_b",
+            ),
+        ];
+        for (lines, want) in rows {
+            let e = with(lines).unwrap_err().to_string();
+            assert!(e.contains(want), "{lines:?}: {e}");
+        }
+    }
 
     #[test]
     fn the_file_bootloader_asks_for_a_reboot_command() {

@@ -152,18 +152,24 @@ impl Config {
                         ("grub", BootloaderKind::Grub),
                         ("file", BootloaderKind::File),
                         ("script", BootloaderKind::Script),
+                        ("rpi-tryboot", BootloaderKind::RpiTryboot),
                     ],
                 )?
                 .unwrap_or(d.kind),
-            tries: s
-                .unsigned("tries")?
-                .map(|v| v.min(u64::from(u32::MAX)) as u32)
-                .unwrap_or(d.tries),
+            tries: s.unsigned_u32("tries")?.unwrap_or(d.tries),
             path: s.path("path")?.unwrap_or(d.path),
             fw_env_config: s.path("fw_env_config")?.unwrap_or(d.fw_env_config),
             lock_file: s.path("lock_file")?.unwrap_or(d.lock_file),
             grubenv: s.path("grubenv")?.unwrap_or(d.grubenv),
             script: s.path("script")?,
+            autoboot: s.path("autoboot")?,
+            boot_partition_a: s
+                .unsigned_u32("boot_partition_a")?
+                .unwrap_or(d.boot_partition_a),
+            boot_partition_b: s
+                .unsigned_u32("boot_partition_b")?
+                .unwrap_or(d.boot_partition_b),
+            device_tree: s.path("device_tree")?.unwrap_or(d.device_tree),
         };
         s.finish()?;
 
@@ -523,6 +529,19 @@ impl<'a> Section<'a> {
                 Value::Integer(n) => Err(self.bad(e, format!("{n} is negative"))),
                 _ => Err(self.expected(e, "a whole number")),
             },
+        }
+    }
+
+    /// A whole number that fits 32 bits (range checks follow).
+    fn unsigned_u32(&mut self, key: &str) -> Result<Option<u32>> {
+        match self.get(key) {
+            Some(e) => match &e.value {
+                Value::Integer(n) if *n > i64::from(u32::MAX) => {
+                    Err(self.bad(e, format!("{n} is too large")))
+                }
+                _ => Ok(self.unsigned(key)?.map(|v| v as u32)),
+            },
+            None => Ok(None),
         }
     }
 

@@ -55,7 +55,7 @@ use crate::slot::SlotName;
 use crate::state::State;
 use crate::store::Store;
 use crate::timestamp::Timestamp;
-use crate::{bootloader, identity, notify, protect, report, signals, slot};
+use crate::{bootloader, identity, notify, protect, report, signals};
 
 /// How long a degraded daemon waits before it tries to start again.
 pub(super) const RETRY_CAP: Duration = Duration::from_secs(15 * 60);
@@ -285,7 +285,7 @@ fn keep_booted_good(cfg: &Config, t: &mut dyn Ticker) -> Result<Option<SlotName>
     cfg.check_boot()?;
     // One-shot commands take the lock to install: never mark while one runs.
     let _lock = StateLock::acquire(&cfg.lock_path())?;
-    let booted = slot::booted_slot(&cfg.slots.cmdline)?;
+    let booted = bootloader::booted_slot(cfg)?;
     let boot_id = identity::boot_id(&cfg.system.boot_id_file)?;
     let state = stored_state(cfg)?;
     if !may_mark_good(state, booted, &boot_id) {

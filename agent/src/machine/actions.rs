@@ -369,6 +369,9 @@ impl Machine {
             Some(RebootPurpose::Rollback) => job.target.other(),
             _ => job.target,
         };
+        // A trial the reboot itself arms (the Raspberry Pi's tryboot flag)
+        // gets the bootloader's argument; a rollback reboot never does.
+        let reboot_command = self.reboot_command(job.purpose);
         match self.cfg.system.reboot {
             RebootMode::Auto if self.reboot_due_again() => {
                 let asked = self.reboot_requested.map(|a| a.asks).unwrap_or(0);
@@ -386,7 +389,7 @@ impl Machine {
                     let r = report::waiting(&self.device_id, self.booted, &job, "reboot", &why);
                     self.store.push_report(&r.as_report())?;
                 }
-                match run_reboot(&self.cfg.system.reboot_command, t) {
+                match run_reboot(&reboot_command, t) {
                     Ok(()) => {
                         self.reboot_requested = Some(RebootAsked {
                             at: std::time::Instant::now(),
@@ -417,7 +420,7 @@ impl Machine {
                     job.version,
                     job.target
                 );
-                match run_reboot(&self.cfg.system.reboot_command, t) {
+                match run_reboot(&reboot_command, t) {
                     Ok(()) => {
                         self.reboot_requested = Some(RebootAsked {
                             at: std::time::Instant::now(),
@@ -434,8 +437,12 @@ impl Machine {
             }
             RebootMode::Manual if !self.waiting_logged => {
                 self.waiting_logged = true;
+                let how = match self.trial_argument(job.purpose) {
+                    Some(arg) => format!(" with `reboot \"{arg}\"`"),
+                    None => String::new(),
+                };
                 log::info!(
-                    "release {} slot {}: waiting for an operator to reboot into slot {into} (system.reboot = \"manual\")",
+                    "release {} slot {}: waiting for an operator to reboot into slot {into}{how} (system.reboot = \"manual\")",
                     job.version,
                     job.target
                 );
@@ -571,6 +578,25 @@ pub(super) fn spool_path(state_dir: &std::path::Path, sha: &Sha256) -> std::path
 
 /// Run the configured reboot command, bounded. On a stop the command goes
 /// on (it is the reboot); this process does not wait for it.
+impl Machine {
+    /// The argument a reboot for `purpose` passes on: the bootloader's
+    /// trial argument for a trial, nothing for a rollback.
+    fn trial_argument(&self, purpose: Option<RebootPurpose>) -> Option<&'static str> {
+        match purpose {
+            Some(RebootPurpose::Rollback) => None,
+            _ => self.boot.trial_reboot_argument(),
+        }
+    }
+
+    /// The configured reboot command, with the trial's argument appended
+    /// where the bootloader needs one (`systemctl reboot "0 tryboot"`).
+    fn reboot_command(&self, purpose: Option<RebootPurpose>) -> Vec<String> {
+        let mut cmd = self.cfg.system.reboot_command.clone();
+        cmd.extend(self.trial_argument(purpose).map(String::from));
+        cmd
+    }
+}
+
 fn run_reboot(cmd: &[String], t: &mut dyn Ticker) -> Result<()> {
     run_bounded("reboot command", cmd, REBOOT_COMMAND_LIMIT, "reboot", t)
 }

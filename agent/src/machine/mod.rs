@@ -249,7 +249,7 @@ impl Machine {
         cfg.server.follow(&channel.name)?;
         let boot = bootloader::from_config(&cfg)?;
         let inhibitors = crate::inhibit::Inhibitors::new(&cfg.policy)?;
-        let booted = slot::booted_slot(&cfg.slots.cmdline)?;
+        let booted = crate::bootloader::booted_slot(&cfg)?;
         let boot_id = identity::boot_id(&cfg.system.boot_id_file)?;
         let device_id = identity::device_id(&cfg.device.id_file)?;
         let fetcher = if Server::needs_fetcher(&cfg.server) {
