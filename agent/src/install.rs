@@ -29,7 +29,7 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use crate::bail;
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, Error, Kind, Result};
 use crate::hash::{Hasher, Sha256};
 use crate::manifest::{Delta, Frame, Image, Manifest};
 use crate::progress::{Meter, Ticker};
@@ -131,10 +131,25 @@ impl crate::pipeline::Sink for SlotSink<'_, '_> {
     }
 
     fn write(&mut self, _index: usize, data: &[u8]) -> Result<bool> {
-        if let Some(h) = self.image_hash.as_mut() {
-            h.update(data);
-        }
-        let stepped = self.writer.write_all(data)?;
+        let writer = &mut *self.writer;
+        let stepped = match self.image_hash.as_mut() {
+            // The image hash of a frame runs while the frame is written: a
+            // direct write leaves the processor idle until the device is
+            // done, and the hash costs about as long.
+            Some(h) => std::thread::scope(|s| {
+                let hashing = std::thread::Builder::new()
+                    .name("updraft-image-hash".into())
+                    .stack_size(64 * 1024)
+                    .spawn_scoped(s, || h.update(data))
+                    .map_err(|e| Error::new(Kind::Io, format!("starting the image hash: {e}")))?;
+                let stepped = writer.write_all(data);
+                hashing
+                    .join()
+                    .map_err(|_| Error::new(Kind::Io, "the image hash panicked"))?;
+                stepped
+            })?,
+            None => writer.write_all(data)?,
+        };
         if let Some(rb) = self.readback.as_mut() {
             rb.complete_to(self.writer.completed());
         }
