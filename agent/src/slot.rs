@@ -92,16 +92,59 @@ impl SlotPair {
     }
 }
 
-/// The booted slot, from `updraft.slot=A|B` on the kernel command line.
-pub fn booted_slot(cmdline: &Path) -> Result<SlotName> {
+/// The booted slot, from `updraft.slot=A|B` on the kernel command line,
+/// or else from `root=` naming one of the slots `a` and `b` (a device path,
+/// `PARTUUID=`, `UUID=` or `LABEL=`, resolved through `/dev/disk/by-*`):
+/// what another updater's boot script passes, which knows nothing of
+/// updraft.
+pub fn booted_slot(cmdline: &Path, a: &Path, b: &Path) -> Result<SlotName> {
     let text = std::fs::read_to_string(cmdline)
         .kind_context(Kind::Slot, format!("reading {}", cmdline.display()))?;
-    parse_cmdline(&text).ok_or_else(|| {
-        err!(
+    if let Some(slot) = parse_cmdline(&text) {
+        return Ok(slot);
+    }
+    let Some(root) = root_device(&text) else {
+        bail!(
             Slot,
-            "{} has no updraft.slot=A or updraft.slot=B: cannot tell which slot is booted",
+            "{} has no updraft.slot=A or updraft.slot=B and no root=: cannot tell which slot is booted",
             cmdline.display()
-        )
+        );
+    };
+    let same = |slot: &Path| match (std::fs::canonicalize(&root), std::fs::canonicalize(slot)) {
+        (Ok(r), Ok(s)) => r == s,
+        _ => false,
+    };
+    if same(a) {
+        Ok(SlotName::A)
+    } else if same(b) {
+        Ok(SlotName::B)
+    } else {
+        Err(err!(
+            Slot,
+            "{} has no updraft.slot= and its root={} is neither slot A ({}) nor slot B ({}): cannot tell which slot is booted",
+            cmdline.display(),
+            root.display(),
+            a.display(),
+            b.display()
+        ))
+    }
+}
+
+/// The device `root=` names (the last one wins), as a path.
+fn root_device(cmdline: &str) -> Option<PathBuf> {
+    let root = cmdline
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("root="))
+        .next_back()?;
+    let by = |dir: &str, id: &str| Path::new("/dev/disk").join(dir).join(id);
+    Some(if let Some(id) = root.strip_prefix("PARTUUID=") {
+        by("by-partuuid", &id.to_ascii_lowercase())
+    } else if let Some(id) = root.strip_prefix("UUID=") {
+        by("by-uuid", &id.to_ascii_lowercase())
+    } else if let Some(id) = root.strip_prefix("LABEL=") {
+        by("by-label", id)
+    } else {
+        PathBuf::from(root)
     })
 }
 
@@ -710,5 +753,45 @@ mod tests {
         assert_eq!(parse_cmdline("updraft.slot=C"), None);
         assert_eq!(parse_cmdline("root=/dev/x"), None);
         assert_eq!(parse_cmdline("xupdraft.slot=A"), None);
+    }
+
+    #[test]
+    fn without_updraft_slot_the_root_device_names_the_booted_slot() {
+        let d = crate::test_support::scratch_dir("slot", "root");
+        let (a, b) = (d.join("mmcblk0p2"), d.join("mmcblk0p3"));
+        std::fs::write(&a, "").unwrap();
+        std::fs::write(&b, "").unwrap();
+        let link = d.join("by-partuuid-3");
+        std::os::unix::fs::symlink(&b, &link).unwrap();
+        let cmdline = d.join("cmdline");
+        // (command line, booted slot or the error's words)
+        let rows: [(String, Result<SlotName, &str>); 6] = [
+            (format!("root={} rootwait", a.display()), Ok(SlotName::A)),
+            (format!("root={} rw", link.display()), Ok(SlotName::B)),
+            (
+                format!("root={} updraft.slot=A", b.display()),
+                Ok(SlotName::A),
+            ),
+            (
+                format!("root=/dev/sda9 root={}", b.display()),
+                Ok(SlotName::B),
+            ),
+            (
+                "root=/dev/nonexistent9".into(),
+                Err("root=/dev/nonexistent9 is neither slot A"),
+            ),
+            (
+                "console=ttyS0".into(),
+                Err("no updraft.slot=A or updraft.slot=B and no root="),
+            ),
+        ];
+        for (line, want) in rows {
+            std::fs::write(&cmdline, &line).unwrap();
+            match (booted_slot(&cmdline, &a, &b), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{line}"),
+                (Err(e), Err(words)) => assert!(e.to_string().contains(words), "{line}: {e}"),
+                (got, want) => panic!("{line}: {got:?}, expected {want:?}"),
+            }
+        }
     }
 }

@@ -380,6 +380,89 @@ pub fn boot_uboot(fw_env_config: &Path) -> Option<SlotName> {
     booted
 }
 
+/// Power on a board booted by RAUC's documented U-Boot script with
+/// bootnames `names` (slot A's, slot B's): the first bootname in
+/// `BOOT_ORDER` whose `BOOT_<name>_LEFT` is above 0 loses an attempt and
+/// boots; with none, every counter is reset to 3 and the board resets
+/// (`None`). One `saveenv` (one `fw_setenv`).
+pub fn boot_uboot_rauc(fw_env_config: &Path, names: [&str; 2]) -> Option<SlotName> {
+    let vars = fw_printenv(fw_env_config)
+        .unwrap_or_else(|e| panic!("the boot script cannot read the environment: {e}"));
+    let order = nonempty(vars.get("BOOT_ORDER"), &names.join(" "));
+    let left_var = |i: usize| format!("BOOT_{}_LEFT", names[i]);
+    let mut left = [0, 1].map(|i| nonempty(vars.get(&left_var(i)), "3"));
+    let mut booted = None;
+    for word in order.split_whitespace() {
+        let Some(i) = names.iter().position(|n| *n == word) else {
+            continue;
+        };
+        if uboot_decimal(&left[i]) > 0 {
+            left[i] = uboot_setexpr_minus_one(&left[i]);
+            booted = Some([SlotName::A, SlotName::B][i]);
+            break;
+        }
+    }
+    if booted.is_none() {
+        left = ["3".to_string(), "3".to_string()];
+    }
+    let (va, vb) = (left_var(0), left_var(1));
+    fw_setenv(
+        fw_env_config,
+        &[
+            ("BOOT_ORDER", Some(&order)),
+            (&va, Some(&left[0])),
+            (&vb, Some(&left[1])),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("the boot script's saveenv failed: {e}"));
+    booted
+}
+
+/// Power on a board with Mender's U-Boot integration, as its
+/// documentation and U-Boot's boot count limit describe it: while
+/// `upgrade_available=1` every boot counts `bootcount` up (saved in the
+/// environment); past `bootlimit` U-Boot runs `altbootcmd`, which switches
+/// `mender_boot_part` (and `_hex`) to the other root partition and clears
+/// `upgrade_available`; then the partition `mender_boot_part` names boots.
+/// `partitions` are slot A's and slot B's partition numbers.
+pub fn boot_uboot_mender(fw_env_config: &Path, partitions: [u32; 2]) -> SlotName {
+    let vars = fw_printenv(fw_env_config)
+        .unwrap_or_else(|e| panic!("the boot script cannot read the environment: {e}"));
+    let get = |n: &str| vars.get(n).cloned().unwrap_or_default();
+    let mut part: u32 = get("mender_boot_part")
+        .parse()
+        .unwrap_or_else(|_| panic!("mender_boot_part is not a number: {vars:?}"));
+    if get("upgrade_available") == "1" {
+        let bootcount = uboot_decimal(&nonempty(vars.get("bootcount"), "0")) + 1;
+        let bootlimit = uboot_decimal(&nonempty(vars.get("bootlimit"), "1"));
+        let count = bootcount.to_string();
+        let mut set: Vec<(&str, Option<&str>)> = vec![("bootcount", Some(&count))];
+        let (other, hex);
+        if bootcount > bootlimit {
+            // altbootcmd: the other root partition, the trial over.
+            part = if part == partitions[0] {
+                partitions[1]
+            } else {
+                partitions[0]
+            };
+            other = part.to_string();
+            hex = format!("{part:X}");
+            set.extend([
+                ("mender_boot_part", Some(other.as_str())),
+                ("mender_boot_part_hex", Some(hex.as_str())),
+                ("upgrade_available", Some("0")),
+            ]);
+        }
+        fw_setenv(fw_env_config, &set)
+            .unwrap_or_else(|e| panic!("the boot script's saveenv failed: {e}"));
+    }
+    match part {
+        p if p == partitions[0] => SlotName::A,
+        p if p == partitions[1] => SlotName::B,
+        p => panic!("mender_boot_part={p} is no slot's partition"),
+    }
+}
+
 /// Power on a device whose boot script reads the `file` backend's state file
 /// the way the U-Boot script reads its environment (missing file or
 /// variables: `A B`, 3, 3; decimal counts).

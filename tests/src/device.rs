@@ -681,6 +681,22 @@ impl Device {
         );
     }
 
+    /// Wait until the daemon committed `version` and runs it, idle; the
+    /// status then.
+    pub fn wait_committed(&self, version: &str, timeout: Duration) -> Value {
+        self.wait_for(&format!("release {version} committed"), timeout, |s| {
+            s["state"] == "idle" && s["running_version"] == version
+        })
+    }
+
+    /// Wait until the daemon rolled its last install back and is idle; the
+    /// status then.
+    pub fn wait_rolled_back(&self, timeout: Duration) -> Value {
+        self.wait_for("the install rolled back", timeout, |s| {
+            s["last_install"]["result"] == "rolled_back" && s["state"] == "idle"
+        })
+    }
+
     /// Wait until the reboot command ran (the marker exists).
     pub fn wait_reboot_requested(&self, timeout: Duration) {
         let t = Instant::now();

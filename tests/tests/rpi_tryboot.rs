@@ -9,10 +9,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::json;
 use updraft::slot::SlotName;
 use updraft_tests::device::{BootSpec, Device, DeviceSpec};
-use updraft_tests::proxied::{ProxiedServer, wait_history};
+use updraft_tests::proxied::ProxiedServer;
 use updraft_tests::rpi::{BOOT_A, BOOT_B, PiFirmware, read_autoboot};
 use updraft_tests::tmp::TempDir;
 
@@ -96,9 +95,7 @@ fn a_release_and_its_boot_files_are_tried_by_a_tryboot_reboot_and_committed_in_a
     );
     assert_eq!(fw.boot_b.read_image("/kernel_2712.img"), b"kernel 1.1");
     dev.start_daemon();
-    wait_history(&dev, "release 1.1 committed", WAIT, |e| {
-        e["event"] == json!("committed") && e["release"] == json!("1.1")
-    });
+    dev.wait_committed("1.1", WAIT);
     // Committed: both sections name partition 3, as the firmware reads it
     // from the image; the FAT file system is clean.
     assert_eq!(fw.selection(), (BOOT_B, BOOT_B));
@@ -135,9 +132,7 @@ fn a_trial_whose_kernel_never_comes_up_falls_back_to_partition_2_and_is_rolled_b
         (BOOT_A, false, SlotName::A)
     );
     dev.start_daemon();
-    let st = dev.wait_for("rolled back", WAIT, |s| {
-        s["last_install"]["result"] == "rolled_back" && s["state"] == "idle"
-    });
+    let st = dev.wait_rolled_back(WAIT);
     let reason = st["last_install"]["reason"]
         .as_str()
         .unwrap_or_default()
@@ -169,9 +164,7 @@ fn a_failed_health_check_rolls_back_with_an_ordinary_reboot() {
     let boot = fw.power_on(&mut dev);
     assert_eq!((boot.partition, boot.tryboot), (BOOT_A, false));
     dev.start_daemon();
-    let st = dev.wait_for("rolled back", WAIT, |s| {
-        s["last_install"]["result"] == "rolled_back" && s["state"] == "idle"
-    });
+    let st = dev.wait_rolled_back(WAIT);
     assert!(
         st["last_install"]["reason"]
             .as_str()

@@ -29,7 +29,7 @@ pub mod uboot;
 
 use std::fmt;
 
-use crate::config::{BootloaderKind, Config};
+use crate::config::{BootFlow, BootloaderKind, Config};
 use crate::err;
 use crate::error::Result;
 use crate::progress::{NoTick, Ticker};
@@ -159,6 +159,16 @@ pub trait Bootloader {
     }
 }
 
+/// A change the daemon asks of the boot selection: the model's write
+/// operations as a value, so a backend maps them with a pure function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    Disable(SlotName),
+    Trial(SlotName),
+    MarkGood(SlotName),
+    MarkBad(SlotName),
+}
+
 /// Build the backend the configuration names.
 pub fn from_config(cfg: &Config) -> Result<Box<dyn Bootloader>> {
     let b = &cfg.bootloader;
@@ -167,6 +177,15 @@ pub fn from_config(cfg: &Config) -> Result<Box<dyn Bootloader>> {
         BootloaderKind::Uboot => {
             let mut u = uboot::UbootBootloader::from_config_file(&b.fw_env_config)?;
             u.set_lock_file(b.lock_file.clone());
+            u.set_flow(match b.flow {
+                BootFlow::Updraft => uboot::Flow::updraft(),
+                BootFlow::Rauc => uboot::Flow::Order {
+                    names: [b.bootname_a.clone(), b.bootname_b.clone()],
+                },
+                BootFlow::Mender => uboot::Flow::Mender {
+                    partitions: [b.boot_partition_a, b.boot_partition_b],
+                },
+            });
             Box::new(u)
         }
         BootloaderKind::Grub => Box::new(grub::GrubBootloader::new(b.grubenv.clone())?),
@@ -185,11 +204,12 @@ pub fn from_config(cfg: &Config) -> Result<Box<dyn Bootloader>> {
 
 /// The booted slot. The Raspberry Pi firmware says which partition it
 /// booted in the device tree; every other bootloader passes
-/// `updraft.slot=` on the kernel command line.
+/// `updraft.slot=` on the kernel command line, or another updater's boot
+/// script a `root=` naming a slot.
 pub fn booted_slot(cfg: &Config) -> Result<SlotName> {
     match cfg.bootloader.kind {
         BootloaderKind::RpiTryboot => tryboot::booted_slot(&cfg.bootloader, &cfg.slots.cmdline),
-        _ => crate::slot::booted_slot(&cfg.slots.cmdline),
+        _ => crate::slot::booted_slot(&cfg.slots.cmdline, &cfg.slots.a, &cfg.slots.b),
     }
 }
 

@@ -47,7 +47,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{BootState, Bootloader, SlotBoot};
+use super::{BootState, Bootloader, Change, SlotBoot};
 use crate::config::Bootloader as Settings;
 use crate::error::{Context, Kind, Result};
 use crate::progress::Ticker;
@@ -229,15 +229,6 @@ pub fn format_autoboot(sel: Autoboot) -> String {
 pub struct Selection {
     pub default: SlotName,
     pub trial: SlotName,
-}
-
-/// A change the daemon asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Change {
-    Disable(SlotName),
-    Trial(SlotName),
-    MarkGood(SlotName),
-    MarkBad(SlotName),
 }
 
 /// The selection after `change`. A slot taken out, or marked bad, is

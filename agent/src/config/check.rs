@@ -264,8 +264,41 @@ impl Config {
                 "is required when kind = \"script\"".into(),
             );
         }
-        if b.kind == BootloaderKind::RpiTryboot {
-            if b.autoboot.is_none() {
+        if b.flow != BootFlow::Updraft && b.kind != BootloaderKind::Uboot {
+            return bad(
+                "bootloader.flow",
+                "another updater's variables are kept with kind = \"uboot\" only (GRUB: not yet)"
+                    .into(),
+            );
+        }
+        if b.flow != BootFlow::Rauc && (b.bootname_a != "A" || b.bootname_b != "B") {
+            return bad(
+                "bootloader.bootname_a",
+                "bootnames are RAUC's: set flow = \"rauc\" too".into(),
+            );
+        }
+        for (key, name) in [
+            ("bootloader.bootname_a", &b.bootname_a),
+            ("bootloader.bootname_b", &b.bootname_b),
+        ] {
+            if name.is_empty()
+                || name.len() > 32
+                || !name.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_')
+            {
+                return bad(
+                    key,
+                    format!("{name:?} is not a bootname (1 to 32 letters, digits or _)"),
+                );
+            }
+        }
+        if b.bootname_a == b.bootname_b {
+            return bad(
+                "bootloader.bootname_b",
+                format!("is slot A's bootname too ({})", b.bootname_a),
+            );
+        }
+        if b.kind == BootloaderKind::RpiTryboot || b.flow == BootFlow::Mender {
+            if b.kind == BootloaderKind::RpiTryboot && b.autoboot.is_none() {
                 return bad(
                     "bootloader.autoboot",
                     "is required when kind = \"rpi-tryboot\" (autoboot.txt on the mounted first FAT partition)".into(),
@@ -285,7 +318,7 @@ impl Config {
             if b.boot_partition_a == b.boot_partition_b {
                 return bad(
                     "bootloader.boot_partition_b",
-                    format!("is slot A's boot partition too ({})", b.boot_partition_a),
+                    format!("is slot A's partition too ({})", b.boot_partition_a),
                 );
             }
         }

@@ -455,9 +455,26 @@ pub enum BootloaderKind {
     RpiTryboot,
 }
 
+/// Whose boot script reads the bootloader's variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BootFlow {
+    /// updraft's own scripts (`BOOT_ORDER`, `BOOT_A_LEFT`, ...).
+    #[default]
+    Updraft,
+    /// RAUC's, with its bootnames (`bootname_a`, `bootname_b`).
+    Rauc,
+    /// Mender's (`mender_boot_part`, `upgrade_available`, `bootcount`).
+    Mender,
+}
+
 #[derive(Debug, Clone)]
 pub struct Bootloader {
     pub kind: BootloaderKind,
+    /// uboot: whose variables hold the selection.
+    pub flow: BootFlow,
+    /// uboot with `flow = "rauc"`: RAUC's bootnames of slots A and B.
+    pub bootname_a: String,
+    pub bootname_b: String,
     pub tries: u32,
     pub path: PathBuf,
     pub fw_env_config: PathBuf,
@@ -468,9 +485,10 @@ pub struct Bootloader {
     pub script: Option<PathBuf>,
     /// rpi-tryboot: `autoboot.txt` on the mounted first FAT partition.
     pub autoboot: Option<PathBuf>,
-    /// rpi-tryboot: the boot partition number of slot A.
+    /// The partition number that names slot A to the bootloader:
+    /// rpi-tryboot's boot partition, Mender's `mender_boot_part`.
     pub boot_partition_a: u32,
-    /// rpi-tryboot: the boot partition number of slot B.
+    /// The same of slot B.
     pub boot_partition_b: u32,
     /// rpi-tryboot: the firmware's `chosen/bootloader` device-tree node.
     pub device_tree: PathBuf,
@@ -492,6 +510,9 @@ impl Default for Bootloader {
     fn default() -> Self {
         Bootloader {
             kind: BootloaderKind::File,
+            flow: BootFlow::Updraft,
+            bootname_a: "A".into(),
+            bootname_b: "B".into(),
             tries: 3,
             path: PathBuf::from("/data/updraft/boot.state"),
             fw_env_config: PathBuf::from("/etc/fw_env.config"),
@@ -741,7 +762,7 @@ reboot_command = ["/sbin/reboot"]
             ("", "bootloader.autoboot: is required"),
             (
                 "autoboot = \"/a\"\nboot_partition_a = 3\n",
-                "bootloader.boot_partition_b: is slot A's boot partition too (3)",
+                "bootloader.boot_partition_b: is slot A's partition too (3)",
             ),
             (
                 "autoboot = \"/a\"\nboot_partition_a = 0\n",
@@ -754,6 +775,44 @@ reboot_command = ["/sbin/reboot"]
             (
                 "autoboot = \"/a\"\nboot_partition_b = -1\n",
                 "boot_partition_b",
+            ),
+        ];
+        for (lines, want) in rows {
+            let e = with(lines).unwrap_err().to_string();
+            assert!(e.contains(want), "{lines:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn another_updaters_flow_is_for_u_boot_and_rauc_bootnames_need_it() {
+        let with = |lines: &str| Config::parse(&format!("{MINIMAL}[bootloader]\n{lines}"));
+        let c = with("kind = \"uboot\"\nflow = \"rauc\"\nbootname_a = \"system0\"\nbootname_b = \"system1\"\n").unwrap();
+        assert_eq!(c.bootloader.flow, BootFlow::Rauc);
+        assert_eq!(c.bootloader.bootname_b, "system1");
+        let c = with("kind = \"uboot\"\nflow = \"mender\"\n").unwrap();
+        assert_eq!(c.bootloader.flow, BootFlow::Mender);
+        // (lines, the error names)
+        let rows = [
+            (
+                "kind = \"grub\"\nflow = \"mender\"\n",
+                "bootloader.flow: another updater's variables are kept with kind = \"uboot\" only",
+            ),
+            ("kind = \"uboot\"\nflow = \"systemd\"\n", "flow"),
+            (
+                "kind = \"uboot\"\nbootname_a = \"system0\"\n",
+                "bootloader.bootname_a: bootnames are RAUC's",
+            ),
+            (
+                "kind = \"uboot\"\nflow = \"rauc\"\nbootname_a = \"a b\"\n",
+                "\"a b\" is not a bootname",
+            ),
+            (
+                "kind = \"uboot\"\nflow = \"rauc\"\nbootname_a = \"B\"\n",
+                "bootloader.bootname_b: is slot A's bootname too (B)",
+            ),
+            (
+                "kind = \"uboot\"\nflow = \"mender\"\nboot_partition_b = 2\n",
+                "is slot A's partition too (2)",
             ),
         ];
         for (lines, want) in rows {

@@ -156,6 +156,18 @@ impl Config {
                     ],
                 )?
                 .unwrap_or(d.kind),
+            flow: s
+                .choice(
+                    "flow",
+                    &[
+                        ("updraft", BootFlow::Updraft),
+                        ("rauc", BootFlow::Rauc),
+                        ("mender", BootFlow::Mender),
+                    ],
+                )?
+                .unwrap_or(d.flow),
+            bootname_a: s.string("bootname_a")?.unwrap_or(d.bootname_a),
+            bootname_b: s.string("bootname_b")?.unwrap_or(d.bootname_b),
             tries: s.unsigned_u32("tries")?.unwrap_or(d.tries),
             path: s.path("path")?.unwrap_or(d.path),
             fw_env_config: s.path("fw_env_config")?.unwrap_or(d.fw_env_config),

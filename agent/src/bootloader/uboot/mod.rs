@@ -13,11 +13,12 @@
 //!   block devices, eMMC `force_ro`.
 //! * This module, the boot model and the [`Bootloader`] implementation.
 //!
-//! The boot model lives in `BOOT_ORDER` ("A B"), `BOOT_A_LEFT` and
-//! `BOOT_B_LEFT`, the variables of the RAUC-style boot script shown in
-//! `docs/bootloaders.md`. A variable that is missing or empty reads as the
-//! shipped `boot.cmd.in` initialises it (`A`, 3, 0: slot B of a new device
-//! is empty), because that is what the script will do.
+//! * `flow.rs`, whose variables hold the selection: by default
+//!   `BOOT_ORDER` ("A B"), `BOOT_A_LEFT` and `BOOT_B_LEFT`, the variables
+//!   of the RAUC-style boot script shown in `docs/bootloaders.md` (a
+//!   variable that is missing or empty reads as the shipped `boot.cmd.in`
+//!   initialises it: `A`, 3, 0, slot B of a new device being empty);
+//!   RAUC's with its bootnames, or Mender's (`bootloader.flow`). Pure.
 //!
 //! Every change is one cycle under libubootenv's lock ([`DEFAULT_LOCK_FILE`]):
 //! read the copies, take the current one ([`select_copy`]), change its
@@ -39,6 +40,7 @@
 mod config;
 mod device;
 mod env;
+mod flow;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -49,32 +51,20 @@ pub use env::{
     DecodedCopy, Environment, decode_copy, encode_copy, parse_env_data, parse_image, select_copy,
     serialize_env_data,
 };
+pub use flow::Flow;
 
-use super::{BootState, Bootloader, SlotBoot, model};
+use super::{BootState, Bootloader, Change};
+use crate::bail;
 use crate::error::{Context, Kind, Result};
 use crate::progress::{NoTick, Ticker};
 use crate::slot::SlotName;
-use crate::{bail, err};
 use config::read_fw_env_config;
 use device::{DEFAULT_LOCK_TIMEOUT, EnvLock, read_copy, take_lock, write_copy};
-
-/// Attempts a missing or empty `BOOT_x_LEFT` stands for: the default of the
-/// RAUC-style boot script.
-const DEFAULT_LEFT: u32 = 3;
 
 /// The boot script decrements `BOOT_x_LEFT` with `setexpr`, which reads and
 /// writes hexadecimal, and compares it with `test -gt`, which reads decimal;
 /// the two agree only on single digits.
 const MAX_TRIES: u32 = 9;
-
-const VAR_ORDER: &str = "BOOT_ORDER";
-
-fn left_var(slot: SlotName) -> &'static str {
-    match slot {
-        SlotName::A => "BOOT_A_LEFT",
-        SlotName::B => "BOOT_B_LEFT",
-    }
-}
 
 /// The environment as read: the variables and where they came from.
 #[derive(Clone, Debug)]
@@ -90,6 +80,8 @@ pub struct UbootBootloader {
     /// Where the description came from, for messages.
     source: String,
     config: FwEnvConfig,
+    /// Whose boot script reads the variables.
+    flow: Flow,
     lock_file: PathBuf,
     lock_timeout: Duration,
 }
@@ -108,9 +100,16 @@ impl UbootBootloader {
         UbootBootloader {
             source,
             config,
+            flow: Flow::updraft(),
             lock_file: PathBuf::from(DEFAULT_LOCK_FILE),
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
         }
+    }
+
+    /// Keep the selection in another boot script's variables (RAUC's
+    /// bootnames, Mender's partitions).
+    pub fn set_flow(&mut self, flow: Flow) {
+        self.flow = flow;
     }
 
     /// Use another lock file (libubootenv's YAML configuration can name one).
@@ -245,80 +244,14 @@ impl UbootBootloader {
         Ok(())
     }
 
-    fn update_boot(&mut self, t: &mut dyn Ticker, f: impl FnOnce(&mut Boot)) -> Result<()> {
+    /// Make `change` in the flow's variables, as one write.
+    fn change(&mut self, t: &mut dyn Ticker, change: Change, tries: u32) -> Result<()> {
         let source = self.source.clone();
+        let flow = self.flow.clone();
         self.update(t, |env| {
-            let mut boot = Boot::from_env(env).kind_context(Kind::Bootloader, &source)?;
-            f(&mut boot);
-            if boot.order.is_empty() {
-                bail!(
-                    Bootloader,
-                    "refusing to write an empty BOOT_ORDER to {source}: boot scripts read it as \"A B\" and would boot both slots"
-                );
-            }
-            boot.store(env)
+            flow.apply(env, change, tries)
+                .kind_context(Kind::Bootloader, &source)
         })
-    }
-}
-
-/// The model variables as the boot script sees them.
-struct Boot {
-    order: Vec<SlotName>,
-    left: [u32; 2],
-}
-
-fn index(slot: SlotName) -> usize {
-    match slot {
-        SlotName::A => 0,
-        SlotName::B => 1,
-    }
-}
-
-/// A variable's text, `None` when missing or empty (the boot script's
-/// `test -n` treats both alike).
-fn text_var<'a>(env: &'a Environment, name: &str) -> Result<Option<&'a str>> {
-    match env.get(name) {
-        None | Some(b"") => Ok(None),
-        Some(v) => std::str::from_utf8(v).map(Some).map_err(|_| {
-            err!(
-                Bootloader,
-                "{name} is not text: {:?}",
-                String::from_utf8_lossy(v)
-            )
-        }),
-    }
-}
-
-impl Boot {
-    fn from_env(env: &Environment) -> Result<Boot> {
-        // Missing variables read as the shipped boot script initialises
-        // them: only slot A, with full attempts; B is not bootable until
-        // updraft has written and verified an image into it.
-        let order = match text_var(env, VAR_ORDER)? {
-            Some(t) => model::parse_order(t)?,
-            None => vec![SlotName::A],
-        };
-        let mut left = [DEFAULT_LEFT, 0];
-        for slot in [SlotName::A, SlotName::B] {
-            let name = left_var(slot);
-            if let Some(t) = text_var(env, name)? {
-                if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
-                    bail!(Bootloader, "{name}={t:?} is not a count");
-                }
-                left[index(slot)] = t
-                    .parse::<u32>()
-                    .map_err(|_| err!(Bootloader, "{name}={t:?} is not a count"))?;
-            }
-        }
-        Ok(Boot { order, left })
-    }
-
-    fn store(&self, env: &mut Environment) -> Result<()> {
-        env.set(VAR_ORDER, &model::format_order(&self.order))?;
-        for slot in [SlotName::A, SlotName::B] {
-            env.set(left_var(slot), &self.left[index(slot)].to_string())?;
-        }
-        Ok(())
     }
 }
 
@@ -339,46 +272,36 @@ impl Bootloader for UbootBootloader {
 
     fn read_with(&mut self, t: &mut dyn Ticker) -> Result<BootState> {
         let loaded = self.load_with(t)?;
-        let boot = Boot::from_env(&loaded.env).kind_context(Kind::Bootloader, &self.source)?;
-        let slot = |s: SlotName| SlotBoot {
-            bootable: boot.order.contains(&s) && boot.left[index(s)] > 0,
-            tries_left: boot.left[index(s)],
-        };
-        Ok(BootState {
-            a: slot(SlotName::A),
-            b: slot(SlotName::B),
-            order: boot.order.clone(),
-        })
+        self.flow
+            .read(&loaded.env)
+            .kind_context(Kind::Bootloader, &self.source)
     }
 
     fn disable_with(&mut self, slot: SlotName, t: &mut dyn Ticker) -> Result<()> {
-        self.update_boot(t, |b| {
-            b.order = model::without(&b.order, slot);
-            b.left[index(slot)] = 0;
-        })
+        self.change(t, Change::Disable(slot), 0)
     }
 
     fn trial_with(&mut self, slot: SlotName, tries: u32, t: &mut dyn Ticker) -> Result<()> {
         check_tries(tries)?;
-        self.update_boot(t, |b| {
-            b.order = model::first(&b.order, slot);
-            b.left[index(slot)] = tries;
-        })
+        self.change(t, Change::Trial(slot), tries)
+    }
+
+    fn trial_tries(&self, tries: u32) -> u32 {
+        match self.flow {
+            // Mender's script gives a trial `bootlimit` boots (1 as its
+            // integration sets it).
+            Flow::Mender { .. } => 1,
+            Flow::Order { .. } => tries,
+        }
     }
 
     fn mark_good_with(&mut self, slot: SlotName, tries: u32, t: &mut dyn Ticker) -> Result<()> {
         check_tries(tries)?;
-        self.update_boot(t, |b| {
-            b.order = model::first(&b.order, slot);
-            b.left[index(slot)] = tries;
-        })
+        self.change(t, Change::MarkGood(slot), tries)
     }
 
     fn mark_bad_with(&mut self, slot: SlotName, t: &mut dyn Ticker) -> Result<()> {
-        self.update_boot(t, |b| {
-            b.order = model::first(&model::without(&b.order, slot), slot.other());
-            b.left[index(slot)] = 0;
-        })
+        self.change(t, Change::MarkBad(slot), 0)
     }
 }
 
@@ -547,7 +470,11 @@ mod tests {
     #[test]
     fn malformed_model_variables_are_refused() {
         for (name, value, want) in [
-            ("BOOT_ORDER", "A C", "unknown slot"),
+            (
+                "BOOT_ORDER",
+                "A C",
+                "\"C\", which is neither slot A's bootname",
+            ),
             ("BOOT_A_LEFT", "x", "not a count"),
             ("BOOT_B_LEFT", "-1", "not a count"),
             ("BOOT_B_LEFT", "99999999999", "not a count"),
@@ -653,7 +580,7 @@ mod tests {
                     continue;
                 };
                 parsed += 1;
-                let _ = Boot::from_env(&e);
+                let _ = Flow::updraft().read(&e);
                 if let Ok(area) = serialize_env_data(&e, c.data.len()) {
                     assert_eq!(parse_env_data(&area).unwrap(), e);
                 }
