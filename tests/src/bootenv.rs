@@ -651,19 +651,29 @@ pub fn grub_editenv_unset(grubenv: &Path, names: &[&str]) -> Result<(), String> 
 /// first slot in `ORDER` with `x_OK=1` and `x_TRY=0` gets `x_TRY=1`
 /// (`save_env`, here `grub-editenv set`) and is booted; with none, `None`.
 pub fn boot_grub(grubenv: &Path) -> Option<SlotName> {
+    boot_grub_named(grubenv, ["A", "B"])
+}
+
+/// [`boot_grub`] with the slots named `names` (slot A's, slot B's): RAUC's
+/// GRUB script with its bootnames (`ORDER`, `<bootname>_OK`,
+/// `<bootname>_TRY`).
+pub fn boot_grub_named(grubenv: &Path, names: [&str; 2]) -> Option<SlotName> {
     let vars = grub_editenv_list(grubenv)
         .unwrap_or_else(|e| panic!("GRUB cannot load its environment: {e}"));
     let get = |k: &str, d: &str| vars.get(k).cloned().unwrap_or_else(|| d.to_string());
     let number = |s: String| uboot_decimal(&s);
-    let order = get("ORDER", "A B");
+    let order = get("ORDER", &names.join(" "));
     for s in order.split_whitespace() {
-        let slot = match s {
-            "A" => SlotName::A,
-            "B" => SlotName::B,
-            _ => continue,
+        let slot = match names.iter().position(|n| *n == s) {
+            Some(0) => SlotName::A,
+            Some(_) => SlotName::B,
+            None => continue,
         };
-        // As the shipped grub.cfg initialises them: A_OK 1, B_OK 0.
-        let ok = number(get(&format!("{s}_OK"), if s == "A" { "1" } else { "0" }));
+        // As the shipped grub.cfg initialises them: A's OK 1, B's 0.
+        let ok = number(get(
+            &format!("{s}_OK"),
+            if slot == SlotName::A { "1" } else { "0" },
+        ));
         let tried = number(get(&format!("{s}_TRY"), "0"));
         if ok == 1 && tried == 0 {
             grub_editenv_set(grubenv, &[(&format!("{s}_TRY"), "1")])

@@ -244,6 +244,57 @@ fn a_rauc_board_is_updated_in_raucs_bootnames() {
 }
 
 #[test]
+fn a_rauc_grub_board_is_updated_in_raucs_bootnames() {
+    updraft_tests::require!("nginx", "grub-editenv");
+    let ps = ProxiedServer::start("flow-rauc-grub", false);
+    let names = ["system0", "system1"];
+    let mut dev = ps.device("flow-rauc-grub", "1s", "");
+    let grubenv = dev.path("grub/grubenv");
+    std::fs::create_dir_all(grubenv.parent().unwrap()).unwrap();
+    bootenv::grub_editenv_create(&grubenv);
+    bootenv::grub_editenv_set(
+        &grubenv,
+        &[
+            ("ORDER", "system0 system1"),
+            ("system0_OK", "1"),
+            ("system0_TRY", "0"),
+            ("system1_OK", "1"),
+            ("system1_TRY", "0"),
+        ],
+    )
+    .unwrap();
+    dev.reconfigure(|s| {
+        s.boot = BootSpec::Custom(format!(
+            "kind = \"grub\"\ngrubenv = {grubenv:?}\nflow = \"rauc\"\nbootname_a = \"system0\"\nbootname_b = \"system1\"\n"
+        ))
+    });
+    boot_into(&mut dev, SlotName::A);
+    dev.init();
+    dev.start_daemon();
+    ps.publish("1.1", 26, IMAGE, &[]);
+    dev.wait_reboot_requested(WAIT);
+    let grub = |names: &[&str]| -> Vec<String> {
+        let all = bootenv::grub_editenv_list(&grubenv).unwrap();
+        names
+            .iter()
+            .map(|n| all.get(*n).cloned().unwrap_or_default())
+            .collect()
+    };
+    // As RAUC marks a slot primary: first in ORDER, OK, not tried.
+    assert_eq!(
+        grub(&["ORDER", "system1_OK", "system1_TRY", "B_OK"]),
+        ["system1 system0", "1", "0", ""]
+    );
+    assert_eq!(bootenv::boot_grub_named(&grubenv, names), Some(SlotName::B));
+    boot_into(&mut dev, SlotName::B);
+    dev.start_daemon();
+    dev.wait_committed("1.1", WAIT);
+    dev.stop_daemon();
+    assert_eq!(grub(&["ORDER", "system1_OK"]), ["system1 system0", "1"]);
+    assert_eq!(bootenv::boot_grub_named(&grubenv, names), Some(SlotName::B));
+}
+
+#[test]
 fn another_updaters_variables_that_do_not_parse_are_named_and_nothing_is_written() {
     updraft_tests::require!("nginx", "mkenvimage", "fw_printenv", "fw_setenv");
     let ps = ProxiedServer::start("flow-hostile", false);

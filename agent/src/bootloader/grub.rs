@@ -50,18 +50,12 @@ pub const GRUBENV_HEADER: &[u8] = b"# GRUB Environment Block\n";
 
 const VAR_ORDER: &str = "ORDER";
 
-fn ok_var(slot: SlotName) -> &'static str {
-    match slot {
-        SlotName::A => "A_OK",
-        SlotName::B => "B_OK",
-    }
+fn ok_var(names: &[String; 2], slot: SlotName) -> String {
+    format!("{}_OK", names[index(slot)])
 }
 
-fn try_var(slot: SlotName) -> &'static str {
-    match slot {
-        SlotName::A => "A_TRY",
-        SlotName::B => "B_TRY",
-    }
+fn try_var(names: &[String; 2], slot: SlotName) -> String {
+    format!("{}_TRY", names[index(slot)])
 }
 
 /// One line of the block, kept as found (without its newline).
@@ -277,6 +271,9 @@ impl GrubEnv {
 
 pub struct GrubBootloader {
     path: PathBuf,
+    /// Slot A's and slot B's names in the variables: `A` and `B`, or
+    /// RAUC's bootnames (`bootloader.flow = "rauc"`).
+    names: [String; 2],
 }
 
 /// The model variables as the GRUB script sees them.
@@ -293,11 +290,11 @@ fn index(slot: SlotName) -> usize {
     }
 }
 
-/// A missing flag reads as the shipped GRUB script initialises it: `A_OK`
-/// 1, everything else 0.
-fn flag(env: &GrubEnv, name: &str) -> Result<bool> {
+/// A missing flag reads as the shipped GRUB script initialises it: slot
+/// A's `_OK` 1, everything else 0.
+fn flag(env: &GrubEnv, name: &str, names: &[String; 2]) -> Result<bool> {
     match env.get(name).as_deref() {
-        None => Ok(name == "A_OK"),
+        None => Ok(name == ok_var(names, SlotName::A)),
         Some(b"0") => Ok(false),
         Some(b"1") => Ok(true),
         Some(v) => bail!(
@@ -309,7 +306,7 @@ fn flag(env: &GrubEnv, name: &str) -> Result<bool> {
 }
 
 impl Boot {
-    fn from_env(env: &GrubEnv) -> Result<Boot> {
+    fn from_env(env: &GrubEnv, names: &[String; 2]) -> Result<Boot> {
         let order = match env.get(VAR_ORDER) {
             None => vec![SlotName::A, SlotName::B],
             Some(v) => {
@@ -320,28 +317,28 @@ impl Boot {
                         String::from_utf8_lossy(e.as_bytes())
                     )
                 })?;
-                model::parse_order(&text)?
+                model::parse_named(VAR_ORDER, &text, names)?
             }
         };
         Ok(Boot {
             order,
             ok: [
-                flag(env, ok_var(SlotName::A))?,
-                flag(env, ok_var(SlotName::B))?,
+                flag(env, &ok_var(names, SlotName::A), names)?,
+                flag(env, &ok_var(names, SlotName::B), names)?,
             ],
             tried: [
-                flag(env, try_var(SlotName::A))?,
-                flag(env, try_var(SlotName::B))?,
+                flag(env, &try_var(names, SlotName::A), names)?,
+                flag(env, &try_var(names, SlotName::B), names)?,
             ],
         })
     }
 
-    fn store(&self, env: &mut GrubEnv) -> Result<()> {
+    fn store(&self, env: &mut GrubEnv, names: &[String; 2]) -> Result<()> {
         let bit = |b: bool| if b { "1" } else { "0" };
-        env.set(VAR_ORDER, &model::format_order(&self.order))?;
+        env.set(VAR_ORDER, &model::format_named(&self.order, names))?;
         for s in [SlotName::A, SlotName::B] {
-            env.set(ok_var(s), bit(self.ok[index(s)]))?;
-            env.set(try_var(s), bit(self.tried[index(s)]))?;
+            env.set(&ok_var(names, s), bit(self.ok[index(s)]))?;
+            env.set(&try_var(names, s), bit(self.tried[index(s)]))?;
         }
         Ok(())
     }
@@ -352,7 +349,16 @@ impl GrubBootloader {
         if path.as_os_str().is_empty() {
             bail!(Config, "bootloader.grubenv is empty");
         }
-        Ok(GrubBootloader { path })
+        Ok(GrubBootloader {
+            path,
+            names: model::plain_names(),
+        })
+    }
+
+    /// Name the slots as RAUC's bootnames (its GRUB script's `ORDER`,
+    /// `<bootname>_OK`, `<bootname>_TRY`).
+    pub fn set_names(&mut self, names: [String; 2]) {
+        self.names = names;
     }
 
     /// Read and parse the block.
@@ -437,8 +443,9 @@ impl GrubBootloader {
 
     fn update_boot(&mut self, f: impl FnOnce(&mut Boot)) -> Result<()> {
         let path = self.path.display().to_string();
+        let names = self.names.clone();
         self.update(|env| {
-            let mut boot = Boot::from_env(env).kind_context(Kind::Bootloader, format!("GRUB environment {path}"))?;
+            let mut boot = Boot::from_env(env, &names).kind_context(Kind::Bootloader, format!("GRUB environment {path}"))?;
             f(&mut boot);
             if boot.order.is_empty() {
                 bail!(
@@ -446,7 +453,7 @@ impl GrubBootloader {
                     "refusing to write an empty ORDER to GRUB environment {path}: no slot could boot"
                 );
             }
-            boot.store(env)
+            boot.store(env, &names)
         })
     }
 }
@@ -458,7 +465,7 @@ impl Bootloader for GrubBootloader {
 
     fn read_with(&mut self, _: &mut dyn Ticker) -> Result<BootState> {
         let env = self.load()?;
-        let boot = Boot::from_env(&env).kind_context(
+        let boot = Boot::from_env(&env, &self.names).kind_context(
             Kind::Bootloader,
             format!("GRUB environment {}", self.path.display()),
         )?;
@@ -821,7 +828,7 @@ mod tests {
             let Ok(env) = parse_grubenv(&b) else { continue };
             parsed += 1;
             assert_eq!(serialize_grubenv(&env).unwrap(), b);
-            let _ = Boot::from_env(&env);
+            let _ = Boot::from_env(&env, &model::plain_names());
         }
         assert!(
             parsed > 1000,

@@ -188,7 +188,13 @@ pub fn from_config(cfg: &Config) -> Result<Box<dyn Bootloader>> {
             });
             Box::new(u)
         }
-        BootloaderKind::Grub => Box::new(grub::GrubBootloader::new(b.grubenv.clone())?),
+        BootloaderKind::Grub => {
+            let mut g = grub::GrubBootloader::new(b.grubenv.clone())?;
+            if b.flow == BootFlow::Rauc {
+                g.set_names([b.bootname_a.clone(), b.bootname_b.clone()]);
+            }
+            Box::new(g)
+        }
         BootloaderKind::Script => {
             let Some(script) = &b.script else {
                 return Err(err!(
@@ -246,6 +252,49 @@ pub mod model {
             }
         }
         Ok(out)
+    }
+
+    /// Parse `var`'s space-separated order of `names` (slot A's, slot
+    /// B's: RAUC's bootnames, or `A` and `B`); a name that is neither is an
+    /// error (updraft cannot keep a slot it does not drive), duplicates are
+    /// dropped.
+    pub fn parse_named(var: &str, text: &str, names: &[String; 2]) -> Result<Vec<SlotName>> {
+        let mut out = Vec::new();
+        for word in text.split_whitespace() {
+            let s = if word == names[0] {
+                SlotName::A
+            } else if word == names[1] {
+                SlotName::B
+            } else {
+                return Err(err!(
+                    Bootloader,
+                    "{var} {text:?} names {word:?}, which is neither slot A's bootname ({}) nor slot B's ({})",
+                    names[0],
+                    names[1]
+                ));
+            };
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+        Ok(out)
+    }
+
+    /// `order` as `names`, space-separated.
+    pub fn format_named(order: &[SlotName], names: &[String; 2]) -> String {
+        order
+            .iter()
+            .map(|s| match s {
+                SlotName::A => names[0].as_str(),
+                SlotName::B => names[1].as_str(),
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Slot A's and slot B's names in updraft's own scripts.
+    pub fn plain_names() -> [String; 2] {
+        ["A".into(), "B".into()]
     }
 
     pub fn format_order(order: &[SlotName]) -> String {

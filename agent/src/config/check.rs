@@ -264,12 +264,22 @@ impl Config {
                 "is required when kind = \"script\"".into(),
             );
         }
-        if b.flow != BootFlow::Updraft && b.kind != BootloaderKind::Uboot {
-            return bad(
-                "bootloader.flow",
-                "another updater's variables are kept with kind = \"uboot\" only (GRUB: not yet)"
-                    .into(),
-            );
+        match (b.flow, b.kind) {
+            (BootFlow::Updraft, _)
+            | (BootFlow::Rauc, BootloaderKind::Uboot | BootloaderKind::Grub)
+            | (BootFlow::Mender, BootloaderKind::Uboot) => {}
+            (BootFlow::Rauc, _) => {
+                return bad(
+                    "bootloader.flow",
+                    "RAUC's variables are kept with kind = \"uboot\" or \"grub\"".into(),
+                );
+            }
+            (BootFlow::Mender, _) => {
+                return bad(
+                    "bootloader.flow",
+                    "Mender's variables are kept with kind = \"uboot\" only (its GRUB environment files: not yet)".into(),
+                );
+            }
         }
         if b.flow != BootFlow::Rauc && (b.bootname_a != "A" || b.bootname_b != "B") {
             return bad(

@@ -789,13 +789,18 @@ reboot_command = ["/sbin/reboot"]
         let c = with("kind = \"uboot\"\nflow = \"rauc\"\nbootname_a = \"system0\"\nbootname_b = \"system1\"\n").unwrap();
         assert_eq!(c.bootloader.flow, BootFlow::Rauc);
         assert_eq!(c.bootloader.bootname_b, "system1");
+        assert!(with("kind = \"grub\"\nflow = \"rauc\"\n").is_ok());
         let c = with("kind = \"uboot\"\nflow = \"mender\"\n").unwrap();
         assert_eq!(c.bootloader.flow, BootFlow::Mender);
         // (lines, the error names)
         let rows = [
             (
                 "kind = \"grub\"\nflow = \"mender\"\n",
-                "bootloader.flow: another updater's variables are kept with kind = \"uboot\" only",
+                "bootloader.flow: Mender's variables are kept with kind = \"uboot\" only",
+            ),
+            (
+                "kind = \"file\"\nflow = \"rauc\"\n",
+                "bootloader.flow: RAUC's variables are kept with kind = \"uboot\" or \"grub\"",
             ),
             ("kind = \"uboot\"\nflow = \"systemd\"\n", "flow"),
             (

@@ -51,7 +51,7 @@ impl Flow {
     /// updraft's own script's variables.
     pub fn updraft() -> Flow {
         Flow::Order {
-            names: ["A".into(), "B".into()],
+            names: model::plain_names(),
         }
     }
 
@@ -132,7 +132,7 @@ impl Order {
         // slot A, with full attempts; B is not bootable until an image was
         // written and verified into it.
         let order = match text_var(env, "BOOT_ORDER")? {
-            Some(t) => parse_order(t, names)?,
+            Some(t) => model::parse_named("BOOT_ORDER", t, names)?,
             None => vec![SlotName::A],
         };
         let mut left = [DEFAULT_LEFT, 0];
@@ -175,42 +175,12 @@ impl Order {
     }
 
     fn store(&self, env: &mut Environment, names: &[String; 2]) -> Result<()> {
-        let order: Vec<&str> = self
-            .order
-            .iter()
-            .map(|s| names[index(*s)].as_str())
-            .collect();
-        env.set("BOOT_ORDER", &order.join(" "))?;
+        env.set("BOOT_ORDER", &model::format_named(&self.order, names))?;
         for slot in [SlotName::A, SlotName::B] {
             env.set(&left_var(names, slot), &self.left[index(slot)].to_string())?;
         }
         Ok(())
     }
-}
-
-/// A space-separated order of bootnames; a name that is neither slot's
-/// is an error (RAUC's scripts may list a recovery bootname: updraft
-/// cannot keep what it does not know, and refuses), duplicates dropped.
-fn parse_order(text: &str, names: &[String; 2]) -> Result<Vec<SlotName>> {
-    let mut out = Vec::new();
-    for word in text.split_whitespace() {
-        let s = if word == names[0] {
-            SlotName::A
-        } else if word == names[1] {
-            SlotName::B
-        } else {
-            bail!(
-                Bootloader,
-                "BOOT_ORDER {text:?} names {word:?}, which is neither slot A's bootname ({}) nor slot B's ({})",
-                names[0],
-                names[1]
-            );
-        };
-        if !out.contains(&s) {
-            out.push(s);
-        }
-    }
-    Ok(out)
 }
 
 /// Mender's variables.
