@@ -684,6 +684,102 @@ pub fn boot_grub_named(grubenv: &Path, names: [&str; 2]) -> Option<SlotName> {
     None
 }
 
+/// Make Mender's GRUB environment under `dir` as its integration ships
+/// it, with `grub-editenv`: `mender_grubenvN/env` holding `vars`,
+/// `mender_grubenvN/lock` holding `editing=0`, and `lock.sha256sum`, the
+/// checksum Mender's `fw_setenv` checks the lock against.
+pub fn mender_grubenv_create(dir: &Path, vars: &[(&str, &str)]) {
+    for n in [1, 2] {
+        let d = dir.join(format!("mender_grubenv{n}"));
+        std::fs::create_dir_all(&d).expect("mender_grubenv directory");
+        for (file, v) in [("env", vars), ("lock", &[("editing", "0")][..])] {
+            grub_editenv_create(&d.join(file));
+            grub_editenv_set(&d.join(file), v).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let sum = run(Command::new("sha256sum").arg("lock").current_dir(&d))
+            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(d.join("lock.sha256sum"), sum).expect("lock.sha256sum");
+    }
+}
+
+/// Whether both of Mender's GRUB environment locks under `dir` pass the
+/// checksum Mender's `fw_setenv` checks (`sha256sum -c lock.sha256sum`).
+pub fn mender_grubenv_locks_whole(dir: &Path) -> bool {
+    [1, 2].iter().all(|n| {
+        Command::new("sha256sum")
+            .args(["-c", "--quiet", "lock.sha256sum"])
+            .current_dir(dir.join(format!("mender_grubenv{n}")))
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// Power on a board with Mender's GRUB integration, as its scripts
+/// describe it: a copy whose lock does not say `editing=0` is restored from
+/// the other (copy 2 checked first); copy 1 is read; while
+/// `upgrade_available=1`, the first boot sets `bootcount=1` and a later one
+/// switches `mender_boot_part` to the other root partition and clears both;
+/// the copies are saved (copy 2, then copy 1, each between `editing=1` and
+/// `editing=0`); the partition `mender_boot_part` names boots.
+pub fn boot_grub_mender(dir: &Path, partitions: [u32; 2]) -> SlotName {
+    let copy = |n: u32, f: &str| dir.join(format!("mender_grubenv{n}/{f}"));
+    let list = |p: &Path| grub_editenv_list(p).unwrap_or_else(|e| panic!("GRUB: {e}"));
+    let names = ["bootcount", "mender_boot_part", "upgrade_available"];
+    let copy_over = |from: u32, to: u32| {
+        let vars = list(&copy(from, "env"));
+        let set: Vec<(&str, &str)> = names
+            .iter()
+            .filter_map(|n| vars.get(*n).map(|v| (*n, v.as_str())))
+            .collect();
+        grub_editenv_set(&copy(to, "env"), &set).unwrap_or_else(|e| panic!("{e}"));
+        grub_editenv_set(&copy(to, "lock"), &[("editing", "0")]).unwrap_or_else(|e| panic!("{e}"));
+    };
+    let editing = |n: u32| list(&copy(n, "lock")).get("editing").cloned();
+    if editing(2).as_deref() != Some("0") {
+        copy_over(1, 2);
+    } else if editing(1).as_deref() != Some("0") {
+        copy_over(2, 1);
+    }
+    let vars = list(&copy(1, "env"));
+    let get = |k: &str| vars.get(k).cloned().unwrap_or_default();
+    let mut part: u32 = get("mender_boot_part")
+        .parse()
+        .unwrap_or_else(|_| panic!("mender_boot_part is not a number: {vars:?}"));
+    if get("upgrade_available") == "1" {
+        let (upgrade, count) = if get("bootcount") != "0" {
+            part = if part == partitions[0] {
+                partitions[1]
+            } else {
+                partitions[0]
+            };
+            ("0", "0")
+        } else {
+            ("1", "1")
+        };
+        let p = part.to_string();
+        for n in [2, 1] {
+            grub_editenv_set(&copy(n, "lock"), &[("editing", "1")])
+                .unwrap_or_else(|e| panic!("{e}"));
+            grub_editenv_set(
+                &copy(n, "env"),
+                &[
+                    ("bootcount", count),
+                    ("mender_boot_part", &p),
+                    ("upgrade_available", upgrade),
+                ],
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            grub_editenv_set(&copy(n, "lock"), &[("editing", "0")])
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    match part {
+        p if p == partitions[0] => SlotName::A,
+        p if p == partitions[1] => SlotName::B,
+        p => panic!("mender_boot_part={p} is no slot's partition"),
+    }
+}
+
 /// A `script` bootloader (see `agent/src/bootloader/script.rs`) written in
 /// shell, keeping the selection in the file `state` with the `file`
 /// backend's rules (order, tries left per slot). `before` runs first and

@@ -200,6 +200,69 @@ fn a_failed_health_check_on_a_mender_board_switches_back_as_menders_rollback_doe
 }
 
 #[test]
+fn a_mender_grub_board_is_updated_in_menders_environment_files_and_a_hung_trial_rolls_back() {
+    updraft_tests::require!("nginx", "grub-editenv");
+    let ps = ProxiedServer::start("flow-mender-grub", false);
+    let mut dev = ps.device("flow-mender-grub", "1s", "");
+    let dir = dev.path("efi/grub-mender-grubenv");
+    bootenv::mender_grubenv_create(
+        &dir,
+        &[
+            ("mender_boot_part", "2"),
+            ("upgrade_available", "0"),
+            ("bootcount", "0"),
+            ("mender_systemd_machine_id", "5b0c"),
+        ],
+    );
+    dev.reconfigure(|s| {
+        s.boot = BootSpec::Custom(format!(
+            "kind = \"grub\"\nflow = \"mender\"\nmender_grubenv = {dir:?}\n"
+        ))
+    });
+    boot_into(&mut dev, SlotName::A);
+    dev.init();
+    let env = |n: u32| {
+        let all = bootenv::grub_editenv_list(&dir.join(format!("mender_grubenv{n}/env"))).unwrap();
+        [
+            "mender_boot_part",
+            "upgrade_available",
+            "bootcount",
+            "mender_systemd_machine_id",
+        ]
+        .map(|k| all.get(k).cloned().unwrap_or_default())
+    };
+    dev.start_daemon();
+    ps.publish("1.1", 27, IMAGE, &[]);
+    dev.wait_reboot_requested(WAIT);
+    dev.stop_daemon();
+    // Both copies as Mender's client arms a trial; the locks pass the
+    // checksum Mender's fw_setenv checks.
+    for n in [1, 2] {
+        assert_eq!(env(n), ["3", "1", "0", "5b0c"]);
+    }
+    assert!(bootenv::mender_grubenv_locks_whole(&dir));
+    // The trial hangs: the second boot switches back.
+    assert_eq!(bootenv::boot_grub_mender(&dir, PARTS), SlotName::B);
+    assert_eq!(bootenv::boot_grub_mender(&dir, PARTS), SlotName::A);
+    boot_into(&mut dev, SlotName::A);
+    dev.start_daemon();
+    dev.wait_rolled_back(WAIT);
+    // Release 1.2 this time comes up and is committed.
+    ps.publish("1.2", 28, IMAGE, &["--serial", "3"]);
+    dev.wait_reboot_requested(WAIT);
+    assert_eq!(bootenv::boot_grub_mender(&dir, PARTS), SlotName::B);
+    boot_into(&mut dev, SlotName::B);
+    dev.start_daemon();
+    dev.wait_committed("1.2", WAIT);
+    dev.stop_daemon();
+    for n in [1, 2] {
+        assert_eq!(env(n), ["3", "0", "0", "5b0c"]);
+    }
+    assert!(bootenv::mender_grubenv_locks_whole(&dir));
+    assert_eq!(bootenv::boot_grub_mender(&dir, PARTS), SlotName::B);
+}
+
+#[test]
 fn a_rauc_board_is_updated_in_raucs_bootnames() {
     updraft_tests::require!("nginx", "mkenvimage", "fw_printenv", "fw_setenv");
     let ps = ProxiedServer::start("flow-rauc", false);

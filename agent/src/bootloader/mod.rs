@@ -22,7 +22,9 @@
 //! devices get bricked.
 
 pub mod file;
+pub mod flow;
 pub mod grub;
+pub mod mender_grubenv;
 pub mod script;
 pub mod tryboot;
 pub mod uboot;
@@ -187,6 +189,12 @@ pub fn from_config(cfg: &Config) -> Result<Box<dyn Bootloader>> {
                 },
             });
             Box::new(u)
+        }
+        BootloaderKind::Grub if b.flow == BootFlow::Mender => {
+            Box::new(mender_grubenv::MenderGrubBootloader::new(
+                b.mender_grubenv.clone(),
+                [b.boot_partition_a, b.boot_partition_b],
+            )?)
         }
         BootloaderKind::Grub => {
             let mut g = grub::GrubBootloader::new(b.grubenv.clone())?;

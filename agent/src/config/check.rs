@@ -267,7 +267,7 @@ impl Config {
         match (b.flow, b.kind) {
             (BootFlow::Updraft, _)
             | (BootFlow::Rauc, BootloaderKind::Uboot | BootloaderKind::Grub)
-            | (BootFlow::Mender, BootloaderKind::Uboot) => {}
+            | (BootFlow::Mender, BootloaderKind::Uboot | BootloaderKind::Grub) => {}
             (BootFlow::Rauc, _) => {
                 return bad(
                     "bootloader.flow",
@@ -277,7 +277,7 @@ impl Config {
             (BootFlow::Mender, _) => {
                 return bad(
                     "bootloader.flow",
-                    "Mender's variables are kept with kind = \"uboot\" only (its GRUB environment files: not yet)".into(),
+                    "Mender's variables are kept with kind = \"uboot\" or \"grub\"".into(),
                 );
             }
         }

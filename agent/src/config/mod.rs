@@ -481,6 +481,9 @@ pub struct Bootloader {
     /// libubootenv's lock file (uboot backend).
     pub lock_file: PathBuf,
     pub grubenv: PathBuf,
+    /// grub with `flow = "mender"`: the directory holding Mender's
+    /// `mender_grubenv1/` and `mender_grubenv2/`.
+    pub mender_grubenv: PathBuf,
     /// Script backend: an executable called as `SCRIPT <verb> [SLOT] [TRIES]`.
     pub script: Option<PathBuf>,
     /// rpi-tryboot: `autoboot.txt` on the mounted first FAT partition.
@@ -518,6 +521,7 @@ impl Default for Bootloader {
             fw_env_config: PathBuf::from("/etc/fw_env.config"),
             lock_file: PathBuf::from(DEFAULT_UBOOT_LOCK_FILE),
             grubenv: PathBuf::from("/boot/grub/grubenv"),
+            mender_grubenv: PathBuf::from("/boot/efi/grub-mender-grubenv"),
             script: None,
             autoboot: None,
             boot_partition_a: 2,
@@ -795,8 +799,8 @@ reboot_command = ["/sbin/reboot"]
         // (lines, the error names)
         let rows = [
             (
-                "kind = \"grub\"\nflow = \"mender\"\n",
-                "bootloader.flow: Mender's variables are kept with kind = \"uboot\" only",
+                "kind = \"file\"\nflow = \"mender\"\n",
+                "bootloader.flow: Mender's variables are kept with kind = \"uboot\" or \"grub\"",
             ),
             (
                 "kind = \"file\"\nflow = \"rauc\"\n",

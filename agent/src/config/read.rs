@@ -173,6 +173,7 @@ impl Config {
             fw_env_config: s.path("fw_env_config")?.unwrap_or(d.fw_env_config),
             lock_file: s.path("lock_file")?.unwrap_or(d.lock_file),
             grubenv: s.path("grubenv")?.unwrap_or(d.grubenv),
+            mender_grubenv: s.path("mender_grubenv")?.unwrap_or(d.mender_grubenv),
             script: s.path("script")?,
             autoboot: s.path("autoboot")?,
             boot_partition_a: s

@@ -13,7 +13,7 @@
 //!   block devices, eMMC `force_ro`.
 //! * This module, the boot model and the [`Bootloader`] implementation.
 //!
-//! * `flow.rs`, whose variables hold the selection: by default
+//! * `../flow.rs`, whose variables hold the selection: by default
 //!   `BOOT_ORDER` ("A B"), `BOOT_A_LEFT` and `BOOT_B_LEFT`, the variables
 //!   of the RAUC-style boot script shown in `docs/bootloaders.md` (a
 //!   variable that is missing or empty reads as the shipped `boot.cmd.in`
@@ -40,18 +40,17 @@
 mod config;
 mod device;
 mod env;
-mod flow;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use super::flow::Flow;
 pub use config::{EnvLocation, FwEnvConfig, parse_fw_env_config};
 pub use device::DEFAULT_LOCK_FILE;
 pub use env::{
     DecodedCopy, Environment, decode_copy, encode_copy, parse_env_data, parse_image, select_copy,
     serialize_env_data,
 };
-pub use flow::Flow;
 
 use super::{BootState, Bootloader, Change};
 use crate::bail;

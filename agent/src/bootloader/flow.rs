@@ -22,10 +22,14 @@
 //! and clears `upgrade_available`. Mender's client writes the same
 //! variables in the same way when it installs, commits and rolls back.
 //!
-//! Pure: the mapping over an [`Environment`] value. Reading and writing
-//! the environment, and the lock, are the backend's.
+//! Mender's GRUB integration keeps the same variables in GRUB environment
+//! blocks of its own (`mender_grubenv.rs`); RAUC's GRUB script reads
+//! updraft's GRUB variables with its bootnames (`grub.rs`).
+//!
+//! Pure: the mapping over a set of variables ([`Vars`]: a U-Boot
+//! environment, a GRUB environment block). Reading and writing them, and
+//! their locks, are the backends'.
 
-use super::Environment;
 use crate::bootloader::{BootState, Change, SlotBoot, model};
 use crate::error::Result;
 use crate::slot::SlotName;
@@ -36,6 +40,50 @@ use crate::{bail, err};
 pub const DEFAULT_LEFT: u32 = 3;
 
 /// Whose boot script reads the environment.
+/// Variables a boot script reads: a U-Boot environment, a GRUB block.
+pub trait Vars {
+    /// The value of `name` as text, `None` when missing or empty (a boot
+    /// script's `test -n` treats both alike); not text is an error.
+    fn text(&self, name: &str) -> Result<Option<String>>;
+
+    /// Set `name` to `value`, in place where it exists.
+    fn set_text(&mut self, name: &str, value: &str) -> Result<()>;
+}
+
+impl Vars for crate::bootloader::uboot::Environment {
+    fn text(&self, name: &str) -> Result<Option<String>> {
+        text_of(name, self.get(name).map(<[u8]>::to_vec))
+    }
+
+    fn set_text(&mut self, name: &str, value: &str) -> Result<()> {
+        self.set(name, value)
+    }
+}
+
+impl Vars for crate::bootloader::grub::GrubEnv {
+    fn text(&self, name: &str) -> Result<Option<String>> {
+        text_of(name, self.get(name))
+    }
+
+    fn set_text(&mut self, name: &str, value: &str) -> Result<()> {
+        self.set(name, value)
+    }
+}
+
+fn text_of(name: &str, value: Option<Vec<u8>>) -> Result<Option<String>> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => String::from_utf8(v).map(Some).map_err(|e| {
+            err!(
+                Bootloader,
+                "{name} is not text: {:?}",
+                String::from_utf8_lossy(e.as_bytes())
+            )
+        }),
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Flow {
     /// `BOOT_ORDER` and `BOOT_<name>_LEFT` with these names for slots A
@@ -55,7 +103,7 @@ impl Flow {
         }
     }
 
-    pub fn read(&self, env: &Environment) -> Result<BootState> {
+    pub fn read(&self, env: &dyn Vars) -> Result<BootState> {
         match self {
             Flow::Order { names } => Ok(Order::from_env(env, names)?.state()),
             Flow::Mender { partitions } => Ok(Mender::from_env(env, *partitions)?.state()),
@@ -63,7 +111,7 @@ impl Flow {
     }
 
     /// Make `change` in `env`; `tries` for a trial and a commit.
-    pub fn apply(&self, env: &mut Environment, change: Change, tries: u32) -> Result<()> {
+    pub fn apply(&self, env: &mut dyn Vars, change: Change, tries: u32) -> Result<()> {
         match self {
             Flow::Order { names } => {
                 let mut o = Order::from_env(env, names)?;
@@ -92,21 +140,6 @@ fn index(slot: SlotName) -> usize {
     }
 }
 
-/// A variable's text, `None` when missing or empty (a boot script's
-/// `test -n` treats both alike).
-pub fn text_var<'a>(env: &'a Environment, name: &str) -> Result<Option<&'a str>> {
-    match env.get(name) {
-        None | Some(b"") => Ok(None),
-        Some(v) => std::str::from_utf8(v).map(Some).map_err(|_| {
-            err!(
-                Bootloader,
-                "{name} is not text: {:?}",
-                String::from_utf8_lossy(v)
-            )
-        }),
-    }
-}
-
 /// A decimal count as boot scripts write it.
 fn count(name: &str, t: &str) -> Result<u32> {
     if !t.bytes().all(|b| b.is_ascii_digit()) {
@@ -127,19 +160,19 @@ fn left_var(names: &[String; 2], slot: SlotName) -> String {
 }
 
 impl Order {
-    fn from_env(env: &Environment, names: &[String; 2]) -> Result<Order> {
+    fn from_env(env: &dyn Vars, names: &[String; 2]) -> Result<Order> {
         // Missing variables read as the boot script initialises them: only
         // slot A, with full attempts; B is not bootable until an image was
         // written and verified into it.
-        let order = match text_var(env, "BOOT_ORDER")? {
-            Some(t) => model::parse_named("BOOT_ORDER", t, names)?,
+        let order = match env.text("BOOT_ORDER")? {
+            Some(t) => model::parse_named("BOOT_ORDER", &t, names)?,
             None => vec![SlotName::A],
         };
         let mut left = [DEFAULT_LEFT, 0];
         for slot in [SlotName::A, SlotName::B] {
             let name = left_var(names, slot);
-            if let Some(t) = text_var(env, &name)? {
-                left[index(slot)] = count(&name, t)?;
+            if let Some(t) = env.text(&name)? {
+                left[index(slot)] = count(&name, &t)?;
             }
         }
         Ok(Order { order, left })
@@ -174,10 +207,10 @@ impl Order {
         }
     }
 
-    fn store(&self, env: &mut Environment, names: &[String; 2]) -> Result<()> {
-        env.set("BOOT_ORDER", &model::format_named(&self.order, names))?;
+    fn store(&self, env: &mut dyn Vars, names: &[String; 2]) -> Result<()> {
+        env.set_text("BOOT_ORDER", &model::format_named(&self.order, names))?;
         for slot in [SlotName::A, SlotName::B] {
-            env.set(&left_var(names, slot), &self.left[index(slot)].to_string())?;
+            env.set_text(&left_var(names, slot), &self.left[index(slot)].to_string())?;
         }
         Ok(())
     }
@@ -194,14 +227,14 @@ struct Mender {
 }
 
 impl Mender {
-    fn from_env(env: &Environment, partitions: [u32; 2]) -> Result<Mender> {
-        let Some(p) = text_var(env, "mender_boot_part")? else {
+    fn from_env(env: &dyn Vars, partitions: [u32; 2]) -> Result<Mender> {
+        let Some(p) = env.text("mender_boot_part")? else {
             bail!(
                 Bootloader,
                 "mender_boot_part is not set: the boot script would not know what to boot; refusing to guess"
             );
         };
-        let n = count("mender_boot_part", p)?;
+        let n = count("mender_boot_part", &p)?;
         let part = if n == partitions[0] {
             SlotName::A
         } else if n == partitions[1] {
@@ -214,13 +247,13 @@ impl Mender {
                 partitions[1]
             );
         };
-        let upgrade_available = match text_var(env, "upgrade_available")? {
+        let upgrade_available = match env.text("upgrade_available")?.as_deref() {
             None | Some("0") => false,
             Some("1") => true,
             Some(v) => bail!(Bootloader, "upgrade_available={v:?} is neither 0 nor 1"),
         };
         let number = |name: &str, default: u32| -> Result<u32> {
-            text_var(env, name)?.map_or(Ok(default), |t| count(name, t))
+            env.text(name)?.map_or(Ok(default), |t| count(name, &t))
         };
         Ok(Mender {
             partitions,
@@ -274,21 +307,22 @@ impl Mender {
         self.bootcount = 0;
     }
 
-    fn store(&self, env: &mut Environment) -> Result<()> {
+    fn store(&self, env: &mut dyn Vars) -> Result<()> {
         let n = self.partitions[index(self.part)];
-        env.set("mender_boot_part", &n.to_string())?;
-        env.set("mender_boot_part_hex", &format!("{n:X}"))?;
-        env.set(
+        env.set_text("mender_boot_part", &n.to_string())?;
+        env.set_text("mender_boot_part_hex", &format!("{n:X}"))?;
+        env.set_text(
             "upgrade_available",
             if self.upgrade_available { "1" } else { "0" },
         )?;
-        env.set("bootcount", &self.bootcount.to_string())
+        env.set_text("bootcount", &self.bootcount.to_string())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bootloader::uboot::Environment;
     use crate::test_support::uboot_env as env_of;
     use SlotName::{A, B};
 
