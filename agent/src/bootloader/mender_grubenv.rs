@@ -50,10 +50,17 @@ impl Copy {
         })
     }
 
-    /// The lock says the copy is whole (`editing=0`).
-    fn whole(&self) -> Result<bool> {
-        let lock = self.lock.load()?;
-        Ok(lock.get("editing").as_deref() == Some(b"0"))
+    /// Whether the lock says the copy is whole (`editing=0`), or why it
+    /// says nothing: a lock that cannot be read is no `editing=0` to GRUB's
+    /// `load_env` either.
+    fn whole(&self) -> std::result::Result<(), String> {
+        match self.lock.load() {
+            Ok(lock) => match lock.get("editing").as_deref() {
+                Some(b"0") => Ok(()),
+                _ => Err("its lock says it was being written".into()),
+            },
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     /// Write `vars` into the copy between `editing=1` and `editing=0`.
@@ -106,14 +113,12 @@ impl MenderGrubBootloader {
     /// The current variables: copy 1, unless its lock says it was being
     /// written (then copy 2), as GRUB reads them.
     fn load(&self) -> Result<GrubEnv> {
-        let (one, two) = (self.copies[0].whole()?, self.copies[1].whole()?);
-        let from = match (one, two) {
-            (true, _) => 0,
-            (false, true) => 1,
-            (false, false) => bail!(
+        let from = match (self.copies[0].whole(), self.copies[1].whole()) {
+            (Ok(()), _) => 0,
+            (_, Ok(())) => 1,
+            (Err(one), Err(two)) => bail!(
                 Bootloader,
-                "{}: both copies' locks say they were being written (editing=1); refusing to guess",
-                self.what()
+                "neither copy's lock says editing=0 (copy 1: {one}; copy 2: {two}); refusing to guess"
             ),
         };
         self.copies[from].env.load()
@@ -266,6 +271,23 @@ mod tests {
     }
 
     #[test]
+    fn a_lock_that_does_not_parse_makes_its_copy_the_one_not_read() {
+        let dir = layout("torn", RUNNING_2);
+        std::fs::write(dir.join("mender_grubenv2/lock"), b"\x00garbage").unwrap();
+        std::fs::write(
+            dir.join("mender_grubenv2/env"),
+            block(&[("mender_boot_part", "3")]),
+        )
+        .unwrap();
+        let mut bl = MenderGrubBootloader::new(dir.clone(), [2, 3]).unwrap();
+        assert_eq!(bl.read().unwrap().next_boot(), Some(SlotName::A));
+        // Writing rewrites the broken lock in place only if it parses; it
+        // does not, so the write is refused and copy 1 stays as it was.
+        assert!(bl.trial(SlotName::B, 1).is_err());
+        assert_eq!(vars_of(&dir, 1), ["2", "0", "0"]);
+    }
+
+    #[test]
     fn both_copies_mid_write_or_missing_files_are_refused_and_left_alone() {
         let dir = layout("both", RUNNING_2);
         for n in [1, 2] {
@@ -277,7 +299,7 @@ mod tests {
         }
         let mut bl = MenderGrubBootloader::new(dir.clone(), [2, 3]).unwrap();
         let e = bl.trial(SlotName::B, 1).unwrap_err().to_string();
-        assert!(e.contains("both copies' locks"), "{e}");
+        assert!(e.contains("neither copy's lock says editing=0"), "{e}");
         assert_eq!(vars_of(&dir, 2), ["2", "0", "0"]);
         let empty = scratch_dir("mender-grubenv", "missing");
         let e = MenderGrubBootloader::new(empty.clone(), [2, 3])
