@@ -290,11 +290,11 @@ fn index(slot: SlotName) -> usize {
     }
 }
 
-/// A missing flag reads as the shipped GRUB script initialises it: slot
-/// A's `_OK` 1, everything else 0.
-fn flag(env: &GrubEnv, name: &str, names: &[String; 2]) -> Result<bool> {
+/// `name`'s value, `missing` when it is not set (the shipped GRUB script
+/// initialises slot A's `_OK` to 1, everything else to 0).
+fn flag(env: &GrubEnv, name: &str, missing: bool) -> Result<bool> {
     match env.get(name).as_deref() {
-        None => Ok(name == ok_var(names, SlotName::A)),
+        None => Ok(missing),
         Some(b"0") => Ok(false),
         Some(b"1") => Ok(true),
         Some(v) => bail!(
@@ -323,12 +323,12 @@ impl Boot {
         Ok(Boot {
             order,
             ok: [
-                flag(env, &ok_var(names, SlotName::A), names)?,
-                flag(env, &ok_var(names, SlotName::B), names)?,
+                flag(env, &ok_var(names, SlotName::A), true)?,
+                flag(env, &ok_var(names, SlotName::B), false)?,
             ],
             tried: [
-                flag(env, &try_var(names, SlotName::A), names)?,
-                flag(env, &try_var(names, SlotName::B), names)?,
+                flag(env, &try_var(names, SlotName::A), false)?,
+                flag(env, &try_var(names, SlotName::B), false)?,
             ],
         })
     }

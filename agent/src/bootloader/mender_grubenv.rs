@@ -111,8 +111,9 @@ impl MenderGrubBootloader {
     }
 
     /// The current variables: copy 1, unless its lock says it was being
-    /// written (then copy 2), as GRUB reads them.
-    fn load(&self) -> Result<GrubEnv> {
+    /// written (then copy 2), as GRUB reads them; and whether both copies
+    /// hold the same block.
+    fn load(&self) -> Result<(GrubEnv, bool)> {
         let from = match (self.copies[0].whole(), self.copies[1].whole()) {
             (Ok(()), _) => 0,
             (_, Ok(())) => 1,
@@ -121,17 +122,21 @@ impl MenderGrubBootloader {
                 "neither copy's lock says editing=0 (copy 1: {one}; copy 2: {two}); refusing to guess"
             ),
         };
-        self.copies[from].env.load()
+        let current = self.copies[from].env.load()?;
+        let same = self.copies[1 - from]
+            .env
+            .load()
+            .is_ok_and(|other| other == current);
+        Ok((current, same))
     }
 
     fn change(&mut self, change: Change) -> Result<()> {
         let what = self.what();
-        let before = self.load().kind_context(Kind::Bootloader, &what)?;
+        let (before, copies_agree) = self.load().kind_context(Kind::Bootloader, &what)?;
         let mut vars = before.clone();
         self.flow
             .apply(&mut vars, change, 1)
             .kind_context(Kind::Bootloader, &what)?;
-        let copies_agree = self.copies[0].env.load()? == self.copies[1].env.load()?;
         if vars == before && copies_agree {
             return Ok(());
         }
@@ -152,7 +157,7 @@ impl Bootloader for MenderGrubBootloader {
 
     fn read_with(&mut self, _: &mut dyn Ticker) -> Result<BootState> {
         let what = self.what();
-        let vars = self.load().kind_context(Kind::Bootloader, &what)?;
+        let (vars, _) = self.load().kind_context(Kind::Bootloader, &what)?;
         self.flow.read(&vars).kind_context(Kind::Bootloader, &what)
     }
 

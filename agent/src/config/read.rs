@@ -547,15 +547,16 @@ impl<'a> Section<'a> {
 
     /// A whole number that fits 32 bits (range checks follow).
     fn unsigned_u32(&mut self, key: &str) -> Result<Option<u32>> {
-        match self.get(key) {
-            Some(e) => match &e.value {
-                Value::Integer(n) if *n > i64::from(u32::MAX) => {
-                    Err(self.bad(e, format!("{n} is too large")))
-                }
-                _ => Ok(self.unsigned(key)?.map(|v| v as u32)),
-            },
-            None => Ok(None),
-        }
+        let Some(v) = self.unsigned(key)? else {
+            return Ok(None);
+        };
+        u32::try_from(v).map(Some).map_err(|_| match self.get(key) {
+            Some(e) => self.bad(e, format!("{v} is too large")),
+            None => Error::new(
+                Kind::Config,
+                format!("{}.{key}: {v} is too large", self.name),
+            ),
+        })
     }
 
     fn duration(&mut self, key: &str) -> Result<Option<Dur>> {

@@ -567,7 +567,12 @@ impl Machine {
     /// the committed release: a release under its trial boot is not
     /// reported as running until it commits. Each component besides the
     /// slot adds `component.<name>` = its committed version.
-    fn config_attributes(&self, state: &State) -> Result<Vec<(String, String)>> {
+    /// `sent` is the attributes last queued (`CONFIG_SENT`).
+    fn config_attributes(
+        &self,
+        state: &State,
+        sent: Option<&str>,
+    ) -> Result<Vec<(String, String)>> {
         let committed_slot = match state {
             State::Testing(j) => j.target.other(),
             State::Rebooting(j) if j.purpose == Some(RebootPurpose::Rollback) => j.target.other(),
@@ -586,8 +591,8 @@ impl Machine {
                     _ => "unknown".into(),
                 }
             }
-            None => self
-                .last_sent_attribute("sw_version")?
+            None => sent
+                .and_then(|text| sent_attribute(text, "sw_version"))
                 .unwrap_or_else(|| "unknown".into()),
         };
         let compatible = self.cfg.device.compatible.clone();
@@ -609,25 +614,15 @@ impl Machine {
         Ok(attrs)
     }
 
-    /// The value of `key` in the attributes last queued for the server.
-    fn last_sent_attribute(&self, key: &str) -> Result<Option<String>> {
-        let Some(text) = self.store.get(CONFIG_SENT)? else {
-            return Ok(None);
-        };
-        // Written by `config_row` below; an unreadable value (an older
-        // encoding) only means nothing is known.
-        let attrs: Vec<(String, String)> = serde_json::from_str(&text).unwrap_or_default();
-        Ok(attrs.into_iter().find(|(k, _)| k == key).map(|(_, v)| v))
-    }
-
     /// The configData row for `state`, when the server asks (`asked`,
     /// once per run) or the attributes changed since they were last
     /// queued; `None` otherwise. Marks them queued.
     fn config_row(&mut self, state: &State, asked: bool) -> Result<Option<Pending>> {
-        let attrs = self.config_attributes(state)?;
+        let sent = self.store.get(CONFIG_SENT)?;
+        let attrs = self.config_attributes(state, sent.as_deref())?;
         let text =
             serde_json::to_string(&attrs).map_err(|e| err!(Store, "encoding configData: {e}"))?;
-        let changed = self.store.get(CONFIG_SENT)?.as_deref() != Some(text.as_str());
+        let changed = sent.as_deref() != Some(text.as_str());
         let owed = asked && !self.fleet()?.config_sent;
         if !changed && !owed {
             return Ok(None);
@@ -954,4 +949,11 @@ fn cancelled(c: &ddi::Cancel) -> Error {
             c.action_id, c.stop_id
         ),
     )
+}
+
+/// The value of `key` in attributes as `config_row` stores them; an
+/// unreadable value (an older encoding) only means nothing is known.
+fn sent_attribute(text: &str, key: &str) -> Option<String> {
+    let attrs: Vec<(String, String)> = serde_json::from_str(text).unwrap_or_default();
+    attrs.into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
 }
