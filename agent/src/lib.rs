@@ -7,6 +7,7 @@
 
 pub mod error;
 
+pub mod adopt;
 pub mod app;
 pub mod artifact;
 mod backoff;

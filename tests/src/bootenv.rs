@@ -418,6 +418,19 @@ pub fn boot_uboot_rauc(fw_env_config: &Path, names: [&str; 2]) -> Option<SlotNam
     booted
 }
 
+/// What Mender's U-Boot integration and client leave on a device running
+/// partition 2: its boot commands, U-Boot's boot count limit of 1, no
+/// trial.
+pub const MENDER_UBOOT_ENV: &[(&str, &str)] = &[
+    ("bootcmd", "run mender_setup; run mender_boot"),
+    ("altbootcmd", "run mender_altbootcmd; run bootcmd"),
+    ("bootlimit", "1"),
+    ("bootcount", "0"),
+    ("upgrade_available", "0"),
+    ("mender_boot_part", "2"),
+    ("mender_boot_part_hex", "2"),
+];
+
 /// Power on a board with Mender's U-Boot integration, as its
 /// documentation and U-Boot's boot count limit describe it: while
 /// `upgrade_available=1` every boot counts `bootcount` up (saved in the
@@ -620,6 +633,42 @@ pub fn grub_editenv_create(grubenv: &Path) {
         .arg(grubenv)
         .arg("create"))
     .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A GRUB environment at `grubenv` (its directory made) as RAUC's GRUB
+/// script expects it with bootnames `names`: `ORDER` lists both, each
+/// `<name>_OK=1`, `<name>_TRY=0`.
+pub fn grub_rauc_create(grubenv: &Path, names: [&str; 2]) {
+    if let Some(dir) = grubenv.parent() {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    }
+    grub_editenv_create(grubenv);
+    let order = names.join(" ");
+    let (ok, tr) = (
+        names.map(|n| format!("{n}_OK")),
+        names.map(|n| format!("{n}_TRY")),
+    );
+    grub_editenv_set(
+        grubenv,
+        &[
+            ("ORDER", order.as_str()),
+            (&ok[0], "1"),
+            (&tr[0], "0"),
+            (&ok[1], "1"),
+            (&tr[1], "0"),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// `NAME=VALUE` of each of `names` (empty when unset), space-separated:
+/// one line to compare with what a contract says.
+pub fn show(vars: &BTreeMap<String, String>, names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| format!("{n}={}", vars.get(*n).map_or("", |v| v.as_str())))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `grub-editenv FILE list`.

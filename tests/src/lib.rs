@@ -36,6 +36,7 @@ pub mod server;
 pub mod skip;
 pub mod static_server;
 pub mod tmp;
+pub mod updaters;
 
 /// `cargo`, as the user invokes it (respects `CARGO`), without the
 /// variables cargo sets for a package it runs (`CARGO_MANIFEST_DIR`,
@@ -80,4 +81,20 @@ pub fn repo_root() -> std::path::PathBuf {
         .parent()
         .map(std::path::Path::to_path_buf)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// A finished command's stdout and stderr as one text, after it succeeded
+/// (`what` names it in the failure).
+pub fn succeeded(out: &std::process::Output, what: &str) -> String {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{text}",
+        out.status
+    );
+    text
 }

@@ -75,22 +75,16 @@ fn expect(config: &std::path::Path, want: &[(&str, &str)]) {
     assert_eq!(got, want);
 }
 
-/// What Mender's client leaves on a device running partition 2.
-const MENDER_ENV: &[(&str, &str)] = &[
-    ("bootcmd", "run mender_setup; run mender_boot"),
-    ("altbootcmd", "run mender_altbootcmd; run bootcmd"),
-    ("bootlimit", "1"),
-    ("bootcount", "0"),
-    ("upgrade_available", "0"),
-    ("mender_boot_part", "2"),
-    ("mender_boot_part_hex", "2"),
-];
-
 #[test]
 fn a_mender_board_is_updated_and_committed_in_menders_variables() {
     updraft_tests::require!("nginx", "mkenvimage", "fw_printenv", "fw_setenv");
     let ps = ProxiedServer::start("flow-mender", false);
-    let (mut dev, env) = device(&ps, "flow-mender", MENDER_ENV, "flow = \"mender\"\n");
+    let (mut dev, env) = device(
+        &ps,
+        "flow-mender",
+        bootenv::MENDER_UBOOT_ENV,
+        "flow = \"mender\"\n",
+    );
     dev.init();
     assert_eq!(dev.status()["booted_slot"], "A");
     dev.start_daemon();
@@ -132,7 +126,12 @@ fn a_mender_board_is_updated_and_committed_in_menders_variables() {
 fn a_mender_trial_that_hangs_is_undone_by_menders_altbootcmd_and_reported() {
     updraft_tests::require!("nginx", "mkenvimage", "fw_printenv", "fw_setenv");
     let ps = ProxiedServer::start("flow-mender-hang", false);
-    let (mut dev, env) = device(&ps, "flow-mender-hang", MENDER_ENV, "flow = \"mender\"\n");
+    let (mut dev, env) = device(
+        &ps,
+        "flow-mender-hang",
+        bootenv::MENDER_UBOOT_ENV,
+        "flow = \"mender\"\n",
+    );
     dev.init();
     dev.start_daemon();
     ps.publish("1.1", 22, IMAGE, &[]);
@@ -174,7 +173,12 @@ fn a_mender_trial_that_hangs_is_undone_by_menders_altbootcmd_and_reported() {
 fn a_failed_health_check_on_a_mender_board_switches_back_as_menders_rollback_does() {
     updraft_tests::require!("nginx", "mkenvimage", "fw_printenv", "fw_setenv");
     let ps = ProxiedServer::start("flow-mender-health", false);
-    let (mut dev, env) = device(&ps, "flow-mender-health", MENDER_ENV, "flow = \"mender\"\n");
+    let (mut dev, env) = device(
+        &ps,
+        "flow-mender-health",
+        bootenv::MENDER_UBOOT_ENV,
+        "flow = \"mender\"\n",
+    );
     dev.health_check("10-fails", "echo 'app did not start' >&2; exit 1");
     dev.init();
     dev.start_daemon();
@@ -313,19 +317,7 @@ fn a_rauc_grub_board_is_updated_in_raucs_bootnames() {
     let names = ["system0", "system1"];
     let mut dev = ps.device("flow-rauc-grub", "1s", "");
     let grubenv = dev.path("grub/grubenv");
-    std::fs::create_dir_all(grubenv.parent().unwrap()).unwrap();
-    bootenv::grub_editenv_create(&grubenv);
-    bootenv::grub_editenv_set(
-        &grubenv,
-        &[
-            ("ORDER", "system0 system1"),
-            ("system0_OK", "1"),
-            ("system0_TRY", "0"),
-            ("system1_OK", "1"),
-            ("system1_TRY", "0"),
-        ],
-    )
-    .unwrap();
+    bootenv::grub_rauc_create(&grubenv, names);
     dev.reconfigure(|s| {
         s.boot = BootSpec::Custom(format!(
             "kind = \"grub\"\ngrubenv = {grubenv:?}\nflow = \"rauc\"\nbootname_a = \"system0\"\nbootname_b = \"system1\"\n"

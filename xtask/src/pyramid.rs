@@ -117,6 +117,7 @@ pub(crate) const FILES: &[Placement] = &[
     p("tests/tests/handlers.rs", No, "the example handlers are shell scripts; the runner is unit-tested emulated"),
     p("tests/tests/release_components.rs", No, "releases of components against nginx, the boot files on a FAT image through Debian's `fusefat` (the kernels here may lack `vfat`); generations are file-system calls app_tree covers"),
     p("tests/tests/boot_flows.rs", No, "another updater's boot script's variables (Mender, RAUC) through the real `fw_setenv` and `grub-editenv`; the flows' mapping is unit-tested emulated"),
+    p("tests/tests/adopt.rs", No, "another updater's real client (Debian's RAUC 1.8, Mender 3.4) installs first, on loop devices; the state files' parsers are unit-tested emulated"),
     p("tests/tests/rpi_tryboot.rs", No, "the Raspberry Pi firmware simulated on FAT images through `fusefat`; the backend's parsing and changes are unit-tested emulated"),
     p("tests/tests/hostile_neighbour.rs", No, "plants made as another account; fsutil is unit-tested emulated"),
     p("tests/tests/slow_retrieval.rs", No, "deadlines and supersession; logic (daemon_waits covers timers)"),

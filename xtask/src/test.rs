@@ -31,6 +31,7 @@
 //! This module installs only what the prerequisites file lists, and only
 //! as root on Debian or Ubuntu when not told otherwise.
 
+use std::path::Path;
 use std::process::Command;
 
 use updraft_tests::prereq::{self, Kind, Prerequisite};
@@ -381,6 +382,38 @@ fn not_debian() -> Option<String> {
     }
 }
 
+/// Debian's `policy-rc.d` answering 101 ("action forbidden") while it is
+/// held: a package installed for the tests starts no service (Debian's
+/// mender-client would start its daemon). An existing policy is left as it
+/// is; the one written here is removed on drop.
+struct NoServiceStarts(Option<&'static Path>);
+
+impl NoServiceStarts {
+    fn hold() -> NoServiceStarts {
+        let path = Path::new("/usr/sbin/policy-rc.d");
+        if path.exists() {
+            return NoServiceStarts(None);
+        }
+        let written = std::fs::write(
+            path,
+            "#!/bin/sh\n# cargo xtask test: no service starts while installing\nexit 101\n",
+        )
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        });
+        NoServiceStarts(written.is_ok().then_some(path))
+    }
+}
+
+impl Drop for NoServiceStarts {
+    fn drop(&mut self) {
+        if let Some(p) = self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 fn install(packages: &[&Prerequisite]) -> Result {
     let names = |k: Kind| prereq::names_of(packages, k);
     let deb = names(Kind::Deb);
@@ -396,6 +429,7 @@ fn install(packages: &[&Prerequisite]) -> Result {
         apt.args(["install", "-y", "--no-install-recommends"])
             .args(&deb)
             .env("DEBIAN_FRONTEND", "noninteractive");
+        let _quiet = NoServiceStarts::hold();
         util::run(&mut apt)?;
     }
     let pip = names(Kind::Pip);

@@ -319,6 +319,26 @@ impl Mender {
     }
 }
 
+/// The slot RAUC's boot script booted: `rauc.slot=BOOTNAME` on the kernel
+/// command line, matched against the bootnames of A and B. `None` when
+/// the command line has none; an error when it names neither.
+pub fn rauc_slot(cmdline: &str, names: [&str; 2]) -> Option<Result<SlotName, String>> {
+    let name = cmdline
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("rauc.slot="))
+        .next_back()?;
+    Some(if name == names[0] {
+        Ok(SlotName::A)
+    } else if name == names[1] {
+        Ok(SlotName::B)
+    } else {
+        Err(format!(
+            "rauc.slot={name} is neither slot A's bootname {} nor slot B's {}",
+            names[0], names[1]
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,5 +501,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("\"recovery\", which is neither"), "{e}");
+    }
+
+    #[test]
+    fn rauc_slot_maps_a_bootname_to_its_slot() {
+        let names = ["system0", "system1"];
+        assert_eq!(
+            rauc_slot("root=/dev/x rauc.slot=system1 ro", names),
+            Some(Ok(SlotName::B))
+        );
+        assert_eq!(rauc_slot("rauc.slot=system0", names), Some(Ok(SlotName::A)));
+        assert_eq!(rauc_slot("root=/dev/x", names), None);
+        let e = rauc_slot("rauc.slot=recovery", names).unwrap().unwrap_err();
+        assert!(e.contains("rauc.slot=recovery is neither"), "{e}");
     }
 }

@@ -219,10 +219,22 @@ pub fn from_config(cfg: &Config) -> Result<Box<dyn Bootloader>> {
 /// The booted slot. The Raspberry Pi firmware says which partition it
 /// booted in the device tree; every other bootloader passes
 /// `updraft.slot=` on the kernel command line, or another updater's boot
-/// script a `root=` naming a slot.
+/// script a `root=` naming a slot; RAUC's scripts pass `rauc.slot=` with
+/// the slot's bootname, which the RAUC flow reads first.
 pub fn booted_slot(cfg: &Config) -> Result<SlotName> {
-    match cfg.bootloader.kind {
-        BootloaderKind::RpiTryboot => tryboot::booted_slot(&cfg.bootloader, &cfg.slots.cmdline),
+    let b = &cfg.bootloader;
+    match b.kind {
+        BootloaderKind::RpiTryboot => tryboot::booted_slot(b, &cfg.slots.cmdline),
+        _ if b.flow == BootFlow::Rauc => {
+            let text = std::fs::read_to_string(&cfg.slots.cmdline)
+                .map_err(|e| err!(Slot, "reading {}: {e}", cfg.slots.cmdline.display()))?;
+            match flow::rauc_slot(&text, [&b.bootname_a, &b.bootname_b]) {
+                Some(found) => {
+                    found.map_err(|e| err!(Slot, "{}: {e}", cfg.slots.cmdline.display()))
+                }
+                None => crate::slot::booted_slot(&cfg.slots.cmdline, &cfg.slots.a, &cfg.slots.b),
+            }
+        }
         _ => crate::slot::booted_slot(&cfg.slots.cmdline, &cfg.slots.a, &cfg.slots.b),
     }
 }

@@ -47,6 +47,41 @@ const DEFAULT: Opt = Opt {
     help: "follow the channel of the configuration again",
 };
 
+const FROM: Opt = Opt {
+    name: "--from",
+    short: "",
+    value: "UPDATER",
+    help: "the updater the device runs now: rauc or mender",
+};
+
+const ROOT: Opt = Opt {
+    name: "--root",
+    short: "",
+    value: "DIR",
+    help: "look for the other updater's files under DIR (default /)",
+};
+
+const RELEASE: Opt = Opt {
+    name: "--release",
+    short: "",
+    value: "VERSION",
+    help: "the running release, when the other updater does not name it",
+};
+
+const STATE_DIR: Opt = Opt {
+    name: "--state-dir",
+    short: "",
+    value: "DIR",
+    help: "updraft's state directory, on a partition both slots share",
+};
+
+const DRY_RUN: Opt = Opt {
+    name: "--dry-run",
+    short: "",
+    value: "",
+    help: "print what would be written; write nothing",
+};
+
 const JSON: Opt = Opt {
     name: "--json",
     short: "",
@@ -173,6 +208,25 @@ pub const PROGRAM: Program = Program {
             ],
         },
         help::Command {
+            name: "adopt",
+            summary: "take over a device RAUC or Mender has been updating",
+            usage: "updraft [--config FILE] adopt --from rauc|mender [--root DIR] [--release VERSION] [--state-dir DIR] [--dry-run]",
+            about: "Reads what the other updater knows (RAUC: system.conf and its status\n\
+                    file; Mender: mender.conf, device_type, artifact_info) and merges the\n\
+                    slots, the bootloader with that updater's boot flow, the compatible and\n\
+                    the state directory into the configuration (its [server] and [trust]\n\
+                    kept: put the fleet's there first). The running release becomes the\n\
+                    release marker. Checks that the booted slot boots next; downloads,\n\
+                    reboots and writes no slot or bootloader variable. Prints what it found\n\
+                    and wrote. Stop the other updater's service first (docs/integration.md).",
+            options: &[FROM, ROOT, RELEASE, STATE_DIR, DRY_RUN],
+            words: &[],
+            examples: &[
+                "updraft adopt --from rauc --dry-run",
+                "updraft adopt --from mender --release release-42",
+            ],
+        },
+        help::Command {
             name: "history",
             summary: "past installs and state changes, oldest first",
             usage: "updraft [--config FILE] history [--json]",
@@ -235,6 +289,7 @@ pub enum Command {
     History {
         json: bool,
     },
+    Adopt(crate::adopt::Options),
     Version,
     /// The overview, or one command's help.
     Help(Option<&'static str>),
@@ -309,21 +364,46 @@ pub fn parse(args: &[String]) -> std::result::Result<Args, UsageError> {
         .ok_or_else(|| UsageError::new(None, "no command given"))?;
     let c = find(name)?;
     let usage = |m: String| UsageError::new(Some(c.name), m);
-    // Every option of a command is a switch; anything else is an argument.
+    // An option is a switch, or takes the next word (or `--name=VALUE`)
+    // when it has a value; anything else is an argument.
     let mut switches = Vec::new();
+    let mut values: Vec<(&str, String)> = Vec::new();
     let mut words = Vec::new();
-    for o in opts {
+    let mut it = opts.iter();
+    while let Some(o) = it.next() {
         if o.starts_with('-') && *o != "-" {
+            let (flag, inline) = match o.split_once('=') {
+                Some((f, v)) => (f, Some(v)),
+                None => (*o, None),
+            };
             let opt = c
                 .options
                 .iter()
-                .find(|x| x.is(o))
-                .ok_or_else(|| usage(format!("unknown option {o} for {}", c.name)))?;
-            switches.push(opt.name);
+                .find(|x| x.is(flag))
+                .ok_or_else(|| usage(format!("unknown option {flag} for {}", c.name)))?;
+            match (opt.value.is_empty(), inline) {
+                (true, None) => switches.push(opt.name),
+                (true, Some(_)) => return Err(usage(format!("{} takes no value", opt.name))),
+                (false, Some(v)) => values.push((opt.name, v.to_string())),
+                (false, None) => {
+                    let v = it
+                        .next()
+                        .ok_or_else(|| usage(format!("{} needs {}", opt.name, opt.value)))?;
+                    values.push((opt.name, (*v).to_string()));
+                }
+            }
         } else {
             words.push(*o);
         }
     }
+    let value = |opt: &Opt| -> std::result::Result<Option<String>, UsageError> {
+        let mut given = values.iter().filter(|(n, _)| *n == opt.name);
+        let first = given.next().map(|(_, v)| v.clone());
+        if given.next().is_some() {
+            return Err(usage(format!("{} given twice", opt.name)));
+        }
+        Ok(first)
+    };
     let json = switches.contains(&JSON.name);
     let none = |cmd: Command| match words.first() {
         None => Ok(cmd),
@@ -347,6 +427,26 @@ pub fn parse(args: &[String]) -> std::result::Result<Args, UsageError> {
             }
             _ => return Err(usage("channel takes one channel name, or --default".into())),
         },
+        "adopt" => {
+            if let Some(w) = words.first() {
+                return Err(usage(format!("adopt takes no argument {w:?}")));
+            }
+            let from = value(&FROM)?
+                .ok_or_else(|| usage("adopt needs --from rauc or --from mender".into()))?;
+            let from = crate::adopt::Updater::parse(&from).ok_or_else(|| {
+                usage(format!(
+                    "--from {from:?}: updraft adopts from rauc or mender"
+                ))
+            })?;
+            Command::Adopt(crate::adopt::Options {
+                from,
+                root: PathBuf::from(value(&ROOT)?.unwrap_or_else(|| "/".into())),
+                config: config.clone(),
+                release: value(&RELEASE)?,
+                state_dir: value(&STATE_DIR)?.map(PathBuf::from),
+                dry_run: switches.contains(&DRY_RUN.name),
+            })
+        }
         "install" => match words.as_slice() {
             [m] => Command::Install {
                 manifest: (*m).to_string(),
@@ -393,6 +493,7 @@ pub fn run(args: Args) -> i32 {
             return 0;
         }
         Command::Daemon => crate::daemon::serve(&args.config),
+        Command::Adopt(opts) => crate::adopt::run(&opts),
         Command::Status { json } => Config::load(&args.config).and_then(|c| status(&c, json)),
         Command::History { json } => Config::load(&args.config).and_then(|c| history(&c, json)),
         Command::Check => Config::load(&args.config).and_then(|c| check(&c)),
@@ -786,6 +887,67 @@ mod tests {
         assert!(p(&["frobnicate"]).is_err());
         assert!(p(&["--config"]).is_err());
         assert!(p(&["completions", "zsh"]).is_err());
+    }
+
+    #[test]
+    fn adopt_takes_its_values_in_either_spelling_and_names_what_is_wrong() {
+        assert_eq!(
+            p(&[
+                "adopt",
+                "--from",
+                "rauc",
+                "--root=/mnt",
+                "--dry-run",
+                "-c",
+                "/u.toml"
+            ])
+            .unwrap()
+            .command,
+            Command::Adopt(crate::adopt::Options {
+                from: crate::adopt::Updater::Rauc,
+                root: PathBuf::from("/mnt"),
+                config: PathBuf::from("/u.toml"),
+                release: None,
+                state_dir: None,
+                dry_run: true,
+            })
+        );
+        let Command::Adopt(o) = p(&["adopt", "--from=mender", "--release", "r-7"])
+            .unwrap()
+            .command
+        else {
+            panic!("not adopt");
+        };
+        assert_eq!(
+            (o.from, o.root, o.release),
+            (
+                crate::adopt::Updater::Mender,
+                PathBuf::from("/"),
+                Some("r-7".into())
+            )
+        );
+        for (args, want) in [
+            (&["adopt"][..], "adopt needs --from rauc or --from mender"),
+            (
+                &["adopt", "--from", "swupdate"],
+                "--from \"swupdate\": updraft adopts from rauc or mender",
+            ),
+            (&["adopt", "--from"], "--from needs UPDATER"),
+            (
+                &["adopt", "--from", "rauc", "--from", "mender"],
+                "--from given twice",
+            ),
+            (
+                &["adopt", "--from", "rauc", "--dry-run=yes"],
+                "--dry-run takes no value",
+            ),
+            (
+                &["adopt", "--from", "rauc", "now"],
+                "adopt takes no argument \"now\"",
+            ),
+        ] {
+            assert_eq!(p(args).unwrap_err().message, want, "{args:?}");
+        }
     }
 
     #[test]
