@@ -220,6 +220,21 @@ pub(crate) fn last_install(store: &Store) -> Result<Option<LastInstall>> {
     }))
 }
 
+/// The release the booted slot runs: the one recorded for it, or else the
+/// one its release marker names (a device fresh from the factory, or one
+/// `updraft adopt` took over, before a manifest named that release). A
+/// marker that cannot be read names nothing here; the check that reads it
+/// says why.
+pub(crate) fn running_version(slots: &[SlotStatus], marker: &std::path::Path) -> Option<String> {
+    let booted = slots.iter().find(|s| s.booted)?;
+    booted.version.clone().or_else(|| {
+        crate::provision::read_marker(marker)
+            .ok()
+            .flatten()
+            .map(|m| m.version)
+    })
+}
+
 /// Both slots as the store and the bootloader (when it could be read)
 /// know them.
 pub(crate) fn slots(

@@ -275,6 +275,7 @@ fn a_device_rauc_updated_on_grub_is_adopted_then_updated_rolled_back_and_committ
     }
     let st = f.dev.status();
     assert_eq!(st["booted_slot"], "B", "{st:#}");
+    assert_eq!(st["running_version"], "1.0", "{st:#}");
     let history = f.dev.ok(&["history"]);
     assert!(
         history.contains("adopted") && history.contains("from RAUC"),
@@ -315,6 +316,7 @@ fn a_device_rauc_updated_on_grub_is_adopted_then_updated_rolled_back_and_committ
     f.dev.start_daemon();
     let st = f.dev.wait_rolled_back(WAIT);
     assert_eq!(st["booted_slot"], "B", "{st:#}");
+    assert_eq!(st["running_version"], "1.0", "{st:#}");
 
     // The next release commits, in RAUC's variables.
     ps.publish("2.1", 73, IMAGE, &["--serial", "10"]);
@@ -473,7 +475,8 @@ fn a_device_mender_updated_on_uboot_is_adopted_then_updated_rolled_back_and_comm
     assert_eq!(bootenv::boot_uboot_mender(&env, [2, 3]), SlotName::B);
     f.boot(&parts[1], "");
     f.dev.start_daemon();
-    f.dev.wait_rolled_back(WAIT);
+    let st = f.dev.wait_rolled_back(WAIT);
+    assert_eq!(st["running_version"], "release-2", "{st:#}");
 
     // The next release commits.
     ps.publish("3.1", 83, IMAGE, &["--serial", "10"]);

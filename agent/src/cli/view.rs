@@ -57,10 +57,7 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         since,
         device_id,
         booted_slot: booted,
-        running_version: slots
-            .iter()
-            .find(|s| s.booted)
-            .and_then(|s| s.version.clone()),
+        running_version: status::running_version(&slots, &cfg.device.release_file),
         slots,
         next_boot: boot.as_ref().and_then(|b| b.next_boot()),
         bootloader_error: boot_err,

@@ -290,10 +290,7 @@ impl Machine {
             Err(e) => (None, Some(e.clone())),
         };
         let slots = status::slots(&self.store, &self.slots, self.booted, boot.as_ref())?;
-        let running = slots
-            .iter()
-            .find(|s| s.booted)
-            .and_then(|s| s.version.clone());
+        let running = status::running_version(&slots, &self.cfg.device.release_file);
         Ok(Status {
             state: state.name().into(),
             since,
