@@ -47,7 +47,7 @@ use crate::util::{self, Result};
 use machine::{Loader, Machine};
 
 const USAGE: &str =
-    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--app-cuts N] [--seed S] [--systemd-only|--previous-only|--apps-only|--no-previous|--prerequisites]
+    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--app-cuts N] [--seed S] [--systemd-only|--previous-only|--apps-only|--adopt-only|--no-previous|--prerequisites]
   boots a QEMU machine with Debian's generic kernel, busybox and updraft: x86_64 (SeaBIOS,
   GRUB; the default) or aarch64 (-M virt, U-Boot, the aarch64 release build), or both,
   and runs: 1 full-image update, 3 failing health check, 4 release that cannot boot
@@ -59,8 +59,11 @@ const USAGE: &str =
   cuts alternating between app-only releases and releases of a slot and the app;
   then 7, slot A holding the previous landed release of updraft: its update to this
   one rolled back (old code on the new state), then committed;
+  then on aarch64 9, a device RAUC's U-Boot script boots and RAUC's files describe, taken
+  over by `updraft adopt`: a release rolled back to RAUC's, one committed, one under a
+  power cut in the switch, all in RAUC's variables;
   --systemd-only: scenario 6 alone; --previous-only: scenario 7 alone; --apps-only: scenario
-  8 alone; --no-previous: all
+  8 alone; --adopt-only: scenario 9 alone; --no-previous: all
   but 7 (CI's x86_64 run: the aarch64 machine boots 7 beside it);
   --prerequisites: install (as root on Debian) what the machines need, and stop: two runs
   for different machines can then go on side by side without both calling apt-get";
@@ -92,6 +95,7 @@ pub fn run(args: &[String]) -> Result {
             "--systemd-only" => only = Some(Only::Systemd),
             "--previous-only" => only = Some(Only::Previous),
             "--apps-only" => only = Some(Only::Apps),
+            "--adopt-only" => only = Some(Only::Adopt),
             "--no-previous" => previous = false,
             "--prerequisites" => prerequisites_only = true,
             name if Machine::by_name(name).is_some() => {
@@ -145,9 +149,13 @@ pub fn run(args: &[String]) -> Result {
         // on x86_64 (6).
         let mut early = Vec::new();
         if previous && !matches!(only, Some(Only::Systemd | Only::Apps)) {
-            early.extend(build_previous_release_early(m));
+            if !matches!(only, Some(Only::Adopt)) {
+                early.extend(build_previous_release_early(m));
+            }
         }
-        if m.name == machine::X86_64.name && !matches!(only, Some(Only::Previous | Only::Apps)) {
+        if m.name == machine::X86_64.name
+            && !matches!(only, Some(Only::Previous | Only::Apps | Only::Adopt))
+        {
             early.extend(scenario::prepare_debian_tree());
         }
         let counts = Cuts {
@@ -204,6 +212,8 @@ enum Only {
     Previous,
     /// Scenario 8, the app under power cuts.
     Apps,
+    /// Scenario 9, a device RAUC's U-Boot script boots, adopted.
+    Adopt,
 }
 
 /// How many power cuts scenarios 5 and 8 make, and from which seed.
@@ -296,6 +306,11 @@ fn scenarios(
             Only::Systemd => lab.systemd_update(),
             Only::Previous => lab.previous_release(),
             Only::Apps => lab.app_power_cuts(cuts.app, cuts.seed),
+            Only::Adopt if x86 => Err(format!(
+                "scenario 9 boots RAUC's U-Boot script: the aarch64 machine, not {}",
+                m.name
+            )),
+            Only::Adopt => lab.adopt_rauc(cuts.seed),
         }
     } else {
         lab.full_update()
@@ -319,6 +334,16 @@ fn scenarios(
                 } else {
                     println!("== 7-previous-release: left out (--no-previous)");
                     Ok(())
+                }
+            })
+            .and_then(|()| {
+                if x86 {
+                    println!(
+                        "== 9-adopt-rauc: RAUC's U-Boot script boots on the aarch64 machine, not here"
+                    );
+                    Ok(())
+                } else {
+                    lab.adopt_rauc(cuts.seed)
                 }
             })
     };

@@ -41,6 +41,36 @@ pub const HANG_MARK: &str = "hangs: the watchdog is no longer fed";
 /// environment pair on the FAT boot partition (U-Boot machines).
 const FW_ENV_CONFIG: &str = "/etc/fw_env.config";
 
+/// Printed before each line `updraft adopt` printed in the guest.
+pub const ADOPT_MARK: &str = "updraft-vm: adopt: ";
+
+/// The updater a factory image ran before updraft, whose files it carries
+/// and which its first boot adopts (`updraft adopt`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Predecessor {
+    /// RAUC with its U-Boot integration: `/etc/rauc/system.conf` naming
+    /// slots `rootfs.0` (bootname `system0`, slot A) and `rootfs.1`
+    /// (`system1`, B), its data directory `/data/rauc`.
+    RaucUboot,
+}
+
+impl Predecessor {
+    /// `updraft adopt --from` this.
+    fn name(self) -> &'static str {
+        match self {
+            Predecessor::RaucUboot => "rauc",
+        }
+    }
+}
+
+/// The bootnames of RAUC's slots A and B on the VM.
+pub const RAUC_BOOTNAMES: [&str; 2] = ["system0", "system1"];
+
+/// The adopted configuration, on the data partition: the slot roots are
+/// read-only, so a device that adopts keeps it where both slots find it,
+/// and the init script of every release starts updraft with it.
+const ADOPTED_CONFIG: &str = "/data/updraft/updraft.toml";
+
 /// The hardware watchdog the slot's init arms, as systemd's
 /// `RuntimeWatchdogSec=` does on the systemd guest: fed every second, it
 /// resets the machine after this many seconds without a feed.
@@ -340,6 +370,19 @@ impl Guest {
         work: &Path,
         out: &Path,
     ) -> Result {
+        self.rootfs_with(release, settings, work, out, None)
+    }
+
+    /// [`Guest::rootfs`], for a factory image that ran `predecessor`: its
+    /// files, and a first boot that adopts the device from it.
+    pub fn rootfs_with(
+        &self,
+        release: &Release,
+        settings: &Settings,
+        work: &Path,
+        out: &Path,
+        predecessor: Option<Predecessor>,
+    ) -> Result {
         let root = work.join(format!("rootfs-{}", release.version));
         let _ = std::fs::remove_dir_all(&root);
         for d in [
@@ -387,6 +430,21 @@ impl Guest {
                 app::HEALTH_CHECK,
                 0o755,
             )?;
+        }
+        if let Some(p) = predecessor {
+            // The marker adopt writes, where a read-only root lets it.
+            toml = toml.replace(
+                "[device]\n",
+                "[device]\nrelease_file = \"/data/updraft/release\"\n",
+            );
+            for (path, text) in predecessor_files(p, self.machine) {
+                let file = root.join(path);
+                if let Some(dir) = file.parent() {
+                    mkdir(dir)?;
+                }
+                write(&file, &text, 0o644)?;
+            }
+            write(&root.join("etc/updraft-vm-adopt"), p.name(), 0o644)?;
         }
         write(&root.join("etc/updraft/updraft.toml"), &toml, 0o644)?;
         if self.machine.loader == Loader::UBoot {
@@ -552,6 +610,27 @@ fn parse_ldd(text: &str) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The files of `p` in a factory image, as its integration leaves them.
+fn predecessor_files(p: Predecessor, m: &Machine) -> Vec<(&'static str, String)> {
+    match p {
+        Predecessor::RaucUboot => vec![(
+            "etc/rauc/system.conf",
+            format!(
+                "# RAUC's system configuration of the factory image.\n\
+                 [system]\ncompatible={compatible}\nbootloader=uboot\ndata-directory=/data/rauc\n\n\
+                 [keyring]\npath=/etc/rauc/keyring.pem\n\n\
+                 [slot.rootfs.0]\ndevice=/dev/vda{a}\ntype=ext4\nbootname={n0}\n\n\
+                 [slot.rootfs.1]\ndevice=/dev/vda{b}\ntype=ext4\nbootname={n1}\n",
+                compatible = m.compatible(),
+                a = disk::SLOT_A.number,
+                b = disk::SLOT_B.number,
+                n0 = RAUC_BOOTNAMES[0],
+                n1 = RAUC_BOOTNAMES[1],
+            ),
+        )],
+    }
+}
+
 /// The `[bootloader]` section of the guest's configuration.
 fn bootloader_section(m: &Machine) -> String {
     match m.loader {
@@ -703,7 +782,11 @@ mount -t tmpfs tmpfs /tmp
 version=$(cat /etc/updraft-vm-version)
 slot=none
 for a in $(cat /proc/cmdline); do
-    case "$a" in updraft.slot=*) slot=${{a#updraft.slot=}} ;; esac
+    case "$a" in
+        updraft.slot=*) slot=${{a#updraft.slot=}} ;;
+        rauc.slot={n0}) slot=A ;;
+        rauc.slot={n1}) slot=B ;;
+    esac
 done
 echo "{USERSPACE_MARK} slot=$slot version=$version uptime=$(cut -d' ' -f1 /proc/uptime) boot_id=$(cat /proc/sys/kernel/random/boot_id)"
 watchdog -F -t 1 -T {WATCHDOG_SECONDS} /dev/watchdog &
@@ -716,13 +799,26 @@ done
 {broken}mount -t ext4 /dev/vda{data} /data || echo "updraft-vm: cannot mount the data partition"
 mount -t {boot_fs} /dev/vda{boot} /boot || echo "updraft-vm: cannot mount the boot partition"
 {lock}
+# A factory image that ran another updater adopts the device on its first
+# boot, into a configuration on the data partition every release uses.
+cfg=/etc/updraft/updraft.toml
+if [ -f /etc/updraft-vm-adopt ] && [ ! -f {adopted} ]; then
+    mkdir -p /data/updraft
+    cp $cfg /data/updraft/adopting.toml
+    if updraft --config /data/updraft/adopting.toml adopt --from "$(cat /etc/updraft-vm-adopt)" >/tmp/adopt.log 2>&1; then
+        mv /data/updraft/adopting.toml {adopted}
+        sync
+    fi
+    sed 's/^/{ADOPT_MARK}/' /tmp/adopt.log
+fi
+[ -f {adopted} ] && cfg={adopted}
 ip link set lo up
 ip addr add 10.0.2.15/24 dev eth0
 ip link set eth0 up
 ip route add default via 10.0.2.2
 (
     while :; do
-        UPDRAFT_LOG=info updraft daemon
+        UPDRAFT_LOG=info updraft --config "$cfg" daemon
         echo "updraft-vm: updraft daemon exited with status $?; restarting in 5 s"
         sleep 5
     done
@@ -732,7 +828,7 @@ daemon=$!
     last=
     while :; do
         sleep 2
-        s=$(updraft status --json 2>&1 | tr -d '\n')
+        s=$(updraft --config "$cfg" status --json 2>&1 | tr -d '\n')
         if [ "$s" != "$last" ]; then
             echo "{STATUS_MARK}$s"
             last=$s
@@ -759,6 +855,9 @@ sleep 100000
 "#,
         data = disk::DATA.number,
         boot = disk::BOOT.number,
+        adopted = ADOPTED_CONFIG,
+        n0 = RAUC_BOOTNAMES[0],
+        n1 = RAUC_BOOTNAMES[1],
         watchdog_line = watchdog_line_script(),
         app_lines = if r.app { app::STATUS_LINES } else { "" },
         boot_fs = match m.loader {

@@ -72,6 +72,9 @@ mod systemd;
 // Scenario 8, the app under power cuts.
 #[path = "app_cuts.rs"]
 mod app_cuts;
+// Scenario 9, a device another updater's boot script boots, adopted.
+#[path = "adopt.rs"]
+mod adopt;
 
 pub use app_cuts::{AppCut, cut_summary as app_cut_summary};
 
@@ -92,6 +95,15 @@ const HOST_FROM_GUEST: &str = "10.0.2.2";
 const GRUB_HEADER: &str = "serial --unit=0 --speed=115200\n\
      terminal_input serial\n\
      terminal_output serial\n";
+
+/// Whose boot script the boot partition holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Script {
+    /// The shipped one (`boot.cmd.in`, `grub.cfg.in`).
+    Updraft,
+    /// RAUC's U-Boot integration, with bootnames (`adopt.rs`).
+    RaucUboot,
+}
 
 /// Where a power cut is aimed: after the console shows a line holding
 /// every part of `marker` for the release, wait a seeded jitter below
@@ -241,12 +253,32 @@ impl Lab {
     /// A factory disk: `factory` (release `version`) in slot A, slot B
     /// empty, an empty data partition, the machine's boot partition.
     fn build_disk(&mut self, factory: &Path, version: &str) -> Result {
+        self.build_disk_as(factory, version, Script::Updraft, &[])
+    }
+
+    /// [`Lab::build_disk`] booted by `script`, with `data_files` (path in
+    /// the data partition, contents) on the data partition.
+    fn build_disk_as(
+        &mut self,
+        factory: &Path,
+        version: &str,
+        script: Script,
+        data_files: &[(&str, String)],
+    ) -> Result {
         let t = Instant::now();
         let w = &self.work.clone();
         let boot_img = w.join("boot.ext4");
-        self.boot_partition(&boot_img)?;
+        self.boot_partition_as(&boot_img, script)?;
         let data = w.join("datafs");
+        let _ = std::fs::remove_dir_all(&data);
         mkdir(&data)?;
+        for (path, text) in data_files {
+            let file = data.join(path);
+            if let Some(dir) = file.parent() {
+                mkdir(dir)?;
+            }
+            std::fs::write(&file, text).map_err(|e| format!("writing {}: {e}", file.display()))?;
+        }
         let data_img = w.join("data.ext4");
         disk::mkfs(&data, &data_img, DATA.size_mib, "data")?;
         let empty = w.join("empty.img");
@@ -269,6 +301,11 @@ impl Lab {
     /// with the shipped fragment and a `grubenv` that boots A, or `boot.scr`
     /// from `boot.cmd.in` and the U-Boot environment pair that boots A.
     fn boot_partition(&self, out: &Path) -> Result {
+        self.boot_partition_as(out, Script::Updraft)
+    }
+
+    /// [`Lab::boot_partition`] with the boot script of `script`.
+    fn boot_partition_as(&self, out: &Path, script: Script) -> Result {
         let w = &self.work;
         let boot = w.join("bootfs");
         let _ = std::fs::remove_dir_all(&boot);
@@ -276,6 +313,12 @@ impl Lab {
         self.guest.initramfs(w, &boot.join("initrd.img"))?;
         let boot_img = out;
         match self.machine.loader {
+            Loader::Grub if script != Script::Updraft => {
+                return Err(format!(
+                    "{script:?}'s boot script is for U-Boot, not {}'s GRUB",
+                    self.machine.name
+                ));
+            }
             Loader::Grub => {
                 mkdir(&boot.join("grub"))?;
                 std::fs::write(boot.join("grub/grub.cfg"), grub_cfg(self.machine)?)
@@ -294,7 +337,11 @@ impl Lab {
             }
             Loader::UBoot => {
                 let cmd = w.join("boot.cmd");
-                std::fs::write(&cmd, uboot_script(self.machine)?)
+                let text = match script {
+                    Script::Updraft => uboot_script(self.machine)?,
+                    Script::RaucUboot => adopt::rauc_uboot_script(self.machine)?,
+                };
+                std::fs::write(&cmd, text)
                     .map_err(|e| format!("writing {}: {e}", cmd.display()))?;
                 util::output(
                     Command::new(disk::tool("mkimage"))
@@ -306,11 +353,14 @@ impl Lab {
                 .map_err(|e| format!("{e} (Debian package u-boot-tools)"))?;
                 // The factory state, in both copies of the pair (the first
                 // current, as mkenvimage -r would leave them).
-                let factory = [
-                    ("BOOT_ORDER", "A B"),
-                    ("BOOT_A_LEFT", "3"),
-                    ("BOOT_B_LEFT", "0"),
-                ];
+                let factory = match script {
+                    Script::Updraft => [
+                        ("BOOT_ORDER", "A B"),
+                        ("BOOT_A_LEFT", "3"),
+                        ("BOOT_B_LEFT", "0"),
+                    ],
+                    Script::RaucUboot => adopt::RAUC_FACTORY_ENV,
+                };
                 for (name, flags) in disk::UBOOT_ENV_FILES.iter().zip([1u8, 0]) {
                     std::fs::write(boot.join(name), disk::uboot_env_copy(&factory, flags)?)
                         .map_err(|e| format!("writing {name}: {e}"))?;
@@ -1196,17 +1246,26 @@ const UBOOT_ENV_ADDR: &str = "0x4f000000";
 /// `boot.scr`'s source: a marker line, then the shipped `boot.cmd.in`
 /// with the FAT-file environment hooks for the pair on the boot partition,
 /// rendered for this disk. The initramfs comes from the boot partition.
-fn uboot_script(machine: &Machine) -> Result<String> {
-    let dir = util::root().join("yocto/meta-updraft/recipes-bsp/updraft-bootfiles/files");
-    let read = |name: &str| {
-        let p = dir.join(name);
-        std::fs::read_to_string(&p)
-            .map_err(|e| format!("reading {}: {e}", p.display()))
-            .map(|t| (t, p))
-    };
-    let dev = format!("virtio 0:{}", BOOT.number);
+/// A file of the shipped boot files, and its path.
+fn boot_file(name: &str) -> Result<(String, PathBuf)> {
+    let p = util::root()
+        .join("yocto/meta-updraft/recipes-bsp/updraft-bootfiles/files")
+        .join(name);
+    std::fs::read_to_string(&p)
+        .map_err(|e| format!("reading {}: {e}", p.display()))
+        .map(|t| (t, p))
+}
+
+/// The boot partition as U-Boot names it.
+fn boot_dev() -> String {
+    format!("virtio 0:{}", BOOT.number)
+}
+
+/// The shipped FAT-file environment hooks (load, save), rendered for the
+/// pair on this disk's boot partition.
+fn fat_env_hooks() -> Result<(String, String)> {
     let hook_values = [
-        ("UPDRAFT_ENV_DEV", dev.clone()),
+        ("UPDRAFT_ENV_DEV", boot_dev()),
         ("UPDRAFT_ENV_ADDR", UBOOT_ENV_ADDR.to_string()),
         ("UPDRAFT_ENV_SIZE", format!("{:#x}", disk::UBOOT_ENV_SIZE)),
         ("UPDRAFT_ENV_FILE", disk::UBOOT_ENV_FILES[0].to_string()),
@@ -1215,11 +1274,27 @@ fn uboot_script(machine: &Machine) -> Result<String> {
             disk::UBOOT_ENV_FILES[1].to_string(),
         ),
     ];
-    let (load, load_path) = read("env-fat-load.cmd.in")?;
-    let (save, save_path) = read("env-fat-save.cmd.in")?;
-    let load = fill(&load, &hook_values, &load_path)?;
-    let save = fill(&save, &hook_values, &save_path)?;
-    let (template, template_path) = read("boot.cmd.in")?;
+    let (load, load_path) = boot_file("env-fat-load.cmd.in")?;
+    let (save, save_path) = boot_file("env-fat-save.cmd.in")?;
+    Ok((
+        fill(&load, &hook_values, &load_path)?,
+        fill(&save, &hook_values, &save_path)?,
+    ))
+}
+
+/// How a script boots the kernel it loaded: the initramfs from the boot
+/// partition, the device tree U-Boot was given.
+fn uboot_boot_cmd() -> String {
+    format!(
+        "load {} ${{ramdisk_addr_r}} /initrd.img; \
+         booti ${{kernel_addr_r}} ${{ramdisk_addr_r}}:${{filesize}} ${{fdtcontroladdr}}",
+        boot_dev()
+    )
+}
+
+fn uboot_script(machine: &Machine) -> Result<String> {
+    let (load, save) = fat_env_hooks()?;
+    let (template, template_path) = boot_file("boot.cmd.in")?;
     let values = [
         ("UPDRAFT_ENV_LOAD", load),
         ("UPDRAFT_ENV_SAVE", save),
@@ -1234,13 +1309,7 @@ fn uboot_script(machine: &Machine) -> Result<String> {
         ("UPDRAFT_KERNEL_PATH", "/boot/vmlinuz".to_string()),
         ("UPDRAFT_BOOT_DEV", "virtio 0".to_string()),
         ("UPDRAFT_ROOT_PREFIX", "/dev/vda".to_string()),
-        (
-            "UPDRAFT_BOOT_CMD",
-            format!(
-                "load {dev} ${{ramdisk_addr_r}} /initrd.img; \
-                 booti ${{kernel_addr_r}} ${{ramdisk_addr_r}}:${{filesize}} ${{fdtcontroladdr}}"
-            ),
-        ),
+        ("UPDRAFT_BOOT_CMD", uboot_boot_cmd()),
     ];
     let text = fill(&template, &values, &template_path)?;
     Ok(format!("echo \"{BOOTLOADER_MARK}\"\n{text}"))
