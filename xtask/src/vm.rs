@@ -148,10 +148,8 @@ pub fn run(args: &[String]) -> Result {
         // booting a cross build (7), the Debian tree of the systemd guest
         // on x86_64 (6).
         let mut early = Vec::new();
-        if previous && !matches!(only, Some(Only::Systemd | Only::Apps)) {
-            if !matches!(only, Some(Only::Adopt)) {
-                early.extend(build_previous_release_early(m));
-            }
+        if previous && !matches!(only, Some(Only::Systemd | Only::Apps | Only::Adopt)) {
+            early.extend(build_previous_release_early(m));
         }
         if m.name == machine::X86_64.name
             && !matches!(only, Some(Only::Previous | Only::Apps | Only::Adopt))
