@@ -1,37 +1,47 @@
-//! Scenario 9: a device RAUC has been updating, booted by RAUC's U-Boot
-//! integration, taken over by `updraft adopt` and updated by updraft
-//! through RAUC's own variables, on a disk of its own (the U-Boot
-//! machine).
+//! Scenario 9: a device another updater has been updating, booted by that
+//! updater's boot script, taken over by `updraft adopt` and updated by
+//! updraft through that updater's own variables, on a disk of its own.
+//! The U-Boot machine runs RAUC's U-Boot integration, the GRUB machine
+//! Mender's GRUB integration; both scripts are written here from the
+//! updaters' documentation, none copied:
 //!
-//! The boot script is RAUC's documented U-Boot contract, written here from
-//! RAUC's documentation ("Integration", U-Boot): `BOOT_ORDER` lists the
-//! slots' bootnames, the first whose `BOOT_<bootname>_LEFT` is above 0
-//! loses an attempt and boots with `rauc.slot=<bootname>` on the kernel
-//! command line; with none left every counter is reset to 3 and the board
-//! resets. Its environment is the same redundant pair of files on the FAT
-//! partition as updraft's own script keeps, through the shipped hooks,
-//! saving RAUC's variables instead of updraft's.
+//! - **RAUC on U-Boot** ("Integration", U-Boot): `BOOT_ORDER` lists the
+//!   slots' bootnames, the first whose `BOOT_<bootname>_LEFT` is above 0
+//!   loses an attempt and boots with `rauc.slot=<bootname>`; with none
+//!   left every counter is reset to 3 and the board resets. Its
+//!   environment is the same redundant pair of files on the FAT partition
+//!   as updraft's own script keeps, through the shipped hooks, reading and
+//!   saving RAUC's variables instead of updraft's.
+//! - **Mender on GRUB** (grub-mender-grubenv's documented layout): two
+//!   copies `mender_grubenv{1,2}/env` with locks beside them holding
+//!   `editing=0` when whole; a copy whose lock says otherwise is restored
+//!   from the other (copy 2 checked first), copy 1 is read; while
+//!   `upgrade_available=1` the first boot sets `bootcount=1` and the next
+//!   switches `mender_boot_part` back and clears both, each copy written
+//!   between `editing=1` and `editing=0`; partition `mender_boot_part`
+//!   boots with `root=` naming it.
 //!
-//! The factory image (release 10.0) carries RAUC's `system.conf`, its data
-//! partition RAUC's central status file naming 10.0 in `rootfs.0`, and
-//! updraft installed beside it, unconfigured for the slots. Its first boot
-//! runs `updraft adopt --from rauc` (the guest's init, as an integrator's
-//! first-boot unit would), then updraft:
+//! The factory image carries the other updater's files (RAUC's
+//! `system.conf`, its central status file on the data partition; Mender's
+//! `mender.conf`, `device_type`, `artifact_info`) and updraft installed
+//! beside it. Its first boot runs `updraft adopt` (the guest's init, as an
+//! integrator's first-boot unit would), then updraft:
 //!
-//! 1. installs 10.1, whose health check fails: rolled back to RAUC's 10.0,
-//!    which updraft reports as running;
-//! 2. installs 10.2, committed in slot B;
-//! 3. installs 10.3 with the power cut in the bootloader-environment write
+//! 1. installs a release whose health check fails: rolled back to the
+//!    other updater's release, which updraft reports as running;
+//! 2. installs one that commits in slot B;
+//! 3. installs one with the power cut in the bootloader-environment write
 //!    and switch (a seeded instant after the install is logged): the
-//!    machine boots again, and 10.3 must commit in slot A.
+//!    machine boots again, and it must commit in slot A.
 //!
-//! After each run the environment on the disk is checked against RAUC's
-//! contract (bootnames only, the committed slot first with its attempts
-//! reset), and the history holds `adopted`, `rolled-back` and `committed`.
+//! After each run the environment on the disk is checked against the other
+//! updater's contract, and the history holds `adopted`, `rolled-back` and
+//! `committed`.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
-use super::super::guest;
+use super::super::guest::{self, Predecessor};
 use super::*;
 
 /// The factory environment: RAUC's, slot A (`system0`) booting, slot B
@@ -47,6 +57,17 @@ pub(super) const RAUC_FACTORY_ENV: [(&str, &str); 3] = [
 const UPDRAFT_LOADED: &str = "BOOT_ORDER BOOT_A_LEFT BOOT_B_LEFT";
 const UPDRAFT_SAVED: &str = "BOOT_ORDER BOOT_A_LEFT BOOT_B_LEFT updraft_slot updraft_part";
 const RAUC_VARIABLES: &str = "BOOT_ORDER BOOT_system0_LEFT BOOT_system1_LEFT";
+
+/// Where Mender's GRUB environment is on the boot partition (mounted at
+/// `/boot` in the guest, where adopt looks for `/boot/efi/...`).
+pub(super) const MENDER_GRUBENV: &str = "efi/grub-mender-grubenv";
+
+/// Mender's variables at the factory: partition 2 (slot A), no trial.
+pub(super) const MENDER_FACTORY_ENV: [(&str, &str); 3] = [
+    ("mender_boot_part", "2"),
+    ("upgrade_available", "0"),
+    ("bootcount", "0"),
+];
 
 /// `boot.scr`'s source for RAUC's contract (see the module documentation).
 pub(super) fn rauc_uboot_script(machine: &Machine) -> Result<String> {
@@ -93,6 +114,81 @@ reset
     ))
 }
 
+/// `grub.cfg` for Mender's GRUB contract (see the module documentation).
+pub(super) fn mender_grub_cfg(machine: &Machine) -> String {
+    let (a, b) = (disk::SLOT_A.number, disk::SLOT_B.number);
+    let boot = BOOT.number;
+    let entry = |part: u8| {
+        format!(
+            "menuentry \"mender partition {part}\" {{\n    \
+             linux16 (hd0,msdos{part})/boot/vmlinuz root=/dev/vda{part} rootwait ro panic=5 {console} quiet\n    \
+             initrd16 (hd0,msdos{boot})/initrd.img\n}}\n",
+            console = machine.console_arg()
+        )
+    };
+    format!(
+        r#"{GRUB_HEADER}echo "{BOOTLOADER_MARK}"
+# Mender's GRUB integration: two environment copies with editing locks.
+set timeout=0
+set menv=(hd0,msdos{boot})/{MENDER_GRUBENV}
+set editing=
+load_env --file ${{menv}}/mender_grubenv2/lock editing
+if [ "${{editing}}" != "0" ]; then
+    echo "mender: copy 2 was being written; restoring it from copy 1"
+    load_env --file ${{menv}}/mender_grubenv1/env bootcount mender_boot_part upgrade_available
+    save_env --file ${{menv}}/mender_grubenv2/env bootcount mender_boot_part upgrade_available
+    set editing=0
+    save_env --file ${{menv}}/mender_grubenv2/lock editing
+else
+    set editing=
+    load_env --file ${{menv}}/mender_grubenv1/lock editing
+    if [ "${{editing}}" != "0" ]; then
+        echo "mender: copy 1 was being written; restoring it from copy 2"
+        load_env --file ${{menv}}/mender_grubenv2/env bootcount mender_boot_part upgrade_available
+        save_env --file ${{menv}}/mender_grubenv1/env bootcount mender_boot_part upgrade_available
+        set editing=0
+        save_env --file ${{menv}}/mender_grubenv1/lock editing
+    fi
+fi
+load_env --file ${{menv}}/mender_grubenv1/env bootcount mender_boot_part upgrade_available
+if [ "${{upgrade_available}}" = "1" ]; then
+    if [ "${{bootcount}}" != "0" ]; then
+        echo "mender: the trial of partition ${{mender_boot_part}} did not commit; switching back"
+        if [ "${{mender_boot_part}}" = "{a}" ]; then
+            set mender_boot_part={b}
+        else
+            set mender_boot_part={a}
+        fi
+        set upgrade_available=0
+        set bootcount=0
+    else
+        set bootcount=1
+    fi
+    for n in 2 1; do
+        set editing=1
+        save_env --file ${{menv}}/mender_grubenv${{n}}/lock editing
+        save_env --file ${{menv}}/mender_grubenv${{n}}/env bootcount mender_boot_part upgrade_available
+        set editing=0
+        save_env --file ${{menv}}/mender_grubenv${{n}}/lock editing
+    done
+fi
+echo "mender: booting partition ${{mender_boot_part}} (upgrade_available=${{upgrade_available}} bootcount=${{bootcount}})"
+if [ "${{mender_boot_part}}" = "{b}" ]; then
+    set default=1
+else
+    set default=0
+fi
+{entry_a}{entry_b}"#,
+        entry_a = entry(a),
+        entry_b = entry(b),
+    )
+}
+
+/// Mender's GRUB environment copies and locks at the factory, in `dir`.
+pub(super) fn mender_grubenv(dir: &Path) {
+    updraft_tests::bootenv::mender_grubenv_create(dir, &MENDER_FACTORY_ENV);
+}
+
 /// RAUC's central status file on the data partition: the factory release
 /// in `rootfs.0`, as RAUC records an installed bundle.
 fn central_status(compatible: &str) -> String {
@@ -102,113 +198,225 @@ fn central_status(compatible: &str) -> String {
     )
 }
 
+/// What differs between the two takeovers.
+struct Takeover {
+    name: &'static str,
+    /// "RAUC", "Mender".
+    updater: &'static str,
+    predecessor: Predecessor,
+    script: Script,
+    /// The releases: the other updater's, the failing one, the committed
+    /// one, the one under the power cut.
+    versions: [&'static str; 4],
+    /// What names the factory release in adopt's output.
+    named_by: &'static str,
+    /// The script's line on the first boot, proving it read the factory
+    /// environment.
+    first_boot_line: &'static str,
+}
+
 impl Lab {
-    /// Scenario 9 (see the module documentation); the power cut's instant
-    /// comes from `seed`.
-    pub fn adopt_rauc(&mut self, seed: u64) -> Result {
-        let name = "9-adopt-rauc";
-        if self.machine.loader != Loader::UBoot {
-            return Err(format!(
-                "scenario 9 boots RAUC's U-Boot script: a U-Boot machine, not {}",
-                self.machine.name
-            ));
-        }
-        let factory = self.work.join("rootfs-10.0-rauc.ext4");
+    /// Scenario 9 (see the module documentation) with the other updater of
+    /// this machine's bootloader; the power cut's instant comes from `seed`.
+    pub fn adopt(&mut self, seed: u64) -> Result {
+        let t = match self.machine.loader {
+            Loader::UBoot => Takeover {
+                name: "9-adopt-rauc",
+                updater: "RAUC",
+                predecessor: Predecessor::RaucUboot,
+                script: Script::RaucUboot,
+                versions: ["10.0", "10.1", "10.2", "10.3"],
+                named_by: "bundle.version of rootfs.0",
+                first_boot_line: "rauc: booting slot system0 (system0 left 2, system1 left 0)",
+            },
+            Loader::Grub => Takeover {
+                name: "9-adopt-mender",
+                updater: "Mender",
+                predecessor: Predecessor::MenderGrub,
+                script: Script::MenderGrub,
+                versions: ["11.0", "11.1", "11.2", "11.3"],
+                named_by: "artifact_name in /etc/mender/artifact_info",
+                first_boot_line: "mender: booting partition 2 (upgrade_available=0 bootcount=0)",
+            },
+        };
+        let [factory_v, failing_v, good_v, cut_v] = t.versions;
+        let factory = self
+            .work
+            .join(format!("rootfs-{factory_v}-{}.ext4", t.updater));
         self.guest.rootfs_with(
-            &healthy("10.0"),
+            &healthy(factory_v),
             &self.settings,
             &self.work,
             &factory,
-            Some(guest::Predecessor::RaucUboot),
+            Some(t.predecessor),
         )?;
-        self.images.insert("10.0".into(), factory.clone());
-        self.build_disk_as(
-            &factory,
-            "10.0, RAUC's, booted by RAUC's script",
-            Script::RaucUboot,
-            &[(
+        self.images.insert(factory_v.into(), factory.clone());
+        let data: Vec<(&str, String)> = match t.predecessor {
+            Predecessor::RaucUboot => vec![(
                 "rauc/central.raucs",
                 central_status(&self.machine.compatible()),
             )],
-        )?;
+            Predecessor::MenderGrub => Vec::new(),
+        };
+        let built = format!(
+            "{factory_v}, {}'s, booted by {}'s script",
+            t.updater, t.updater
+        );
+        self.build_disk_as(&factory, &built, t.script, &data)?;
 
         let failing = Release {
-            version: "10.1".into(),
+            version: failing_v.into(),
             behaviour: Behaviour::FailsHealthCheck,
             app: false,
         };
         self.publish(&failing, &[])?;
-        let mut vm = self.start(name)?;
-        wait_userspace(&mut vm, "A", "10.0", 0)?;
-        // RAUC's script read the factory environment: slot B has no tries.
-        vm.wait_line("RAUC's script booting system0", 0, BOOT_WAIT, |l| {
-            l.contains("rauc: booting slot system0 (system0 left 2, system1 left 0)")
-        })?;
+        let mut vm = self.start(t.name)?;
+        wait_userspace(&mut vm, "A", factory_v, 0)?;
+        vm.wait_line(
+            &format!("{}'s script reading the factory environment", t.updater),
+            0,
+            BOOT_WAIT,
+            |l| l.contains(t.first_boot_line),
+        )?;
         let adopted = vm.wait_line("updraft adopt on the first boot", 0, BOOT_WAIT, |l| {
             l.contains(guest::ADOPT_MARK) && l.contains("found: release ")
         })?;
-        if !adopted.contains("found: release 10.0 running in slot A (bundle.version of rootfs.0") {
+        let want = format!(
+            "found: release {factory_v} running in slot A ({}",
+            t.named_by
+        );
+        if !adopted.contains(&want) {
             return Err(vm.failure(&format!("adopt found something else: {adopted}")));
         }
         println!("   console: {}", adopted.trim());
-        wait_trial_boot(&mut vm, "B", "10.1")?;
+        wait_trial_boot(&mut vm, "B", failing_v)?;
         let m = vm.mark();
-        wait_userspace(&mut vm, "A", "10.0", m)
-            .map_err(|e| format!("no rollback reboot into RAUC's release: {e}"))?;
-        let st = wait_status(&mut vm, "10.1 rolled back to RAUC's 10.0", |s| {
-            rolled_back(s, "10.1") && s["booted_slot"] == "A" && s["running_version"] == "10.0"
-        })?;
+        wait_userspace(&mut vm, "A", factory_v, m)
+            .map_err(|e| format!("no rollback reboot into {}'s release: {e}", t.updater))?;
+        let st = wait_status(
+            &mut vm,
+            &format!("{failing_v} rolled back to {}'s {factory_v}", t.updater),
+            |s| {
+                rolled_back(s, failing_v)
+                    && s["booted_slot"] == "A"
+                    && s["running_version"] == factory_v
+            },
+        )?;
         println!(
-            "   console: 10.1 failed its health check in B; back on RAUC's 10.0 in A: {}",
-            st["last_install"]["reason"]
+            "   console: {failing_v} failed its health check in B; back on {}'s {factory_v} in A: {}",
+            t.updater, st["last_install"]["reason"]
         );
-        self.wait_report("10.1", "rolled_back")?;
+        self.wait_report(failing_v, "rolled_back")?;
 
-        self.publish(&healthy("10.2"), &[])?;
-        wait_trial_boot(&mut vm, "B", "10.2")?;
-        wait_status(&mut vm, "10.2 committed in B", |s| {
-            committed(s, "10.2") && s["booted_slot"] == "B"
+        self.publish(&healthy(good_v), &[])?;
+        wait_trial_boot(&mut vm, "B", good_v)?;
+        wait_status(&mut vm, &format!("{good_v} committed in B"), |s| {
+            committed(s, good_v) && s["booted_slot"] == "B"
         })?;
-        self.wait_report("10.2", "committed")?;
-        println!("   console: 10.2 committed in B through RAUC's variables");
-        self.finish(vm, name)?;
-        let env = self.boot_env()?;
-        expect_rauc_env(&env, "after 10.2's commit", "B")?;
+        self.wait_report(good_v, "committed")?;
+        println!(
+            "   console: {good_v} committed in B through {}'s variables",
+            t.updater
+        );
+        self.finish(vm, t.name)?;
+        let shown =
+            self.expect_takeover_env(t.predecessor, &format!("after {good_v}'s commit"), "B")?;
         let h = self.history()?;
-        expect_event(&h, "adopted", "10.0", Some("A"))?;
-        expect_event(&h, "rolled-back", "10.1", None)?;
-        expect_event(&h, "committed", "10.2", Some("B"))?;
+        expect_event(&h, "adopted", factory_v, Some("A"))?;
+        expect_event(&h, "rolled-back", failing_v, None)?;
+        expect_event(&h, "committed", good_v, Some("B"))?;
         println!(
-            "   disk: {} {}; history: 10.0 adopted in A, 10.1 rolled back, 10.2 committed in B",
-            self.env_name(),
-            show_env(&env)
+            "   disk: {shown}; history: {factory_v} adopted in A, {failing_v} rolled back, \
+             {good_v} committed in B"
         );
 
-        // A power cut in the write of RAUC's variables and the switch.
+        // A power cut in the write of the other updater's variables and
+        // the switch.
         let mut rng = updraft_tests::rng::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let point = CUT_POINTS
             .iter()
             .find(|p| p.phase == "bootloader environment and switch")
             .ok_or("no cut point in the switch")?;
-        self.publish(&healthy("10.3"), &[])?;
-        let cut_name = "9-adopt-rauc-cut-switch";
-        let mut vm = self.start(cut_name)?;
+        self.publish(&healthy(cut_v), &[])?;
+        let cut_name = format!("{}-cut-switch", t.name);
+        let mut vm = self.start(&cut_name)?;
         let (marker, after_ms) =
-            cut_after(&mut vm, point.marker, "10.3", point.jitter_ms, &mut rng)?;
+            cut_after(&mut vm, point.marker, cut_v, point.jitter_ms, &mut rng)?;
         println!("   power cut {after_ms} ms after {marker:?}");
-        self.record(vm, cut_name)?;
+        self.record(vm, &cut_name)?;
         let after = format!("{cut_name}-after");
         let mut vm = self.start(&after)?;
-        wait_status_for(&mut vm, "10.3 committed after the cut", INSTALL_WAIT, |s| {
-            committed(s, "10.3") && s["booted_slot"] == "A"
-        })?;
-        self.wait_report("10.3", "committed")?;
-        println!("   after the cut: 10.3 committed in A");
+        wait_status_for(
+            &mut vm,
+            &format!("{cut_v} committed after the cut"),
+            INSTALL_WAIT,
+            |s| committed(s, cut_v) && s["booted_slot"] == "A",
+        )?;
+        self.wait_report(cut_v, "committed")?;
+        println!("   after the cut: {cut_v} committed in A");
         self.finish(vm, &after)?;
-        let env = self.boot_env()?;
-        expect_rauc_env(&env, "after 10.3's commit", "A")?;
-        println!("   disk: {} {}", self.env_name(), show_env(&env));
+        let shown =
+            self.expect_takeover_env(t.predecessor, &format!("after {cut_v}'s commit"), "A")?;
+        println!("   disk: {shown}");
         Ok(())
+    }
+
+    /// The other updater's variables on the disk after a commit of `slot`,
+    /// checked against its contract; what they are, for the log.
+    fn expect_takeover_env(&self, p: Predecessor, what: &str, slot: &str) -> Result<String> {
+        match p {
+            Predecessor::RaucUboot => {
+                let env = self.boot_env()?;
+                expect_rauc_env(&env, what, slot)?;
+                Ok(format!("{} {}", self.env_name(), show_env(&env)))
+            }
+            Predecessor::MenderGrub => {
+                let dir = self.work.join("mender-grubenv.read");
+                let _ = std::fs::remove_dir_all(&dir);
+                mkdir(&dir)?;
+                disk::dump_dir(
+                    &self.disk,
+                    BOOT,
+                    &format!("/{MENDER_GRUBENV}"),
+                    &dir,
+                    &self.work,
+                )?;
+                let dir = dir.join("grub-mender-grubenv");
+                let part = if slot == "A" {
+                    disk::SLOT_A.number
+                } else {
+                    disk::SLOT_B.number
+                }
+                .to_string();
+                let mut shown = Vec::new();
+                for n in [1, 2] {
+                    let env = updraft_tests::bootenv::grub_editenv_list(
+                        &dir.join(format!("mender_grubenv{n}/env")),
+                    )?;
+                    expect_env(
+                        &env,
+                        &format!("{what}: Mender's copy {n}"),
+                        &[
+                            ("mender_boot_part", &part),
+                            ("upgrade_available", "0"),
+                            ("bootcount", "0"),
+                        ],
+                    )?;
+                    shown.push(format!("copy {n}: {}", show_env(&env)));
+                }
+                if !updraft_tests::bootenv::mender_grubenv_locks_whole(&dir) {
+                    return Err(format!(
+                        "{what}: a lock of Mender's GRUB environment fails its checksum \
+                         (sha256sum -c lock.sha256sum in {})",
+                        dir.display()
+                    ));
+                }
+                Ok(format!(
+                    "Mender's GRUB environment {}; both locks pass their checksums",
+                    shown.join("; ")
+                ))
+            }
+        }
     }
 }
 
@@ -230,4 +438,44 @@ fn expect_rauc_env(env: &BTreeMap<String, String>, what: &str, slot: &str) -> Re
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::machine;
+    use super::*;
+
+    #[test]
+    fn rauc_s_script_reads_and_saves_rauc_s_variables_only() {
+        let text = rauc_uboot_script(&machine::AARCH64).unwrap();
+        assert!(text.contains(&format!(
+            "env import -c ${{updraft_env_s}} ${{updraft_env_n}} {RAUC_VARIABLES}\n"
+        )));
+        assert!(text.contains(&format!(
+            "env export -c -s ${{updraft_env_n}} ${{updraft_env_s}} {RAUC_VARIABLES}\n"
+        )));
+        for own in [
+            "BOOT_A_LEFT",
+            "BOOT_B_LEFT",
+            "updraft.slot=",
+            "updraft_slot",
+        ] {
+            assert!(!text.contains(own), "{own} in RAUC's script:\n{text}");
+        }
+        assert!(text.contains("rauc.slot=${rauc_slot}"));
+    }
+
+    #[test]
+    fn mender_s_grub_script_boots_the_partition_mender_boot_part_names() {
+        let text = mender_grub_cfg(&machine::X86_64);
+        for want in [
+            "root=/dev/vda2 ",
+            "root=/dev/vda3 ",
+            "save_env --file ${menv}/mender_grubenv${n}/lock editing",
+            "load_env --file ${menv}/mender_grubenv1/env bootcount mender_boot_part upgrade_available",
+        ] {
+            assert!(text.contains(want), "{want} missing:\n{text}");
+        }
+        assert!(!text.contains("updraft.slot="), "{text}");
+    }
 }

@@ -52,6 +52,10 @@ pub enum Predecessor {
     /// slots `rootfs.0` (bootname `system0`, slot A) and `rootfs.1`
     /// (`system1`, B), its data directory `/data/rauc`.
     RaucUboot,
+    /// Mender with its GRUB integration: `/etc/mender/mender.conf` naming
+    /// the root partitions, its device type and the factory artifact's
+    /// name (`11.0`).
+    MenderGrub,
 }
 
 impl Predecessor {
@@ -59,6 +63,7 @@ impl Predecessor {
     fn name(self) -> &'static str {
         match self {
             Predecessor::RaucUboot => "rauc",
+            Predecessor::MenderGrub => "mender",
         }
     }
 }
@@ -628,6 +633,25 @@ fn predecessor_files(p: Predecessor, m: &Machine) -> Vec<(&'static str, String)>
                 n1 = RAUC_BOOTNAMES[1],
             ),
         )],
+        Predecessor::MenderGrub => vec![
+            (
+                "etc/mender/mender.conf",
+                format!(
+                    "{{\n  \"RootfsPartA\": \"/dev/vda{a}\",\n  \"RootfsPartB\": \"/dev/vda{b}\",\n  \
+                     \"ServerURL\": \"https://mender.example.com\"\n}}\n",
+                    a = disk::SLOT_A.number,
+                    b = disk::SLOT_B.number,
+                ),
+            ),
+            (
+                "etc/mender/artifact_info",
+                "artifact_name=11.0\n".to_string(),
+            ),
+            (
+                "var/lib/mender/device_type",
+                format!("device_type={}\n", m.compatible()),
+            ),
+        ],
     }
 }
 
@@ -781,13 +805,18 @@ mount -t tmpfs -o mode=0755 tmpfs /run
 mount -t tmpfs tmpfs /tmp
 version=$(cat /etc/updraft-vm-version)
 slot=none
+rootslot=
 for a in $(cat /proc/cmdline); do
     case "$a" in
         updraft.slot=*) slot=${{a#updraft.slot=}} ;;
         rauc.slot={n0}) slot=A ;;
         rauc.slot={n1}) slot=B ;;
+        root=/dev/vda{part_a}) rootslot=A ;;
+        root=/dev/vda{part_b}) rootslot=B ;;
     esac
 done
+# Another updater's script names the root partition only.
+[ "$slot" = none ] && [ -n "$rootslot" ] && slot=$rootslot
 echo "{USERSPACE_MARK} slot=$slot version=$version uptime=$(cut -d' ' -f1 /proc/uptime) boot_id=$(cat /proc/sys/kernel/random/boot_id)"
 watchdog -F -t 1 -T {WATCHDOG_SECONDS} /dev/watchdog &
 n=0
@@ -856,6 +885,8 @@ sleep 100000
         data = disk::DATA.number,
         boot = disk::BOOT.number,
         adopted = ADOPTED_CONFIG,
+        part_a = disk::SLOT_A.number,
+        part_b = disk::SLOT_B.number,
         n0 = RAUC_BOOTNAMES[0],
         n1 = RAUC_BOOTNAMES[1],
         watchdog_line = watchdog_line_script(),

@@ -30,7 +30,12 @@
 //! 7. on a new disk whose slot A holds the previous landed release of
 //!    updraft: a release of this updraft that fails its health check is
 //!    rolled back into the previous updraft, which reads the state this
-//!    one wrote; then a healthy one commits.
+//!    one wrote; then a healthy one commits;
+//! 9. on a new disk booted by another updater's script (RAUC's on U-Boot,
+//!    Mender's on GRUB) whose factory image carries that updater's files
+//!    (`adopt.rs`): `updraft adopt` on the first boot, then a release
+//!    rolled back to the other updater's, one committed, one under a power
+//!    cut in the switch, all in the other updater's variables.
 //!
 //! Each scenario runs one QEMU machine (reboots happen inside it), asserts
 //! what the serial console showed, powers the guest off cleanly, and then
@@ -103,6 +108,8 @@ enum Script {
     Updraft,
     /// RAUC's U-Boot integration, with bootnames (`adopt.rs`).
     RaucUboot,
+    /// Mender's GRUB integration, its two environment copies (`adopt.rs`).
+    MenderGrub,
 }
 
 /// Where a power cut is aimed: after the console shows a line holding
@@ -313,7 +320,7 @@ impl Lab {
         self.guest.initramfs(w, &boot.join("initrd.img"))?;
         let boot_img = out;
         match self.machine.loader {
-            Loader::Grub if script != Script::Updraft => {
+            Loader::Grub if script == Script::RaucUboot => {
                 return Err(format!(
                     "{script:?}'s boot script is for U-Boot, not {}'s GRUB",
                     self.machine.name
@@ -321,7 +328,14 @@ impl Lab {
             }
             Loader::Grub => {
                 mkdir(&boot.join("grub"))?;
-                std::fs::write(boot.join("grub/grub.cfg"), grub_cfg(self.machine)?)
+                let cfg = match script {
+                    Script::MenderGrub => {
+                        adopt::mender_grubenv(&boot.join(adopt::MENDER_GRUBENV));
+                        adopt::mender_grub_cfg(self.machine)
+                    }
+                    _ => grub_cfg(self.machine)?,
+                };
+                std::fs::write(boot.join("grub/grub.cfg"), cfg)
                     .map_err(|e| format!("writing grub.cfg: {e}"))?;
                 disk::make_grubenv(
                     &boot.join("grub/grubenv"),
@@ -340,6 +354,12 @@ impl Lab {
                 let text = match script {
                     Script::Updraft => uboot_script(self.machine)?,
                     Script::RaucUboot => adopt::rauc_uboot_script(self.machine)?,
+                    Script::MenderGrub => {
+                        return Err(format!(
+                            "{script:?}'s boot script is for GRUB, not {}'s U-Boot",
+                            self.machine.name
+                        ));
+                    }
                 };
                 std::fs::write(&cmd, text)
                     .map_err(|e| format!("writing {}: {e}", cmd.display()))?;
@@ -354,7 +374,7 @@ impl Lab {
                 // The factory state, in both copies of the pair (the first
                 // current, as mkenvimage -r would leave them).
                 let factory = match script {
-                    Script::Updraft => [
+                    Script::Updraft | Script::MenderGrub => [
                         ("BOOT_ORDER", "A B"),
                         ("BOOT_A_LEFT", "3"),
                         ("BOOT_B_LEFT", "0"),
