@@ -36,18 +36,9 @@ use std::time::{Duration, Instant};
 use crate::bootenv::tool;
 use crate::tmp::write_executable;
 
+/// Run `cmd`, which must succeed; its stdout.
 fn run(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    crate::bootenv::run(cmd).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `dir/fw_printenv` and `dir/fw_setenv`: Debian's tools on `config`.

@@ -24,17 +24,13 @@ use updraft_tests::bootenv::{self, Layout, LoopDevice, UbootEnv};
 use updraft_tests::device::{Device, DeviceSpec};
 use updraft_tests::proxied::ProxiedServer;
 use updraft_tests::publisher::{image, keygen};
+use updraft_tests::skip::is_root;
 use updraft_tests::tmp::TempDir;
 use updraft_tests::updaters::{Mender, Rauc, RaucSigner};
 
 const WAIT: Duration = Duration::from_secs(90);
 const IMAGE: usize = 1 << 20;
 const NAMES: [&str; 2] = ["system0", "system1"];
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 macro_rules! needs_root {
     () => {
