@@ -118,6 +118,12 @@ pub struct Reply {
     /// For install: whether a job was started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<bool>,
+    /// For check and install: what the check led to (`started`,
+    /// `no-change`, `running`, `declined`, `held`, `applied`; `busy` when
+    /// an update was in progress already). Absent from daemons before 0.1's exit
+    /// statuses: the client then takes `started` alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
 }
 
 impl Reply {

@@ -43,7 +43,18 @@ pub fn health_dir(dev_dir: &Path, name: &str) -> PathBuf {
 /// A device polling `ps` every second, booted from slot A that its release
 /// marker says holds `release`, configured for app `name`.
 pub fn app_device(ps: &ProxiedServer, dev_name: &str, release: &str, name: &str) -> Device {
-    let spec: DeviceSpec = ps.device_spec("1s", "");
+    app_device_polling(ps, dev_name, release, name, "1s")
+}
+
+/// [`app_device`], polling every `poll`.
+pub fn app_device_polling(
+    ps: &ProxiedServer,
+    dev_name: &str,
+    release: &str,
+    name: &str,
+    poll: &str,
+) -> Device {
+    let spec: DeviceSpec = ps.device_spec(poll, "");
     let mut dev = Device::new(dev_name, spec);
     let marker = dev.path("etc-updraft-release");
     std::fs::write(&marker, format!("UPDRAFT_RELEASE={release}\n")).expect("release marker");

@@ -403,6 +403,25 @@ impl Device {
         err
     }
 
+    /// Run and insist on exit status `code`; returns stdout and stderr,
+    /// in that order, as one text.
+    pub fn exits(&self, code: i32, args: &[&str]) -> String {
+        let out = self.updraft(args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "updraft {args:?} should exit with status {code}, got {}:\n{text}\n{}",
+            out.status,
+            self.log_tail()
+        );
+        text
+    }
+
     /// `updraft install MANIFEST`.
     pub fn install(&self, manifest: &str) -> Output {
         self.updraft(&["install", manifest])

@@ -1117,3 +1117,49 @@ fn a_distribution_set_of_one_module_per_component_installs_only_the_changed_app(
     assert_conforming(&server);
     rig.dev.stop_daemon();
 }
+
+#[test]
+fn a_refused_or_missing_token_says_what_to_check() {
+    let server = server();
+    // A token the server does not hold for this device: 401, explained.
+    let mut rig = device(
+        "ddi-token-wrong",
+        &server,
+        DdiAuth::TargetToken,
+        "not-the-token",
+    );
+    rig.dev.start_daemon();
+    let st = rig
+        .dev
+        .wait_for("the token refused by the server", WAIT, |s| {
+            s["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("HTTP status 401"))
+        });
+    let e = st["last_error"].as_str().unwrap_or_default();
+    assert!(
+        e.contains("the server refused the token this device sent")
+            && e.contains("TargetToken")
+            && e.contains("server.token_file")
+            && e.contains("server.ddi_auth"),
+        "{e}"
+    );
+    rig.dev.stop_daemon();
+
+    // No token at all under the default ddi_auth: the way to a server
+    // without authentication is named.
+    let mut rig = device("ddi-token-missing", &server, DdiAuth::TargetToken, TOKEN);
+    std::fs::remove_file(rig.dev.state_dir.join("ddi-token")).expect("removing the token");
+    rig.dev.start_daemon();
+    let st = rig.dev.wait_for("the missing token named", WAIT, |s| {
+        s["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("reading server.token_file"))
+    });
+    let e = st["last_error"].as_str().unwrap_or_default();
+    assert!(
+        e.contains("No such file") && e.contains("server.ddi_auth = \"none\""),
+        "{e}"
+    );
+    rig.dev.stop_daemon();
+}

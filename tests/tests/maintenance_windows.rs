@@ -59,11 +59,11 @@ fn now() -> i64 {
         .unwrap_or(0)
 }
 
-/// A weekly UTC window starting at the first whole minute at least 90 s
+/// A weekly UTC window starting at the first whole minute at least 60 s
 /// from now (time for the install first, under an emulator too),
 /// `length` long; returns its text and when it opens.
 fn window_soon(length: &str) -> (String, i64) {
-    let opens = (now() + 90).div_euclid(60) * 60 + 60;
+    let opens = (now() + 60).div_euclid(60) * 60 + 60;
     let day = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"]
         [opens.div_euclid(86_400).rem_euclid(7) as usize];
     let secs = opens.rem_euclid(86_400);

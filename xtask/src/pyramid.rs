@@ -104,6 +104,7 @@ pub(crate) const FILES: &[Placement] = &[
     p("tests/tests/bandwidth_cap.rs", No, "rate arithmetic in u64; logic"),
     p("tests/tests/channels.rs", No, "channel rules; logic"),
     p("tests/tests/cli_help.rs", No, "the CLI's text"),
+    p("tests/tests/exit_codes.rs", No, "exit statuses; the decision behind them is unit-tested emulated"),
     p("tests/tests/ddi_client.rs", No, "the DDI conversation; ddi.rs's parser unit tests run emulated"),
     p("tests/tests/fleet.rs", No, "poll jitter across a fleet; logic"),
     p("tests/tests/inhibitors.rs", No, "inhibitor rules; logic"),

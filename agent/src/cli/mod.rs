@@ -6,7 +6,9 @@
 //! fall back to reading the database directly when no daemon runs; changing
 //! commands (`check`, `install`, `mark-good`, `mark-bad`) are handed to the
 //! daemon when it runs, and otherwise take the state lock and act directly.
-//! Exit status: 0 success, 1 failure (stderr says why), 2 usage.
+//! Exit statuses are [`exit`]'s: 0 success, 1 failure (stderr says why),
+//! 2 usage, 3 degraded, and with `--wait` 4 nothing to do, 5 a reboot
+//! finishes it, 6 held by the policy.
 //!
 //! Every command's usage, options and examples are in one table,
 //! [`PROGRAM`]: the parser accepts exactly the options listed there, and
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{self, Config};
 use crate::control;
-use crate::error::{Kind, Result};
+use crate::error::Result;
 use crate::help::{self, Opt, Program};
 use crate::lock::StateLock;
 use crate::machine::{CheckOutcome, Machine, Mode, Next};
@@ -29,7 +31,9 @@ use crate::state::State;
 use crate::store::Store;
 use crate::{bail, err};
 
+mod exit;
 mod view;
+use exit::Outcome;
 use view::{history, status};
 
 /// `--config FILE`, accepted anywhere on the line.
@@ -82,6 +86,13 @@ const DRY_RUN: Opt = Opt {
     help: "print what would be written; write nothing",
 };
 
+const WAIT: Opt = Opt {
+    name: "--wait",
+    short: "",
+    value: "",
+    help: "wait for the outcome and tell it by the exit status (docs/cli.md)",
+};
+
 const JSON: Opt = Opt {
     name: "--json",
     short: "",
@@ -120,28 +131,34 @@ pub const PROGRAM: Program = Program {
         help::Command {
             name: "check",
             summary: "ask the daemon to poll the update server now",
-            usage: "updraft [--config FILE] check",
-            about: "Prints what the check found; fails when no daemon runs (use install).",
-            options: &[],
+            usage: "updraft [--config FILE] check [--wait]",
+            about: "Prints what the check found; fails when no daemon runs (use install).\n\
+                    --wait: follow an update the check starts (or finds running) to its\n\
+                    outcome; exit status 0 done, 4 nothing to do, 5 a reboot finishes it,\n\
+                    6 held by the policy, 1 failed or rolled back.",
+            options: &[WAIT],
             words: &[],
-            examples: &["updraft check"],
+            examples: &["updraft check", "updraft check --wait; echo $?"],
         },
         help::Command {
             name: "install",
             summary: "install from a manifest or a release bundle, local or over HTTPS",
-            usage: "updraft [--config FILE] install MANIFEST_URL_OR_PATH",
+            usage: "updraft [--config FILE] install [--wait] MANIFEST_URL_OR_PATH",
             about: "MANIFEST_URL_OR_PATH: a manifest URL or manifest.json; a bundle (a path or\n\
                     an https URL ending in .updraft, or bundle+URL for any bundle URL).\n\
                     Hands the job to the daemon and follows it; without a daemon, installs\n\
                     in this process and stops before the reboot. Ignores the staged\n\
-                    rollout and installs a release that was rolled back before.",
-            options: &[],
+                    rollout and installs a release that was rolled back before.\n\
+                    --wait: follow the job to its outcome and tell it by the exit status,\n\
+                    as check --wait does.",
+            options: &[WAIT],
             words: &[],
             examples: &[
                 "updraft install /media/usb/site/manifest.json",
                 "updraft install https://updates.example.com/stable/manifest.json",
                 "updraft install /media/usb/release-1.1.updraft",
                 "updraft install https://updates.example.com/releases/release-1.1.updraft",
+                "updraft install --wait /media/usb/release-1.1.updraft || echo \"status $?\"",
             ],
         },
         help::Command {
@@ -275,9 +292,12 @@ pub enum Command {
     Status {
         json: bool,
     },
-    Check,
+    Check {
+        wait: bool,
+    },
     Install {
         manifest: String,
+        wait: bool,
     },
     MarkGood,
     MarkBad,
@@ -405,6 +425,7 @@ pub fn parse(args: &[String]) -> std::result::Result<Args, UsageError> {
         Ok(first)
     };
     let json = switches.contains(&JSON.name);
+    let wait = switches.contains(&WAIT.name);
     let none = |cmd: Command| match words.first() {
         None => Ok(cmd),
         Some(w) => Err(usage(format!("{} takes no argument {w:?}", c.name))),
@@ -413,7 +434,7 @@ pub fn parse(args: &[String]) -> std::result::Result<Args, UsageError> {
         "daemon" => none(Command::Daemon)?,
         "status" => none(Command::Status { json })?,
         "history" => none(Command::History { json })?,
-        "check" => none(Command::Check)?,
+        "check" => none(Command::Check { wait })?,
         "mark-good" => none(Command::MarkGood)?,
         "mark-bad" => none(Command::MarkBad)?,
         "apply" => none(Command::Apply)?,
@@ -450,6 +471,7 @@ pub fn parse(args: &[String]) -> std::result::Result<Args, UsageError> {
         "install" => match words.as_slice() {
             [m] => Command::Install {
                 manifest: (*m).to_string(),
+                wait,
             },
             _ => return Err(usage("install takes one manifest URL or path".into())),
         },
@@ -472,6 +494,12 @@ pub fn run(args: Args) -> i32 {
     // Before any thread exists (see crate::memory): an install, a check
     // and the daemon all move frames.
     crate::memory::tune_allocator();
+    // With `--wait`, a success says which (exit::Outcome); else it is 0.
+    let precise = matches!(
+        args.command,
+        Command::Check { wait: true } | Command::Install { wait: true, .. }
+    );
+    let done = |r: Result<()>| r.map(|()| Outcome::Done);
     let result = match args.command {
         Command::Version => {
             println!("updraft {}", env!("CARGO_PKG_VERSION"));
@@ -492,33 +520,30 @@ pub fn run(args: Args) -> i32 {
             print!("{}", PROGRAM.bash_completion());
             return 0;
         }
-        Command::Daemon => crate::daemon::serve(&args.config),
-        Command::Adopt(opts) => crate::adopt::run(&opts),
-        Command::Status { json } => Config::load(&args.config).and_then(|c| status(&c, json)),
-        Command::History { json } => Config::load(&args.config).and_then(|c| history(&c, json)),
-        Command::Check => Config::load(&args.config).and_then(|c| check(&c)),
-        Command::Install { manifest } => {
-            Config::load(&args.config).and_then(|c| install(c, &manifest))
+        Command::Daemon => done(crate::daemon::serve(&args.config)),
+        Command::Adopt(opts) => done(crate::adopt::run(&opts)),
+        Command::Status { json } => done(Config::load(&args.config).and_then(|c| status(&c, json))),
+        Command::History { json } => {
+            done(Config::load(&args.config).and_then(|c| history(&c, json)))
         }
-        Command::MarkGood => Config::load(&args.config).and_then(|c| mark(c, true)),
-        Command::MarkBad => Config::load(&args.config).and_then(|c| mark(c, false)),
-        Command::Apply => Config::load(&args.config).and_then(apply),
-        Command::Cancel => Config::load(&args.config).and_then(cancel),
-        Command::Channel(None) => Config::load(&args.config).and_then(|c| show_channel(&c)),
+        Command::Check { wait } => Config::load(&args.config).and_then(|c| check(&c, wait)),
+        Command::Install { manifest, wait } => {
+            Config::load(&args.config).and_then(|c| install(c, &manifest, wait))
+        }
+        Command::MarkGood => done(Config::load(&args.config).and_then(|c| mark(c, true))),
+        Command::MarkBad => done(Config::load(&args.config).and_then(|c| mark(c, false))),
+        Command::Apply => done(Config::load(&args.config).and_then(apply)),
+        Command::Cancel => done(Config::load(&args.config).and_then(cancel)),
+        Command::Channel(None) => done(Config::load(&args.config).and_then(|c| show_channel(&c))),
         Command::Channel(Some(to)) => {
-            Config::load(&args.config).and_then(|c| choose_channel(c, to))
+            done(Config::load(&args.config).and_then(|c| choose_channel(c, to)))
         }
     };
     match result {
-        Ok(()) => 0,
+        Ok(outcome) => i32::from(outcome.code(precise)),
         Err(e) => {
             eprintln!("updraft: {e}");
-            match e.kind() {
-                Kind::Usage => 2,
-                // The daemon runs but could not start its work.
-                Kind::Degraded => 3,
-                _ => 1,
-            }
+            i32::from(exit::failure(e.kind()))
         }
     }
 }
@@ -572,32 +597,88 @@ impl Ticker for CliTicker {
     }
 }
 
-/// After the daemon accepted an install, show its progress until the job
-/// leaves the download and install states.
-fn follow_install(path: &std::path::Path, reply: control::Reply) -> Result<()> {
-    if reply.started != Some(true) {
-        println!("no change: {}", reply.message.unwrap_or_default());
-        return Ok(());
+/// What the daemon's answer to a check or an install says, before any job
+/// is followed: whether one started (or was running already), or how the
+/// check ended.
+fn answered(reply: &control::Reply) -> Option<Outcome> {
+    match reply.outcome.as_deref() {
+        Some("started" | "busy") => None,
+        Some("held") => Some(Outcome::Held),
+        // Components installed and committed within the check.
+        Some("applied") => Some(Outcome::Done),
+        Some(_) => Some(Outcome::NothingToDo),
+        // A daemon that names no outcome: `started` alone.
+        None if reply.started == Some(true) => None,
+        None => Some(Outcome::NothingToDo),
     }
-    eprintln!("{}", reply.message.unwrap_or_default());
+}
+
+/// The daemon's status, for a client following a job.
+fn daemon_status(path: &std::path::Path) -> Result<crate::status::Status> {
+    let Some(r) = control::try_request(path, &control::Request::Status)? else {
+        bail!(Io, "the daemon went away during the install");
+    };
+    match r.status {
+        Some(st) => Ok(st),
+        None => bail!(Io, "the daemon sent no status"),
+    }
+}
+
+/// Print a job's progress line when it changed.
+fn show_progress(st: &crate::status::Status, last: &mut String) {
+    if let Some(p) = &st.progress {
+        let line = progress_line(p);
+        if line != *last {
+            eprintln!("{line}");
+            *last = line;
+        }
+    }
+}
+
+/// `--wait`: follow the daemon's job until [`exit::settled`] finds its
+/// outcome.
+fn follow_to_outcome(path: &std::path::Path) -> Result<Outcome> {
+    let mut release: Option<String> = None;
     let mut last = String::new();
     loop {
-        let Some(r) = control::try_request(path, &control::Request::Status)? else {
-            bail!(Io, "the daemon went away during the install");
-        };
-        let Some(st) = r.status else {
-            bail!(Io, "the daemon sent no status");
-        };
-        match st.state.as_str() {
-            "checking" | "downloading" | "installing" => {
-                if let Some(p) = &st.progress {
-                    let line = progress_line(p);
-                    if line != last {
-                        eprintln!("{line}");
-                        last = line;
-                    }
-                }
+        let st = daemon_status(path)?;
+        if let Some(j) = &st.job {
+            release.get_or_insert_with(|| j.version.clone());
+        }
+        show_progress(&st, &mut last);
+        match exit::settled(release.as_deref(), &st) {
+            exit::Progress::Running => {}
+            exit::Progress::Ended(outcome, text) => {
+                println!("{text}");
+                return Ok(outcome);
             }
+            exit::Progress::Failed(why) => bail!(Io, "{why}"),
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// After the daemon accepted an install, show its progress until the job
+/// leaves the download and install states (with `wait`, until its
+/// outcome).
+fn follow_install(path: &std::path::Path, reply: control::Reply, wait: bool) -> Result<Outcome> {
+    if let Some(outcome) = answered(&reply) {
+        let message = reply.message.unwrap_or_default();
+        match outcome {
+            Outcome::Done => println!("{message}"),
+            _ => println!("no change: {message}"),
+        }
+        return Ok(outcome);
+    }
+    eprintln!("{}", reply.message.unwrap_or_default());
+    if wait {
+        return follow_to_outcome(path);
+    }
+    let mut last = String::new();
+    loop {
+        let st = daemon_status(path)?;
+        match st.state.as_str() {
+            "checking" | "downloading" | "installing" => show_progress(&st, &mut last),
             "failed" | "idle" => {
                 bail!(
                     Io,
@@ -614,14 +695,14 @@ fn follow_install(path: &std::path::Path, reply: control::Reply) -> Result<()> {
                     "installed {} (daemon state: {other})",
                     job.unwrap_or_default()
                 );
-                return Ok(());
+                return Ok(Outcome::Done);
             }
         }
         std::thread::sleep(Duration::from_millis(500));
     }
 }
 
-fn install(cfg: Config, manifest: &str) -> Result<()> {
+fn install(cfg: Config, manifest: &str, wait: bool) -> Result<Outcome> {
     // A local manifest or bundle is named by its absolute path: the daemon
     // (or a resumed job) does not share this process's working directory.
     let absolute;
@@ -644,7 +725,7 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
             manifest: manifest.to_string(),
         },
     )? {
-        return follow_install(&cfg.system.socket, reply);
+        return follow_install(&cfg.system.socket, reply, wait);
     }
     let _lock = StateLock::acquire(&cfg.lock_path())?;
     let mirrors = if manifest == cfg.server.manifest_url {
@@ -667,9 +748,17 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
         }
     };
     match outcome {
+        CheckOutcome::Held(why) => {
+            println!("no change: {why}");
+            Ok(Outcome::Held)
+        }
+        CheckOutcome::Applied(what) => {
+            println!("{what}");
+            Ok(Outcome::Done)
+        }
         CheckOutcome::NoChange(why) | CheckOutcome::Running(why) | CheckOutcome::Declined(why) => {
             println!("no change: {why}");
-            Ok(())
+            Ok(Outcome::NothingToDo)
         }
         CheckOutcome::Started {
             version,
@@ -708,7 +797,7 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
                             _ => "the next maintenance window",
                         }
                     );
-                    return Ok(());
+                    return Ok(Outcome::Held);
                 }
             }
             let tries = m.trial_tries();
@@ -716,7 +805,7 @@ fn install(cfg: Config, manifest: &str) -> Result<()> {
                 "installed release {version} into slot {target}; it boots next for a trial ({tries} {}); reboot to try it",
                 if tries == 1 { "try" } else { "tries" }
             );
-            Ok(())
+            Ok(Outcome::RebootNeeded)
         }
     }
 }
@@ -756,14 +845,19 @@ fn choose_channel(cfg: Config, to: Option<String>) -> Result<()> {
 
 // ---- check, mark-good, mark-bad ----------------------------------------------
 
-fn check(cfg: &Config) -> Result<()> {
+fn check(cfg: &Config, wait: bool) -> Result<Outcome> {
     match control::try_request(&cfg.system.socket, &control::Request::Check)? {
         Some(reply) => {
+            let answer = answered(&reply);
             println!(
                 "{}",
                 reply.message.unwrap_or_else(|| "check requested".into())
             );
-            Ok(())
+            match answer {
+                Some(outcome) => Ok(outcome),
+                None if wait => follow_to_outcome(&cfg.system.socket),
+                None => Ok(Outcome::Done),
+            }
         }
         None => bail!(
             Busy,
@@ -868,9 +962,27 @@ mod tests {
         assert_eq!(
             p(&["install", "https://h/m.json"]).unwrap().command,
             Command::Install {
-                manifest: "https://h/m.json".into()
+                manifest: "https://h/m.json".into(),
+                wait: false
             }
         );
+        assert_eq!(
+            p(&["install", "--wait", "/m.json"]).unwrap().command,
+            Command::Install {
+                manifest: "/m.json".into(),
+                wait: true
+            }
+        );
+        assert_eq!(
+            p(&["check", "--wait"]).unwrap().command,
+            Command::Check { wait: true }
+        );
+        assert_eq!(
+            p(&["check"]).unwrap().command,
+            Command::Check { wait: false }
+        );
+        assert!(p(&["check", "--wait=yes"]).is_err());
+        assert!(p(&["status", "--wait"]).is_err());
         assert_eq!(
             p(&["history", "--json"]).unwrap().command,
             Command::History { json: true }

@@ -746,7 +746,10 @@ impl Daemon {
                                 },
                                 Err(e) => format!("an update is in progress ({e})"),
                             };
-                            c.reply(&Reply::ok(what));
+                            c.reply(&Reply {
+                                outcome: Some("busy".into()),
+                                ..Reply::ok(what)
+                            });
                         }
                         continue;
                     }
@@ -837,6 +840,7 @@ impl Daemon {
                 Reply {
                     ok: true,
                     started: Some(true),
+                    outcome: Some("started".into()),
                     message: Some(format!(
                         "installing release {version} into slot {target} ({})",
                         if *delta { "delta" } else { "full image" }
@@ -847,6 +851,7 @@ impl Daemon {
             Ok(outcome) => Reply {
                 ok: true,
                 started: Some(false),
+                outcome: Some(outcome.name().into()),
                 message: outcome.why().map(str::to_string),
                 ..Reply::default()
             },

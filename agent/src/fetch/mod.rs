@@ -295,8 +295,7 @@ impl Fetcher {
         };
         if self.private_token {
             use std::os::unix::fs::MetadataExt;
-            let md = std::fs::metadata(path)
-                .map_err(|e| err!(Config, "reading server.token_file {}: {e}", path.display()))?;
+            let md = std::fs::metadata(path).map_err(|e| self.unreadable_token(path, &e))?;
             if md.mode() & 0o077 != 0 {
                 bail!(
                     Config,
@@ -306,8 +305,7 @@ impl Fetcher {
                 );
             }
         }
-        let t = std::fs::read_to_string(path)
-            .map_err(|e| err!(Config, "reading server.token_file {}: {e}", path.display()))?;
+        let t = std::fs::read_to_string(path).map_err(|e| self.unreadable_token(path, &e))?;
         let t = t.trim();
         if t.is_empty() || t.chars().any(|c| c.is_control()) {
             bail!(
@@ -317,6 +315,70 @@ impl Fetcher {
             );
         }
         Ok(Some(t.to_string()))
+    }
+
+    /// The token file cannot be read. A DDI device without one usually
+    /// talks to a server that asks for no authentication, and `ddi_auth`
+    /// defaults to sending one: say how to turn it off.
+    fn unreadable_token(&self, path: &std::path::Path, e: &io::Error) -> Error {
+        let hint = if self.private_token && e.kind() == io::ErrorKind::NotFound {
+            format!(
+                " (server.ddi_auth sends the header \"Authorization: {} <token>\" with the token \
+                 the server issued for this device: put it in that file, mode 0600; for a server \
+                 that asks for no authentication, set server.ddi_auth = \"none\")",
+                self.token_scheme
+            )
+        } else {
+            String::new()
+        };
+        err!(
+            Config,
+            "reading server.token_file {}: {e}{hint}",
+            path.display()
+        )
+    }
+
+    /// [`check_status`], with what a refusal (401, 403) means for the
+    /// credentials this device sent, since "HTTP status 401" alone leaves
+    /// an operator guessing which of token, header and server is wrong.
+    fn check_response(
+        &self,
+        method: &str,
+        url: &str,
+        status: u16,
+        h: &ureq::http::HeaderMap,
+    ) -> Result<()> {
+        check_status(method, url, status, h).map_err(|e| match status {
+            401 | 403 => err!(Network, "{e}: {}", self.refusal(url, status)),
+            _ => e,
+        })
+    }
+
+    /// Why a server may have refused this device with `status` at `url`.
+    fn refusal(&self, url: &str, status: u16) -> String {
+        let sent = self
+            .token_file
+            .as_ref()
+            .filter(|_| UrlOrigin::of(url).is_some_and(|o| self.credentialed.contains(&o)));
+        match (sent, status) {
+            (Some(path), 401) => format!(
+                "the server refused the token this device sent (\"Authorization: {} …\" from \
+                 server.token_file {}): is it the one the server holds for this device, and is \
+                 server.ddi_auth the kind of token it is (target_token or gateway_token)?",
+                self.token_scheme,
+                path.display()
+            ),
+            (Some(path), _) => format!(
+                "the server knows the token from server.token_file {} but does not let it \
+                 reach this resource (a gateway token of another tenant, a target not \
+                 assigned to it, or a server rule)",
+                path.display()
+            ),
+            (None, _) => "this device sent no credentials here: configure server.token_file \
+                 (and server.ddi_auth for a DDI server) or server.client_cert, as the server \
+                 requires"
+                .to_string(),
+        }
     }
 
     /// The bearer token, when one is configured and `url` is on one of the
@@ -411,7 +473,7 @@ impl Fetcher {
         if status == 304 {
             return Ok(Fetched::NotModified);
         }
-        check_status("GET", url, status, resp.headers())?;
+        self.check_response("GET", url, status, resp.headers())?;
         let etag = resp
             .headers()
             .get("etag")
@@ -473,7 +535,7 @@ impl Fetcher {
         let (url, resp) = self.get(url, &headers)?;
         let url = url.as_str();
         let status = resp.status().as_u16();
-        check_status("GET", url, status, resp.headers())?;
+        self.check_response("GET", url, status, resp.headers())?;
         let want = total - offset;
         let mut skip = 0;
         match (offset, status) {
@@ -545,7 +607,7 @@ impl Fetcher {
         let (url, resp) = self.get(url, &[])?;
         let url = url.as_str();
         let status = resp.status().as_u16();
-        check_status("GET", url, status, resp.headers())?;
+        self.check_response("GET", url, status, resp.headers())?;
         if status != 200 {
             bail!(
                 Network,
@@ -630,7 +692,7 @@ impl Fetcher {
         let resp = r.send(body).map_err(|e| net_error(method, url, e))?;
         let status = resp.status().as_u16();
         if !(400..500).contains(&status) || status == 429 {
-            check_status(method, url, status, resp.headers())?;
+            self.check_response(method, url, status, resp.headers())?;
         }
         // Drain a small body so the connection can be reused.
         let mut body = resp.into_body();

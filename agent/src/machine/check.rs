@@ -168,7 +168,7 @@ impl Machine {
         }
         if !operator {
             if let Some(why) = self.write_held(&m.release.version) {
-                return Ok(CheckOutcome::NoChange(why));
+                return Ok(CheckOutcome::Held(why));
             }
         }
         self.plan(origin, m, t)

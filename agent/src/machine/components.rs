@@ -218,7 +218,7 @@ impl Machine {
                 );
                 if !operator {
                     if let Some(why) = self.write_held(&m.release.version) {
-                        return Ok(CheckOutcome::NoChange(why));
+                        return Ok(CheckOutcome::Held(why));
                     }
                 }
                 self.plan(origin, m, t)
@@ -749,7 +749,7 @@ impl Machine {
         );
         self.components_ended("committed", "committed", job, &detail)?;
         log::info!("committed: release {}: {detail}", job.release);
-        Ok(CheckOutcome::Running(format!(
+        Ok(CheckOutcome::Applied(format!(
             "release {}: {detail}",
             job.release
         )))

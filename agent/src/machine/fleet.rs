@@ -418,7 +418,7 @@ impl Machine {
         self.fleet()?.action = None;
         self.forced_write = None;
         match outcome? {
-            CheckOutcome::NoChange(why) => {
+            waits @ (CheckOutcome::NoChange(_) | CheckOutcome::Held(_)) => {
                 // Waits (for the local write policy): looked at again
                 // from what was read now.
                 self.fleet()?.seen = Some(Seen {
@@ -426,11 +426,12 @@ impl Machine {
                     deployment: d,
                     manifest: Some(raw),
                 });
-                Ok(CheckOutcome::NoChange(why))
+                Ok(waits)
             }
-            CheckOutcome::Running(why) => {
-                self.close_action(id, Finished::Success, vec![why.clone()])?;
-                Ok(CheckOutcome::Running(why))
+            done @ (CheckOutcome::Running(_) | CheckOutcome::Applied(_)) => {
+                let why = done.why().unwrap_or_default().to_string();
+                self.close_action(id, Finished::Success, vec![why])?;
+                Ok(done)
             }
             CheckOutcome::Declined(why) => {
                 self.close_action(id, Finished::Failure, vec![why.clone()])?;

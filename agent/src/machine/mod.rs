@@ -135,6 +135,12 @@ pub enum CheckOutcome {
     /// The release is not for this device: rolled back or cancelled here
     /// before, or outside its staged rollout.
     Declined(String),
+    /// The release's slot runs already and its changed components were
+    /// installed and committed within the check, without a reboot.
+    Applied(String),
+    /// The policy holds the release's download (`policy.write`: a
+    /// maintenance window, or `updraft apply`); a later check starts it.
+    Held(String),
 }
 
 impl CheckOutcome {
@@ -142,9 +148,23 @@ impl CheckOutcome {
     pub fn why(&self) -> Option<&str> {
         match self {
             CheckOutcome::Started { .. } => None,
-            CheckOutcome::NoChange(w) | CheckOutcome::Running(w) | CheckOutcome::Declined(w) => {
-                Some(w)
-            }
+            CheckOutcome::NoChange(w)
+            | CheckOutcome::Running(w)
+            | CheckOutcome::Declined(w)
+            | CheckOutcome::Applied(w)
+            | CheckOutcome::Held(w) => Some(w),
+        }
+    }
+
+    /// Its name on the control socket (`Reply::outcome`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            CheckOutcome::Started { .. } => "started",
+            CheckOutcome::NoChange(_) => "no-change",
+            CheckOutcome::Running(_) => "running",
+            CheckOutcome::Declined(_) => "declined",
+            CheckOutcome::Applied(_) => "applied",
+            CheckOutcome::Held(_) => "held",
         }
     }
 }
