@@ -154,7 +154,11 @@ pub fn run(args: &[String]) -> Result {
         // booting a cross build (7), the Debian tree of the systemd guest
         // on x86_64 (6).
         let mut early = Vec::new();
-        if previous && !matches!(only, Some(Only::Systemd | Only::Apps | Only::Adopt | Only::Deb))
+        if previous
+            && !matches!(
+                only,
+                Some(Only::Systemd | Only::Apps | Only::Adopt | Only::Deb)
+            )
         {
             early.extend(build_previous_release_early(m));
         }

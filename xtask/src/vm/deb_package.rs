@@ -41,9 +41,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::super::super::machine;
 use super::super::super::console::Vm;
 use super::super::super::disk::{self, BOOT};
+use super::super::super::machine;
 use super::super::{Lab, mkdir, wait_userspace};
 use super::{
     SD_DATA, SD_PARTS, SD_SLOT_A, SD_SLOT_B, SLOT_MIB, VM_FILES, base_tarball, install,
@@ -159,13 +159,16 @@ impl Lab {
             let t = Instant::now();
             let from = vm.mark();
             let want = format!("{STEP_MARK}{step}\t");
-            let line = vm.wait_line(&format!("step {step} of the package's life"), from, STEP_WAIT, |l| {
-                l.contains(&want)
-            })?;
+            let line = vm.wait_line(
+                &format!("step {step} of the package's life"),
+                from,
+                STEP_WAIT,
+                |l| l.contains(&want),
+            )?;
             let s = Step::parse(&line);
-            expect
-                .check(step, &s, &seen)
-                .map_err(|e| vm.failure(&format!("after {step}: {e}\n(the step's line: {line})")))?;
+            expect.check(step, &s, &seen).map_err(|e| {
+                vm.failure(&format!("after {step}: {e}\n(the step's line: {line})"))
+            })?;
             println!(
                 "   console: {step} ({:.1} s): {}",
                 t.elapsed().as_secs_f64(),
@@ -207,7 +210,12 @@ impl Lab {
             &format!("{GUEST_DIR}/release.pub"),
             0o644,
         )?;
-        put(&root, &format!("{GUEST_DIR}/updraft.toml"), configured, 0o644)?;
+        put(
+            &root,
+            &format!("{GUEST_DIR}/updraft.toml"),
+            configured,
+            0o644,
+        )?;
         put(&root, "etc/updraft-vm-version", VERSION_MARK, 0o644)?;
         put(&root, "etc/fstab", &fstab(), 0o644)?;
         mkdir(&root.join("data"))?;
@@ -316,17 +324,10 @@ impl Step {
     fn describe(&self) -> String {
         let mut parts = vec![
             format!("dpkg {} {}", self.get("dpkg"), self.get("version")),
-            format!(
-                "unit {} {}",
-                self.get("enabled"),
-                self.get("active")
-            ),
+            format!("unit {} {}", self.get("enabled"), self.get("active")),
         ];
         match self.status() {
-            Some(s) => parts.push(format!(
-                "status {}",
-                s["state"].as_str().unwrap_or("?")
-            )),
+            Some(s) => parts.push(format!("status {}", s["state"].as_str().unwrap_or("?"))),
             None if !self.get("sdstatus").is_empty() => {
                 parts.push(format!("systemd: {}", self.get("sdstatus")))
             }
@@ -382,17 +383,45 @@ impl Expect {
         match step {
             "install-old" => {
                 is("dpkg", "ii", "the package installs")?;
-                is("version", &self.old_version, "the previous build is installed")?;
-                is("binary", &self.old_binary, "/usr/bin/updraft is the previous build's")?;
-                is("conf", &self.shipped_conf, "the conffile is the shipped one")?;
+                is(
+                    "version",
+                    &self.old_version,
+                    "the previous build is installed",
+                )?;
+                is(
+                    "binary",
+                    &self.old_binary,
+                    "/usr/bin/updraft is the previous build's",
+                )?;
+                is(
+                    "conf",
+                    &self.shipped_conf,
+                    "the conffile is the shipped one",
+                )?;
                 is("enabled", "enabled", "the package enables the unit")?;
-                is("active", "inactive", "the package must not start the daemon before it is configured")?;
+                is(
+                    "active",
+                    "inactive",
+                    "the package must not start the daemon before it is configured",
+                )?;
                 is("group", "updraft", "sysusers.d makes the group")?;
-                is("state_mode", "700", "tmpfiles.d makes the state directory, root only")?;
+                is(
+                    "state_mode",
+                    "700",
+                    "tmpfiles.d makes the state directory, root only",
+                )?;
             }
             "start-unconfigured" => {
-                is("active", "active", "the daemon stays up on the shipped configuration")?;
-                is("restarts", "0", "a daemon without configuration must not restart in a loop")?;
+                is(
+                    "active",
+                    "active",
+                    "the daemon stays up on the shipped configuration",
+                )?;
+                is(
+                    "restarts",
+                    "0",
+                    "a daemon without configuration must not restart in a loop",
+                )?;
                 let sd = s.get("sdstatus");
                 if !(sd.starts_with("degraded") && sd.contains("device.compatible")) {
                     return Err(format!(
@@ -402,15 +431,27 @@ impl Expect {
             }
             "configure" => {
                 is("active", "active", "the configured daemon runs")?;
-                is("conf", &self.configured_conf, "the configuration is the VM's")?;
+                is(
+                    "conf",
+                    &self.configured_conf,
+                    "the configuration is the VM's",
+                )?;
                 idle("the configured daemon reports idle")?;
                 state_kept("the daemon made its database")?;
             }
             "upgrade" => {
                 is("dpkg", "ii", "the new build installs over the previous one")?;
                 is("version", &self.new_version, "the new build is installed")?;
-                is("binary", &self.new_binary, "/usr/bin/updraft is the new build's")?;
-                is("conf", &self.configured_conf, "an upgrade keeps the edited conffile")?;
+                is(
+                    "binary",
+                    &self.new_binary,
+                    "/usr/bin/updraft is the new build's",
+                )?;
+                is(
+                    "conf",
+                    &self.configured_conf,
+                    "an upgrade keeps the edited conffile",
+                )?;
                 is("active", "active", "the daemon runs after the upgrade")?;
                 is("enabled", "enabled", "the unit stays enabled")?;
                 let before = seen.get("configure").map(|c| c.get("pid")).unwrap_or("");
@@ -428,7 +469,11 @@ impl Expect {
                 is("binary", "absent", "dpkg -r removes the binary")?;
                 is("active", "inactive", "the prerm stops the daemon")?;
                 is("conf", &self.configured_conf, "dpkg -r keeps the conffile")?;
-                is("wants", "yes", "dpkg -r keeps the administrator's enablement")?;
+                is(
+                    "wants",
+                    "yes",
+                    "dpkg -r keeps the administrator's enablement",
+                )?;
                 state_kept("dpkg -r leaves the state directory alone")?;
             }
             "purge" => {
