@@ -72,7 +72,15 @@ pub struct Input<'a> {
 pub fn agent(input: &Input) -> Result<PathBuf> {
     let name = "updraft";
     let stage = stage_dir(input, name)?;
-    crate::dist::stage_tree(&stage, &[input.binary.to_path_buf()])?;
+    // The tarball's tree names the binary after its file: whatever the
+    // input is called, it ships as /usr/bin/updraft.
+    let bin_dir = input
+        .out_dir
+        .join(format!("{name}_{}_{}.bin", input.version, input.arch));
+    let named = bin_dir.join("updraft");
+    copy(input.binary, &named, 0o755)?;
+    crate::dist::stage_tree(&stage, &[named.clone()])?;
+    let _ = std::fs::remove_dir_all(&bin_dir);
     let r = root();
     let contrib = r.join("contrib/debian");
     // The tarball's configuration is the Yocto recipe's template; the

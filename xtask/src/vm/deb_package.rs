@@ -462,6 +462,16 @@ impl Expect {
                     ));
                 }
                 idle("the upgraded daemon reads the state the previous build wrote")?;
+                let id = |st: Option<Value>| {
+                    st.and_then(|v| v["device_id"].as_str().map(str::to_string))
+                };
+                let was = id(seen.get("configure").and_then(Step::status));
+                if was.is_none() || id(s.status()) != was {
+                    return Err(format!(
+                        "the device id is {:?} after the upgrade, {was:?} before: the state must carry over",
+                        id(s.status())
+                    ));
+                }
                 state_kept("an upgrade leaves the state directory alone")?;
             }
             "remove" => {
