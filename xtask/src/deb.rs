@@ -79,7 +79,7 @@ pub fn agent(input: &Input) -> Result<PathBuf> {
         .join(format!("{name}_{}_{}.bin", input.version, input.arch));
     let named = bin_dir.join("updraft");
     copy(input.binary, &named, 0o755)?;
-    crate::dist::stage_tree(&stage, &[named.clone()])?;
+    crate::dist::stage_tree(&stage, std::slice::from_ref(&named))?;
     let _ = std::fs::remove_dir_all(&bin_dir);
     let r = root();
     let contrib = r.join("contrib/debian");
