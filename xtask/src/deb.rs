@@ -275,8 +275,9 @@ fn changelog_entry(name: &str, input: &Input) -> Result<String> {
     ))
 }
 
-/// `Depends:` of a binary: its libraries' packages, glibc's with the
-/// newest symbol version the binary needs.
+/// `Depends:` of a binary: its libraries' packages, glibc's and
+/// libgcc_s's with the newest symbol version the binary needs (what
+/// `dpkg-shlibdeps` gives on amd64: `libc6 (>= 2.34), libgcc-s1 (>= 4.2)`).
 pub fn depends(binary: &Path) -> Result<String> {
     let dynamic = util::output(Command::new("readelf").args(["-d", "-W"]).arg(binary))?;
     let versions = util::output(Command::new("readelf").args(["-V", "-W"]).arg(binary))?;
@@ -303,19 +304,25 @@ fn shlib_depends(dynamic: &str, versions: &str) -> Result<String> {
                 glibc = true;
                 continue;
             }
-            "libgcc_s.so.1" => "libgcc-s1",
+            "libgcc_s.so.1" => {
+                // libgcc-s1's symbols file dates each GCC_x.y by GCC's version.
+                match symbol_versions(versions, "GCC_").into_iter().max() {
+                    Some((major, minor)) => format!("libgcc-s1 (>= {major}.{minor})"),
+                    None => "libgcc-s1".to_string(),
+                }
+            }
             other => {
                 return Err(format!(
                     "the binary needs {other}, which has no Debian package named here (xtask/src/deb.rs)"
                 ));
             }
         };
-        if !packages.iter().any(|p| p == package) {
-            packages.push(package.to_string());
+        if !packages.contains(&package) {
+            packages.push(package);
         }
     }
     if glibc {
-        let newest = glibc_versions(versions)
+        let newest = symbol_versions(versions, "GLIBC_")
             .into_iter()
             .max()
             .ok_or("readelf -V: the binary links glibc but names no GLIBC_ symbol version")?;
@@ -325,11 +332,11 @@ fn shlib_depends(dynamic: &str, versions: &str) -> Result<String> {
     Ok(packages.join(", "))
 }
 
-/// Every `GLIBC_x.y` (or `x.y.z`, counted as `x.y`) in `readelf -V`'s
-/// version needs.
-fn glibc_versions(text: &str) -> Vec<(u32, u32)> {
+/// Every `PREFIXx.y` (or `x.y.z`, counted as `x.y`) in `readelf -V`'s
+/// version needs (`GLIBC_2.34`, `GCC_4.2.0`).
+fn symbol_versions(text: &str, prefix: &str) -> Vec<(u32, u32)> {
     text.split_whitespace()
-        .filter_map(|w| w.strip_prefix("GLIBC_"))
+        .filter_map(|w| w.strip_prefix(prefix))
         .filter_map(|v| {
             let mut parts = v.split('.').map(|n| n.parse::<u32>());
             match (parts.next(), parts.next()) {
@@ -501,10 +508,11 @@ mod tests {
         let versions = "  0x0010:   Name: GLIBC_2.2.5  Flags: none  Version: 7\n\
                         0x0020:   Name: GLIBC_2.34  Flags: none  Version: 3\n\
                         0x0030:   Name: GLIBC_2.9  Flags: none  Version: 4\n\
-                        0x0040:   Name: GCC_3.0  Flags: none  Version: 5\n";
+                        0x0040:   Name: GCC_3.0  Flags: none  Version: 5\n\
+                        0x0050:   Name: GCC_4.2.0  Flags: none  Version: 6\n";
         assert_eq!(
             shlib_depends(dynamic, versions).as_deref(),
-            Ok("libc6 (>= 2.34), libgcc-s1")
+            Ok("libc6 (>= 2.34), libgcc-s1 (>= 4.2)")
         );
     }
 
