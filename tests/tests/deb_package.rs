@@ -51,7 +51,7 @@ fn package() -> PathBuf {
             String::from_utf8_lossy(&built.stdout),
             String::from_utf8_lossy(&built.stderr)
         );
-        let deb = std::fs::read_dir(&out)
+        std::fs::read_dir(&out)
             .expect("reading the output directory")
             .filter_map(|e| e.ok().map(|e| e.path()))
             .find(|p| {
@@ -59,8 +59,7 @@ fn package() -> PathBuf {
                     && p.file_name()
                         .is_some_and(|n| n.to_string_lossy().starts_with("updraft_"))
             })
-            .expect("no updraft_*.deb made");
-        deb
+            .expect("no updraft_*.deb made")
     })
     .clone()
 }
