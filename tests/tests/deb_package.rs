@@ -81,7 +81,7 @@ fn field<'a>(control: &'a str, name: &str) -> Option<&'a str> {
         .find_map(|l| l.strip_prefix(&format!("{name}: ")))
 }
 
-/// The control member `name` of the package, extracted into a scratch dir.
+/// The package's control members (`dpkg-deb --control`), in a scratch dir.
 fn control_dir(deb: &Path) -> PathBuf {
     let dir = deb.with_extension("control");
     let _ = std::fs::remove_dir_all(&dir);

@@ -14,11 +14,12 @@
 //! * the maintainer scripts are `contrib/debian/{postinst,prerm,postrm}`,
 //!   the lintian overrides `contrib/debian/PACKAGE.lintian-overrides`;
 //! * `Depends:` comes from the binary itself: the shared libraries it
-//!   names (`DT_NEEDED`), each mapped to its Debian package, and for
-//!   glibc the newest `GLIBC_x.y` symbol version it asks for, as
-//!   `libc6 (>= x.y)` — what `dpkg-shlibdeps` derives from libc6's symbols
-//!   file, computed the same way for every architecture without that
-//!   architecture's dpkg database. `readelf` reads any ELF.
+//!   names (`DT_NEEDED`), each mapped to its Debian package, versioned by
+//!   the newest symbol version it asks for (`GLIBC_x.y` as
+//!   `libc6 (>= x.y)`, `GCC_x.y` as `libgcc-s1 (>= x.y)`): what
+//!   `dpkg-shlibdeps` derives from those libraries' symbols files, computed
+//!   the same way for every architecture without that architecture's dpkg
+//!   database. `readelf` reads any ELF.
 //!
 //! Then `dpkg-deb --build --root-owner-group`: every file root's.
 //!
