@@ -24,7 +24,8 @@
 //!   (`vm/systemd.rs`, a child of it) boots slots that hold a Debian
 //!   systemd userspace running the shipped unit and an app's unit,
 //!   scenario 8 (`vm/app_cuts.rs`, another child) cuts the power in
-//!   releases of an app.
+//!   releases of an app, scenario 10 (`vm/deb_package.rs`, a child of
+//!   `systemd`) installs updraft's Debian package on the same Debian tree.
 //!
 //! This module owns the prerequisites (installed with apt-get as root on
 //! Debian; otherwise the command is printed and the run skips, or fails
