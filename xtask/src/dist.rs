@@ -18,6 +18,15 @@
 //!
 //! into `target/dist/updraft-VERSION-TRIPLE.tar.gz`, and prints each
 //! tarball's sha256. The Yocto layer builds from source instead.
+//!
+//! `--deb`: Debian packages of the same tree instead, made by
+//! [`crate::deb`]: `target/dist/updraft_VERSION_ARCH.deb` for each target
+//! (amd64, arm64, armhf) and `updraft-publish_VERSION_amd64.deb` with the
+//! x86_64 one (docs/debian.md). `--agent PATH` packages that `updraft`
+//! binary instead of building one (a single target; no publisher package),
+//! `--deb-version V` sets the Debian version (default `VERSION-1`) and
+//! `--out DIR` the directory: what the tests and the VM scenario that
+//! install a package use.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,24 +36,91 @@ use crate::util::{self, Result, root};
 
 const HOST_TRIPLE: &str = "x86_64-unknown-linux-gnu";
 
+const USAGE: &str = "cargo xtask dist [--target x86_64|aarch64|armv7]... \
+     [--deb [--agent PATH] [--deb-version V] [--out DIR]]";
+
+/// The options besides `--target`.
+#[derive(Default)]
+struct Options {
+    deb: bool,
+    agent: Option<PathBuf>,
+    deb_version: Option<String>,
+    out: Option<PathBuf>,
+}
+
 pub fn run(args: &[String]) -> Result {
-    let mut wanted =
-        cross::target_flags(args, "cargo xtask dist [--target x86_64|aarch64|armv7]...")?;
+    let mut opts = Options::default();
+    let mut targets = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{a} needs a value; usage: {USAGE}"))
+        };
+        match a.as_str() {
+            "--deb" => opts.deb = true,
+            "--agent" => opts.agent = Some(PathBuf::from(value()?)),
+            "--deb-version" => opts.deb_version = Some(value()?),
+            "--out" => opts.out = Some(PathBuf::from(value()?)),
+            _ => targets.push(a.clone()),
+        }
+    }
+    let mut wanted = cross::target_flags(&targets, USAGE)?;
     if wanted.is_empty() {
         wanted.push("x86_64".into());
     }
+    if !opts.deb && (opts.agent.is_some() || opts.deb_version.is_some()) {
+        return Err(format!(
+            "--agent and --deb-version go with --deb; usage: {USAGE}"
+        ));
+    }
+    if opts.agent.is_some() && wanted.len() != 1 {
+        return Err(format!(
+            "--agent packages one binary: name one --target; usage: {USAGE}"
+        ));
+    }
     let version = env!("CARGO_PKG_VERSION");
-    let dist = root().join("target").join("dist");
+    let dist = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| root().join("target").join("dist"));
     std::fs::create_dir_all(&dist).map_err(|e| format!("creating {}: {e}", dist.display()))?;
     for w in &wanted {
-        let (triple, bins) = if w == "x86_64" || w == HOST_TRIPLE {
-            (HOST_TRIPLE, build_host()?)
+        let host = w == "x86_64" || w == HOST_TRIPLE;
+        let target = if host {
+            None
         } else {
-            let t = TARGETS
-                .iter()
-                .find(|t| t.short == w || t.triple == w)
-                .ok_or_else(|| format!("unknown target {w:?} (x86_64, aarch64, armv7)"))?;
-            (t.triple, build_cross(t)?)
+            Some(
+                TARGETS
+                    .iter()
+                    .find(|t| t.short == w || t.triple == w)
+                    .ok_or_else(|| format!("unknown target {w:?} (x86_64, aarch64, armv7)"))?,
+            )
+        };
+        let triple = target.map_or(HOST_TRIPLE, |t| t.triple);
+        if opts.deb {
+            let t = std::time::Instant::now();
+            let bins = match (&opts.agent, target) {
+                (Some(agent), _) => vec![agent.clone()],
+                (None, None) => build_host()?,
+                (None, Some(t)) => build_cross(t)?,
+            };
+            let built = t.elapsed();
+            for deb in debian_packages(&bins, triple, &dist, &opts)? {
+                let sum = util::output(Command::new("sha256sum").arg(&deb))?;
+                println!("{}", sum.trim());
+            }
+            println!(
+                "dist --deb {triple}: binaries {:.1} s, packages {:.1} s",
+                built.as_secs_f64(),
+                (t.elapsed() - built).as_secs_f64()
+            );
+            continue;
+        }
+        let bins = match target {
+            None => build_host()?,
+            Some(t) => build_cross(t)?,
         };
         let name = format!("updraft-{version}-{triple}");
         let stage = dist.join(&name);
@@ -66,6 +142,42 @@ pub fn run(args: &[String]) -> Result {
         println!("{}", sum.trim());
     }
     Ok(())
+}
+
+/// The agent's package from `bins[0]`, and the publisher's from the
+/// `updraft-publish` among `bins` when there is one.
+fn debian_packages(
+    bins: &[PathBuf],
+    triple: &str,
+    dist: &Path,
+    opts: &Options,
+) -> Result<Vec<PathBuf>> {
+    let arch = crate::deb::debian_arch(triple)?;
+    let version = opts.deb_version.clone().unwrap_or_else(crate::deb::version);
+    let commit = util::output(Command::new("git").arg("-C").arg(root()).args([
+        "rev-parse",
+        "--short=12",
+        "HEAD",
+    ]))
+    .map(|c| format!(" from commit {}", c.trim()))
+    .unwrap_or_default();
+    let changes = format!("Built by `cargo xtask dist --deb`{commit}.");
+    let agent = bins.first().ok_or("no binary to package")?;
+    let input = |binary| crate::deb::Input {
+        arch,
+        version: &version,
+        binary,
+        out_dir: dist,
+        changes: &changes,
+    };
+    let mut debs = vec![crate::deb::agent(&input(agent))?];
+    if let Some(publish) = bins
+        .iter()
+        .find(|b| b.file_name().is_some_and(|n| n == "updraft-publish"))
+    {
+        debs.push(crate::deb::publisher(&input(publish))?);
+    }
+    Ok(debs)
 }
 
 /// Release build for the host: the agent and the publisher.
@@ -90,7 +202,9 @@ fn copy(from: &Path, to: &Path, mode: u32) -> Result {
         .map_err(|e| format!("chmod {}: {e}", to.display()))
 }
 
-fn stage_tree(stage: &Path, bins: &[PathBuf]) -> Result {
+/// The tarball's tree for `bins` under `stage` (also the start of each
+/// Debian package, see [`crate::deb`]).
+pub(crate) fn stage_tree(stage: &Path, bins: &[PathBuf]) -> Result {
     let r = root();
     for b in bins {
         let name = b.file_name().ok_or("binary without a name")?;

@@ -16,7 +16,8 @@
 //! * `pyramid` — print where each integration test file runs (docs/testing.md).
 //! * `layout` — the agent's import cycles and largest files, against the
 //!   rules in docs/architecture.md (a test holds the tree to them).
-//! * `dist` — release tarballs with the binary, the systemd files and the docs.
+//! * `dist [--deb]` — release tarballs with the binary, the systemd files and
+//!   the docs; `--deb`: Debian packages of the same (docs/debian.md).
 //! * `yocto-crates [--check]` — regenerate the Yocto recipe's crate list from Cargo.lock.
 //! * `vm-test [x86_64|aarch64|all]` — the update cycle on a full-system QEMU
 //!   machine: GRUB (x86_64) or U-Boot (aarch64), a Debian kernel, busybox and
@@ -24,6 +25,7 @@
 
 mod bench;
 mod cross;
+mod deb;
 mod demo;
 mod dist;
 mod emulate;
@@ -101,7 +103,10 @@ const USAGE: &str = "usage: cargo xtask <command>
   pyramid                   print where each integration test file runs, as docs/testing.md's table
   layout                    the agent's import cycles and largest files against the rules of
                             docs/architecture.md (no cycle, at most 800 lines of code a file)
-  dist [--target T]...      release tarballs (x86_64, aarch64, armv7) in target/dist
+  dist [--target T]... [--deb [--agent PATH] [--deb-version V] [--out DIR]]
+                            release tarballs (x86_64, aarch64, armv7) in target/dist; --deb: Debian
+                            packages instead (updraft for amd64, arm64, armhf; updraft-publish for
+                            amd64): --agent packages that binary, --deb-version sets the version
   yocto-crates [--check]    regenerate the Yocto recipe's crate list from Cargo.lock
   vm-test [x86_64|aarch64|all] [--cuts N] [--seed S]
                             the update cycle on a QEMU machine (x86_64: SeaBIOS, GRUB;

@@ -131,6 +131,7 @@ pub(crate) const FILES: &[Placement] = &[
     p("tests/tests/uboot_boot_script.rs", No, "the shipped U-Boot script's logic"),
     p("tests/tests/systemd_unit.rs", No, "the shipped unit, checked by systemd's tools"),
     p("tests/tests/yocto_recipe.rs", No, "the Yocto layer's files"),
+    p("tests/tests/deb_package.rs", No, "the Debian package, checked by dpkg-deb and lintian; vm-test 10 installs it"),
     // The publisher runs on build hosts.
     p("tests/tests/publish_output.rs", No, "the publisher runs on build hosts"),
     p("publish/tests/delta.rs", No, "the publisher runs on build hosts"),

@@ -24,7 +24,8 @@
 //!   (`vm/systemd.rs`, a child of it) boots slots that hold a Debian
 //!   systemd userspace running the shipped unit and an app's unit,
 //!   scenario 8 (`vm/app_cuts.rs`, another child) cuts the power in
-//!   releases of an app.
+//!   releases of an app, scenario 10 (`vm/deb_package.rs`, a child of
+//!   `systemd`) installs updraft's Debian package on the same Debian tree.
 //!
 //! This module owns the prerequisites (installed with apt-get as root on
 //! Debian; otherwise the command is printed and the run skips, or fails
@@ -47,7 +48,7 @@ use crate::util::{self, Result};
 use machine::{Loader, Machine};
 
 const USAGE: &str =
-    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--app-cuts N] [--seed S] [--systemd-only|--previous-only|--apps-only|--adopt-only|--no-previous|--prerequisites]
+    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--app-cuts N] [--seed S] [--systemd-only|--previous-only|--apps-only|--adopt-only|--deb-only|--no-previous|--no-deb|--prerequisites]
   boots a QEMU machine with Debian's generic kernel, busybox and updraft: x86_64 (SeaBIOS,
   GRUB; the default) or aarch64 (-M virt, U-Boot, the aarch64 release build), or both,
   and runs: 1 full-image update, 3 failing health check, 4 release that cannot boot
@@ -63,9 +64,11 @@ const USAGE: &str =
   RAUC on U-Boot; x86_64: Mender on GRUB), taken over by `updraft adopt`: a release
   rolled back to the other updater's, one committed, one under a power cut in the switch,
   all in the other updater's variables;
+  then on x86_64 10, updraft's Debian package on the systemd guest: the previous build
+  installed, degraded until configured, then idle, upgraded to this one, removed, purged;
   --systemd-only: scenario 6 alone; --previous-only: scenario 7 alone; --apps-only: scenario
-  8 alone; --adopt-only: scenario 9 alone; --no-previous: all
-  but 7 (CI's x86_64 run: the aarch64 machine boots 7 beside it);
+  8 alone; --adopt-only: scenario 9 alone; --deb-only: scenario 10 alone; --no-previous: all
+  but 7 (CI's x86_64 run: the aarch64 machine boots 7 beside it); --no-deb: all but 10;
   --prerequisites: install (as root on Debian) what the machines need, and stop: two runs
   for different machines can then go on side by side without both calling apt-get";
 
@@ -87,6 +90,7 @@ pub fn run(args: &[String]) -> Result {
     let mut seed: u64 = 1;
     let mut only: Option<Only> = None;
     let mut previous = true;
+    let mut deb = true;
     let mut prerequisites_only = false;
     let mut machines: Vec<&'static Machine> = Vec::new();
     let mut it = args.iter();
@@ -97,6 +101,8 @@ pub fn run(args: &[String]) -> Result {
             "--previous-only" => only = Some(Only::Previous),
             "--apps-only" => only = Some(Only::Apps),
             "--adopt-only" => only = Some(Only::Adopt),
+            "--deb-only" => only = Some(Only::Deb),
+            "--no-deb" => deb = false,
             "--no-previous" => previous = false,
             "--prerequisites" => prerequisites_only = true,
             name if Machine::by_name(name).is_some() => {
@@ -149,7 +155,12 @@ pub fn run(args: &[String]) -> Result {
         // booting a cross build (7), the Debian tree of the systemd guest
         // on x86_64 (6).
         let mut early = Vec::new();
-        if previous && !matches!(only, Some(Only::Systemd | Only::Apps | Only::Adopt)) {
+        if previous
+            && !matches!(
+                only,
+                Some(Only::Systemd | Only::Apps | Only::Adopt | Only::Deb)
+            )
+        {
             early.extend(build_previous_release_early(m));
         }
         if m.name == machine::X86_64.name
@@ -162,7 +173,9 @@ pub fn run(args: &[String]) -> Result {
             app: app_cuts,
             seed,
         };
-        let result = util::guarded("vm-test", || scenarios(m, &p, counts, only, previous));
+        let result = util::guarded("vm-test", || {
+            scenarios(m, &p, counts, only, Leave { previous, deb })
+        });
         // Never leave a build running behind a failed run.
         for work in early {
             let _ = work.join();
@@ -213,6 +226,16 @@ enum Only {
     Apps,
     /// Scenario 9, a device RAUC's U-Boot script boots, adopted.
     Adopt,
+    /// Scenario 10, the Debian package on the systemd guest.
+    Deb,
+}
+
+/// The scenarios a full run may leave out: 7 (`--no-previous`) and 10
+/// (`--no-deb`).
+#[derive(Clone, Copy)]
+struct Leave {
+    previous: bool,
+    deb: bool,
 }
 
 /// How many power cuts scenarios 5 and 8 make, and from which seed.
@@ -289,7 +312,7 @@ fn scenarios(
     p: &Prepared,
     cuts: Cuts,
     only: Option<Only>,
-    previous: bool,
+    run: Leave,
 ) -> Result<Outcomes> {
     let work = &p.work;
     let mut lab = scenario::Lab::new(m, work, &p.bin_dir, &p.guest_updraft)?;
@@ -306,6 +329,11 @@ fn scenarios(
             Only::Previous => lab.previous_release(),
             Only::Apps => lab.app_power_cuts(cuts.app, cuts.seed),
             Only::Adopt => lab.adopt(cuts.seed),
+            Only::Deb if !x86 => Err(format!(
+                "scenario 10 (the Debian package) runs on the x86_64 machine only, not on {}",
+                m.name
+            )),
+            Only::Deb => lab.deb_package(),
         }
     } else {
         lab.full_update()
@@ -324,7 +352,7 @@ fn scenarios(
                 }
             })
             .and_then(|()| {
-                if previous {
+                if run.previous {
                     lab.previous_release()
                 } else {
                     println!("== 7-previous-release: left out (--no-previous)");
@@ -332,6 +360,14 @@ fn scenarios(
                 }
             })
             .and_then(|()| lab.adopt(cuts.seed))
+            .and_then(|()| match (x86, run.deb) {
+                (false, _) => Ok(()),
+                (true, true) => lab.deb_package(),
+                (true, false) => {
+                    println!("== 10-deb: left out (--no-deb)");
+                    Ok(())
+                }
+            })
     };
     match result {
         Ok(()) => Ok((

@@ -35,7 +35,12 @@
 //!    Mender's on GRUB) whose factory image carries that updater's files
 //!    (`adopt.rs`): `updraft adopt` on the first boot, then a release
 //!    rolled back to the other updater's, one committed, one under a power
-//!    cut in the switch, all in the other updater's variables.
+//!    cut in the switch, all in the other updater's variables;
+//! 10. the Debian package (x86_64, on the systemd guest's Debian tree,
+//!     `deb_package.rs`): the previous build installed with dpkg, the unit
+//!     enabled but not started, degraded until configured, then idle; an
+//!     upgrade to this build keeping the edited conffile and the state;
+//!     `dpkg -r` and `dpkg -P` leaving the state directory alone.
 //!
 //! Each scenario runs one QEMU machine (reboots happen inside it), asserts
 //! what the serial console showed, powers the guest off cleanly, and then

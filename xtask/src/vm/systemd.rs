@@ -28,7 +28,8 @@
 //! This module owns the systemd guest's files, its disk layout and its
 //! assertions. It must never start QEMU itself (that is `console`), write
 //! into the shipped unit files (they are copied as they are), or touch
-//! the disk of the other scenarios.
+//! the disk of the other scenarios. Scenario 10 (`vm/deb_package.rs`, a
+//! child of it) boots the same Debian tree to install updraft's package.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -47,6 +48,10 @@ use super::{
     Lab, committed, expect_env, expect_event, mkdir, show_env, wait_status, wait_userspace,
 };
 use crate::util::{self, Result};
+
+// Scenario 10, the Debian package on this guest's Debian tree.
+#[path = "deb_package.rs"]
+mod deb_package;
 
 /// The Debian release the root file system is made from.
 const SUITE: &str = "bookworm";
