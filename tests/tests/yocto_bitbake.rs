@@ -50,9 +50,7 @@ struct Tree {
 
 impl Tree {
     fn new(name: &str, machine: &str, recipe_edit: impl FnOnce(&Path)) -> Option<Tree> {
-        let Some(archive) = archive() else {
-            return None;
-        };
+        let archive = archive()?;
         let tmp = TempDir::new(name);
         let root = tmp.path();
         run(Command::new("tar")
