@@ -80,7 +80,7 @@ fn recipe_crates() -> Vec<(String, String)> {
     )
     .expect("updraft-crates.inc");
     inc.split_whitespace()
-        .filter_map(|w| w.strip_prefix("crate://crates.io/"))
+        .filter_map(|w| w.trim_matches('"').strip_prefix("crate://crates.io/"))
         .map(|c| {
             let (name, version) = c.rsplit_once('/').expect("crate://crates.io/NAME/VERSION");
             (name.to_string(), version.to_string())
@@ -114,7 +114,8 @@ impl Tree {
     fn new() -> Option<Tree> {
         let archive = archive()?;
         let tmp = TempDir::new("yocto-bitbake");
-        let root = tmp.path();
+        let root = tmp.path().to_path_buf();
+        let root = root.as_path();
         run(Command::new("tar")
             .arg("-xf")
             .arg(&archive)
@@ -242,7 +243,14 @@ impl Tree {
             ))
             .arg(format!("LOCPATH={}", root.join("locale").display()))
             .args(["LANG=en_US.UTF-8", "LC_ALL=en_US.UTF-8"])
-            .arg("BB_ENV_PASSTHROUGH_ADDITIONS=LOCPATH")
+            // The configuration's hash, which names the parse cache,
+            // covers values made from Python sets (COMBINED_FEATURES is
+            // the set intersection of the distro's and the machine's
+            // features), whose order follows the interpreter's hash seed:
+            // with a random seed a run finds the cache of the run before
+            // only by chance and parses every recipe again.
+            .arg("PYTHONHASHSEED=0")
+            .arg("BB_ENV_PASSTHROUGH_ADDITIONS=LOCPATH PYTHONHASHSEED")
             .arg("bitbake")
             .args(args)
             .current_dir(root.join("build"));
