@@ -2,14 +2,15 @@
 //! whinlatter, from the archive `../shared/yocto/` holds beside the
 //! checkout (or `UPDRAFT_YOCTO_ARCHIVE`).
 //!
-//! One test, its steps in sequence on one unpacked tree, because a parse of
-//! oe-core's 945 recipes is what costs: the first step parses everything
-//! (about 40 s on two idle cores) and the steps after it read bitbake's
-//! parse cache, which reparses only what a step changed. Each step prints
-//! its time. In order:
+//! One test, its steps in sequence on one unpacked tree and one bitbake
+//! server, because a parse of oe-core's 945 recipes is what costs: the
+//! first step parses everything and the steps after it use the recipes the
+//! server holds, reparsing only what a step changed; only the other
+//! machine parses everything again. Each step prints its time
+//! (docs/testing.md, "The bitbake test", has the figures). In order:
 //!
-//! 1. `bitbake -e updraft` for `qemuarm64` with systemd: no error and no
-//!    warning naming meta-updraft; every crate of `updraft-crates.inc` in
+//! 1. `bitbake -p`, then `bitbake -e updraft`, for `qemuarm64` with
+//!    systemd: no error and no warning naming meta-updraft; every crate of `updraft-crates.inc` in
 //!    `SRC_URI`; `--frozen --release` and the machine's target in
 //!    `CARGO_BUILD_FLAGS`; `updraft.service` in `SYSTEMD_SERVICE`; the
 //!    board settings of `local.conf` in the commands that write
@@ -56,6 +57,8 @@ use updraft_tests::tmp::TempDir;
 const ARCHIVE: &str = "oe-core-whinlatter-bitbake-2.16.tar.xz";
 /// Who runs bitbake when the tests run as root.
 const UNPRIVILEGED: u32 = 65534;
+/// How long bitbake's server waits for the next command before it ends.
+const IDLE_SECONDS: u32 = 60;
 /// The test image recipe, written into the tree's copy of the layer.
 const IMAGE: &str = "updraft-release-test-image";
 /// Board settings the tree's local.conf gives, checked in the recipe.
@@ -79,13 +82,20 @@ fn recipe_crates() -> Vec<(String, String)> {
         repo_root().join("yocto/meta-updraft/recipes-support/updraft/updraft-crates.inc"),
     )
     .expect("updraft-crates.inc");
-    inc.split_whitespace()
+    let crates: Vec<(String, String)> = inc
+        .split_whitespace()
         .filter_map(|w| w.trim_matches('"').strip_prefix("crate://crates.io/"))
         .map(|c| {
             let (name, version) = c.rsplit_once('/').expect("crate://crates.io/NAME/VERSION");
             (name.to_string(), version.to_string())
         })
-        .collect()
+        .collect();
+    assert_eq!(
+        crates.len(),
+        inc.matches(".sha256sum]").count(),
+        "a crate of updraft-crates.inc without its checksum, or the reverse"
+    );
+    crates
 }
 
 /// cargo's download cache: `$CARGO_HOME/registry/cache/<registry>/`.
@@ -224,6 +234,10 @@ impl Tree {
 
     /// `bitbake ARGS` in the build directory, as bitbake wants to be run.
     fn bitbake(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("running bitbake")
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
         let root = self.root();
         let mut cmd = if is_root() {
             let mut c = Command::new("setpriv");
@@ -243,18 +257,27 @@ impl Tree {
             ))
             .arg(format!("LOCPATH={}", root.join("locale").display()))
             .args(["LANG=en_US.UTF-8", "LC_ALL=en_US.UTF-8"])
-            // The configuration's hash, which names the parse cache,
-            // covers values made from Python sets (COMBINED_FEATURES is
-            // the set intersection of the distro's and the machine's
-            // features), whose order follows the interpreter's hash seed:
-            // with a random seed a run finds the cache of the run before
-            // only by chance and parses every recipe again.
-            .arg("PYTHONHASHSEED=0")
-            .arg("BB_ENV_PASSTHROUGH_ADDITIONS=LOCPATH PYTHONHASHSEED")
+            .arg("BB_ENV_PASSTHROUGH_ADDITIONS=LOCPATH")
+            // One bitbake server for all the steps, which keeps the parsed
+            // recipes in memory between commands and reparses only what a
+            // step changed. (A new server per command reads the parse
+            // cache, but the first server's cache is not the one the
+            // second looks for: the second parses everything again.) It
+            // ends IDLE_SECONDS after the last command, or when the tree
+            // is dropped.
+            .arg(format!("BB_SERVER_TIMEOUT={IDLE_SECONDS}"))
             .arg("bitbake")
             .args(args)
             .current_dir(root.join("build"));
-        cmd.output().expect("running bitbake")
+        cmd
+    }
+}
+
+impl Drop for Tree {
+    /// End the bitbake server the steps shared (`bitbake -m`), so that
+    /// nothing outlives the test, even one that failed.
+    fn drop(&mut self) {
+        let _ = self.command(&["-m"]).output();
     }
 }
 
@@ -404,7 +427,11 @@ fn meta_updraft_parses_expands_fetches_and_unpacks_under_bitbake() {
     assert!(!crates.is_empty());
 
     // 1. The whole parse, for qemuarm64; the recipe's variables.
-    let env = step("qemuarm64: parse, bitbake -e updraft", || {
+    let log = step("qemuarm64: parse, bitbake -p", || {
+        bitbake_ok(&tree, &["-p"])
+    });
+    assert!(log.contains(" 0 errors."), "bitbake -p:\n{log}");
+    let env = step("bitbake -e updraft", || {
         bitbake_ok(&tree, &["-e", "updraft"])
     });
     let src_uri = var(&env, "SRC_URI");
