@@ -477,8 +477,12 @@ fn meta_updraft_parses_expands_fetches_and_unpacks_under_bitbake() {
         "{recommends}"
     );
 
-    // 2. The other machine: a whole parse again. The steps after it run
-    // for this machine, whose parse the server now holds.
+    // 2. The other machine: a whole parse again. It comes here because in
+    // a new build directory the configuration's hash, which names the
+    // parse cache, changes once after the first command that runs a
+    // target (`-e updraft` above), so the command after that parses every
+    // recipe whatever it is: here, where a whole parse is due anyway. The
+    // steps after it run for this machine, whose parse the server holds.
     tree.local_conf("qemux86-64");
     tree.own();
     let log = step("qemux86-64: parse, bitbake -p", || {
