@@ -682,7 +682,6 @@ fn meta_updraft_parses_expands_fetches_and_unpacks_under_bitbake() {
     );
     std::fs::write(&recipe, good).expect("the recipe again");
 
-
     eprintln!(
         "yocto_bitbake: all steps: {:.1} s",
         total.elapsed().as_secs_f64()
