@@ -97,6 +97,7 @@ do_updraft_release() {
         "$@" -- ${UPDRAFT_PUBLISH_ARGS}
     ln -sf "$(basename "${UPDRAFT_BUNDLE}")" "${UPDRAFT_BUNDLE_LINK}"
 }
+do_updraft_release[doc] = "Signs the image as an updraft release: the release directory and a bundle in DEPLOY_DIR_IMAGE"
 do_updraft_release[depends] += "updraft-publish-native:do_populate_sysroot"
 do_updraft_release[vardepsexclude] += "UPDRAFT_SIGNING_KEY"
 do_updraft_release[file-checksums] += "${UPDRAFT_RELEASE_SCRIPT}:True"
