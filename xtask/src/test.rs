@@ -166,7 +166,7 @@ fn run_tests(opts: &Options, skip_log: &std::path::Path) -> Result {
         );
         // The whole suite: the bitbake test after the others, alone.
         let apart = opts.cargo_args.is_empty();
-        let nextest = |filter: Option<&str>| {
+        let nextest = |filter: Option<&str>, extra: &[&str]| {
             let mut test = cargo();
             test.args([
                 "nextest",
@@ -181,13 +181,18 @@ fn run_tests(opts: &Options, skip_log: &std::path::Path) -> Result {
             if let Some(f) = filter {
                 test.args(["-E", f]);
             }
+            test.args(extra);
             util::run(&mut test)
         };
-        let main = nextest(apart.then_some("not binary(yocto_bitbake)"));
+        let main = nextest(apart.then_some("not binary(yocto_bitbake)"), &[]);
         let bitbake = if apart {
             println!("xtask test: the bitbake test, alone");
             let started = std::time::Instant::now();
-            let r = nextest(Some("binary(yocto_bitbake)"));
+            // Its output (each step and its time) is shown when it passes.
+            let r = nextest(
+                Some("binary(yocto_bitbake)"),
+                &["--success-output", "final"],
+            );
             println!(
                 "xtask test: the bitbake test took {:.0} s",
                 started.elapsed().as_secs_f64()

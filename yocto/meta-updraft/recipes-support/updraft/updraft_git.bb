@@ -104,7 +104,7 @@ do_install:append() {
 do_install[file-checksums] += "${@'${UPDRAFT_ROOT_KEY}:True' if d.getVar('UPDRAFT_ROOT_KEY') else ''}"
 
 PACKAGES =+ "${PN}-fw-env"
-FILES:${PN}-fw-env = "${sysconfdir}/fw_env.config"
+FILES:${PN}-fw-env += "${sysconfdir}/fw_env.config"
 CONFFILES:${PN}-fw-env = "${sysconfdir}/fw_env.config"
 
 FILES:${PN} += "${systemd_system_unitdir}/updraft.service \
