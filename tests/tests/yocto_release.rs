@@ -9,9 +9,10 @@
 //! made into ext4 images the way `IMAGE_CMD:ext4` does (`mkfs.ext4 -d`),
 //! and install what it produced on a test device: the full image, then a
 //! delta from the previous image; the marker inside the image parses as
-//! the agent parses it; the signing key is read in place and nothing
-//! secret lands in the output; a missing key or a bad version stops the
-//! script before anything is written. `yocto_bitbake` checks that the
+//! the agent parses it; key documents made offline go into the release
+//! and a device trusting only the root key installs it; the signing key
+//! is read in place and nothing secret lands in the output; a missing key
+//! or a bad version stops the script before anything is written. `yocto_bitbake` checks that the
 //! class parses and expands under a real bitbake.
 
 use std::path::{Path, PathBuf};
@@ -19,8 +20,8 @@ use std::process::{Command, Output};
 
 use serde_json::json;
 use updraft::slot::SlotName;
-use updraft_tests::device::{Device, DeviceSpec};
-use updraft_tests::publisher::{KeyPair, image_bytes, keygen};
+use updraft_tests::device::{Device, DeviceSpec, TrustSpec};
+use updraft_tests::publisher::{KeyPair, Repo, image_bytes, keygen};
 use updraft_tests::repo_root;
 use updraft_tests::tmp::TempDir;
 
@@ -133,6 +134,7 @@ fn publish(
     version: &str,
     site: &Path,
     previous: Option<&Path>,
+    key_documents: Option<&Path>,
 ) -> (PathBuf, String) {
     let bundle = site
         .parent()
@@ -155,6 +157,9 @@ fn publish(
     ];
     if let Some(p) = previous {
         args.extend(["--from", arg(p)]);
+    }
+    if let Some(d) = key_documents {
+        args.extend(["--key-documents", arg(d)]);
     }
     // What a class user passes through UPDRAFT_PUBLISH_ARGS.
     args.extend(["--", "--level", "3", "--frame-size", "1048576"]);
@@ -187,7 +192,10 @@ fn assert_no_secret(dir: &Path, key: &KeyPair) {
 
 /// A device of `MACHINE` that trusts `key`.
 fn device(name: &str, key: &KeyPair) -> Device {
-    let mut spec = DeviceSpec::simple(key);
+    device_with(name, DeviceSpec::simple(key))
+}
+
+fn device_with(name: &str, mut spec: DeviceSpec) -> Device {
     spec.compatible = MACHINE.into();
     let dev = Device::new(name, spec);
     dev.init();
@@ -210,7 +218,7 @@ fn an_image_published_by_the_class_script_installs_from_its_bundle() {
     assert_eq!(file_in_image(&img, "/etc-version"), "1.0\n");
 
     let site = build.join("deploy/updraft-image");
-    let (bundle, out) = publish(&key, &img, "1.0", &site, None);
+    let (bundle, out) = publish(&key, &img, "1.0", &site, None, None);
     assert!(out.contains("release 1.0"), "{out}");
     assert!(site.join("manifest.json").is_file(), "{out}");
     assert_no_secret(build.path(), &key);
@@ -237,9 +245,9 @@ fn a_delta_from_the_previous_image_is_published_and_installed() {
     let v1 = build_image(build.path(), "1.0", 11, false);
     let v2 = build_image(build.path(), "2.0", 11, true);
     let site = build.join("deploy/updraft-image");
-    let (b1, _) = publish(&key, &v1, "1.0", &site, None);
+    let (b1, _) = publish(&key, &v1, "1.0", &site, None, None);
     // UPDRAFT_PREVIOUS_IMAGE: the delta from the image devices run.
-    let (b2, out) = publish(&key, &v2, "2.0", &site, Some(&v1));
+    let (b2, out) = publish(&key, &v2, "2.0", &site, Some(&v1), None);
     assert!(out.contains("delta from"), "no delta published:\n{out}");
 
     let mut dev = device("yocto-release-delta", &key);
@@ -260,6 +268,36 @@ fn a_delta_from_the_previous_image_is_published_and_installed() {
         history.contains("verified on the slot (delta)"),
         "{history}"
     );
+}
+
+#[test]
+fn key_documents_made_offline_go_into_the_release_a_root_mode_device_installs() {
+    updraft_tests::require!("mkfs.ext4", "debugfs");
+    // Offline: the root key signs the key document naming the release key.
+    let offline = TempDir::new("yocto-release-offline");
+    let root = keygen(offline.path(), "root");
+    let key = keygen(offline.path(), "release");
+    let document = Repo::new(offline.join("site")).key_document(&[&root], &[&key], 1, &[]);
+    let documents = document.parent().expect("keys/").to_path_buf();
+
+    let build = TempDir::new("yocto-release-root-build");
+    let img = build_image(build.path(), "1.0", 5, false);
+    let site = build.join("deploy/updraft-image");
+    let (bundle, _) = publish(&key, &img, "1.0", &site, None, Some(&documents));
+    assert_eq!(
+        std::fs::read(site.join("keys/1.json")).expect("the key document in the release"),
+        std::fs::read(&document).expect("the key document"),
+    );
+    assert_no_secret(build.path(), &key);
+    assert_no_secret(build.path(), &root);
+
+    let mut spec = DeviceSpec::simple(&key);
+    spec.trust = TrustSpec::Root(vec![root.public.clone()], 1, 0);
+    let dev = device_with("yocto-release-root", spec);
+    let out = dev.ok(&["install", arg(&bundle)]);
+    assert!(out.contains("1.0"), "{out}");
+    let image = std::fs::read(&img).expect("the image");
+    assert_eq!(&dev.slot_bytes(SlotName::B)[..image.len()], &image[..]);
 }
 
 #[test]
