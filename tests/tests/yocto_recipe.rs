@@ -201,6 +201,18 @@ fn licence_checksum_covers_the_manifest_licence_line() {
         md5,
         "update LIC_FILES_CHKSUM in updraft_git.bb"
     );
+    // The publisher's recipe builds the same workspace under the same licence.
+    let publisher = read(&layer().join("recipes-support/updraft/updraft-publish_git.bb"));
+    let line = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("LIC_FILES_CHKSUM = "))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        line(&publisher),
+        line(&recipe),
+        "keep LIC_FILES_CHKSUM equal in updraft-publish_git.bb and updraft_git.bb"
+    );
 }
 
 #[test]
@@ -367,13 +379,15 @@ fn recipe_builds_sqlite_with_the_workspace_flags() {
     let config = read(&repo_root().join(".cargo/config.toml"));
     let workspace =
         value_of(&config, "LIBSQLITE3_FLAGS = ").expect("LIBSQLITE3_FLAGS in .cargo/config.toml");
-    let recipe = read(&layer().join("recipes-support/updraft/updraft_git.bb"));
-    let yocto = value_of(&recipe, "export LIBSQLITE3_FLAGS = ")
-        .expect("export LIBSQLITE3_FLAGS in the recipe");
-    assert_eq!(
-        yocto, workspace,
-        "keep the recipe's LIBSQLITE3_FLAGS equal to .cargo/config.toml's"
-    );
+    for name in ["updraft_git.bb", "updraft-publish_git.bb"] {
+        let recipe = read(&layer().join("recipes-support/updraft").join(name));
+        let yocto = value_of(&recipe, "export LIBSQLITE3_FLAGS = ")
+            .unwrap_or_else(|| panic!("export LIBSQLITE3_FLAGS in {name}"));
+        assert_eq!(
+            yocto, workspace,
+            "keep {name}'s LIBSQLITE3_FLAGS equal to .cargo/config.toml's"
+        );
+    }
 }
 
 #[test]

@@ -130,6 +130,8 @@ pub(crate) const FILES: &[Placement] = &[
     p("tests/tests/grub_boot_script.rs", No, "the shipped GRUB script under grub-emu"),
     p("tests/tests/uboot_boot_script.rs", No, "the shipped U-Boot script's logic"),
     p("tests/tests/systemd_unit.rs", No, "the shipped unit, checked by systemd's tools"),
+    p("tests/tests/yocto_bitbake.rs", No, "bitbake 2.16 and oe-core whinlatter (`../shared/yocto/`) parse meta-updraft for two machines and fetch its sources from a local mirror; host only"),
+    p("tests/tests/yocto_release.rs", No, "the release class's script with the build-host publisher; bundle_install covers the install emulated"),
     p("tests/tests/yocto_recipe.rs", No, "the Yocto layer's files"),
     p("tests/tests/deb_package.rs", No, "the Debian package, checked by dpkg-deb and lintian; vm-test 10 installs it"),
     // The publisher runs on build hosts.

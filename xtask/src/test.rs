@@ -9,7 +9,11 @@
 //! black-box tests run are built and every test in the workspace runs:
 //! under cargo-nextest's `ci` profile (eight tests at once; see
 //! [`crate::nextest`] for why), or `cargo test` where nextest is missing,
-//! and then the doc tests, which nextest does not run.
+//! and then the doc tests, which nextest does not run. A whole-suite run
+//! under nextest runs the bitbake test (`yocto_bitbake`, two parses of
+//! oe-core's recipes on every core) on its own after the others, so that
+//! it neither slows the tests that wait on real time nor is slowed by
+//! them (docs/testing.md, "The bitbake test").
 //!
 //! `--full` then runs every other stage CI runs, each with its whole
 //! scope: the demo with each server, `cross-test --full` (every test file
@@ -112,6 +116,15 @@ pub fn run(args: &[String]) -> Result {
     provision(&opts);
     let skip_log = util::target_dir().join("test-skips.log");
     let _ = std::fs::remove_file(&skip_log);
+    // Every crate of Cargo.lock, those of other platforms too, in cargo's
+    // download cache: the bitbake test fetches updraft's crate list from
+    // there, as from a mirror. Offline, the build needs none of them; that
+    // test then names the crates it misses.
+    if let Err(e) = util::run(cargo().args(["fetch", "--locked", "--quiet"])) {
+        println!(
+            "xtask test: cargo fetch failed ({e}): the bitbake test will name the crates it misses"
+        );
+    }
     util::run(cargo().args(["build", "--quiet", "-p", "updraft", "-p", "updraft-publish"]))?;
     let result = run_tests(&opts, &skip_log);
     let rules = check_rules(&opts, &skip_log);
@@ -156,18 +169,44 @@ fn run_tests(opts: &Options, skip_log: &std::path::Path) -> Result {
         println!(
             "xtask test: the workspace's tests under cargo-nextest, profile ci (.config/nextest.toml)"
         );
-        let mut test = cargo();
-        test.args([
-            "nextest",
-            "run",
-            "--workspace",
-            "--profile",
-            "ci",
-            "--no-fail-fast",
-        ])
-        .args(&opts.cargo_args)
-        .env("UPDRAFT_SKIP_LOG", skip_log);
-        util::run(&mut test).and_then(|()| doc_tests(skip_log))
+        // The whole suite: the bitbake test after the others, alone.
+        let apart = opts.cargo_args.is_empty();
+        let nextest = |filter: Option<&str>, extra: &[&str]| {
+            let mut test = cargo();
+            test.args([
+                "nextest",
+                "run",
+                "--workspace",
+                "--profile",
+                "ci",
+                "--no-fail-fast",
+            ])
+            .args(&opts.cargo_args)
+            .env("UPDRAFT_SKIP_LOG", skip_log);
+            if let Some(f) = filter {
+                test.args(["-E", f]);
+            }
+            test.args(extra);
+            util::run(&mut test)
+        };
+        let main = nextest(apart.then_some("not binary(yocto_bitbake)"), &[]);
+        let bitbake = if apart {
+            println!("xtask test: the bitbake test, alone");
+            let started = std::time::Instant::now();
+            // Its output (each step and its time) is shown when it passes.
+            let r = nextest(
+                Some("binary(yocto_bitbake)"),
+                &["--success-output", "final"],
+            );
+            println!(
+                "xtask test: the bitbake test took {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+            r
+        } else {
+            Ok(())
+        };
+        main.and(bitbake).and_then(|()| doc_tests(skip_log))
     } else {
         println!(
             "xtask test: cargo-nextest is not installed (cargo install cargo-nextest --locked): \

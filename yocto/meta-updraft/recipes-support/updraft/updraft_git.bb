@@ -45,6 +45,15 @@ UPDRAFT_SLOT_A ??= "/dev/mmcblk0p2"
 UPDRAFT_SLOT_B ??= "/dev/mmcblk0p3"
 UPDRAFT_BOOTLOADER ??= "uboot"
 UPDRAFT_MANIFEST_URL ??= ""
+# The fleet's root public key (PEM, as `updraft-publish keygen` writes it),
+# a path on the build host, installed as /etc/updraft/keys/root.pub. Public
+# material; its private half stays offline. Empty: the image ships no key.
+UPDRAFT_ROOT_KEY ??= ""
+# U-Boot boards: the lines of /etc/fw_env.config ("DEVICE OFFSET SIZE"),
+# for the environment and its redundant copy, in the package
+# ${PN}-fw-env. Empty: the board support's own fw_env.config is used.
+UPDRAFT_FW_ENV ??= ""
+UPDRAFT_FW_ENV_REDUND ??= ""
 
 USERADD_PACKAGES = "${PN}"
 GROUPADD_PARAM:${PN} = "--system updraft"
@@ -77,7 +86,26 @@ do_install:append() {
         -e 's#@BOOTLOADER@#${UPDRAFT_BOOTLOADER}#' \
         -e 's#@MANIFEST_URL@#${UPDRAFT_MANIFEST_URL}#' \
         ${D}${sysconfdir}/updraft/updraft.toml
+
+    if [ -n "${UPDRAFT_ROOT_KEY}" ]; then
+        install -m 0644 ${UPDRAFT_ROOT_KEY} ${D}${sysconfdir}/updraft/keys/root.pub
+    fi
+    if [ -n "${UPDRAFT_FW_ENV}" ]; then
+        printf '# DEVICE OFFSET SIZE, written by the updraft recipe\n%s\n' "${UPDRAFT_FW_ENV}" \
+            > ${D}${sysconfdir}/fw_env.config
+        if [ -n "${UPDRAFT_FW_ENV_REDUND}" ]; then
+            printf '%s\n' "${UPDRAFT_FW_ENV_REDUND}" >> ${D}${sysconfdir}/fw_env.config
+        fi
+        chmod 0644 ${D}${sysconfdir}/fw_env.config
+    fi
 }
+# The root key is read from the build host: its content is part of the
+# task's signature.
+do_install[file-checksums] += "${@'${UPDRAFT_ROOT_KEY}:True' if d.getVar('UPDRAFT_ROOT_KEY') else ''}"
+
+PACKAGES =+ "${PN}-fw-env"
+FILES:${PN}-fw-env += "${sysconfdir}/fw_env.config"
+CONFFILES:${PN}-fw-env = "${sysconfdir}/fw_env.config"
 
 FILES:${PN} += "${systemd_system_unitdir}/updraft.service \
                 ${nonarch_libdir}/tmpfiles.d/updraft.conf \
@@ -87,4 +115,5 @@ CONFFILES:${PN} = "${sysconfdir}/updraft/updraft.toml"
 
 # The U-Boot backend locks and reads the environment the way libubootenv
 # does; fw_printenv/fw_setenv are handy for inspecting it on the device.
-RRECOMMENDS:${PN} = "${@'libubootenv-bin' if d.getVar('UPDRAFT_BOOTLOADER') == 'uboot' else ''}"
+RRECOMMENDS:${PN} = "${@'libubootenv-bin' if d.getVar('UPDRAFT_BOOTLOADER') == 'uboot' else ''} \
+                     ${@'${PN}-fw-env' if d.getVar('UPDRAFT_FW_ENV') else ''}"
