@@ -32,8 +32,10 @@ use crate::store::Store;
 use crate::{bail, err};
 
 mod exit;
+mod follow;
 mod view;
 use exit::Outcome;
+use follow::{answered, follow_install, follow_to_outcome};
 use view::{history, status};
 
 /// `--config FILE`, accepted anywhere on the line.
@@ -594,111 +596,6 @@ impl Ticker for CliTicker {
             let _ = writeln!(err, "{line}");
         }
         Ok(())
-    }
-}
-
-/// What the daemon's answer to a check or an install says, before any job
-/// is followed: whether one started (or was running already), or how the
-/// check ended.
-fn answered(reply: &control::Reply) -> Option<Outcome> {
-    match reply.outcome.as_deref() {
-        Some("started" | "busy") => None,
-        Some("held") => Some(Outcome::Held),
-        // Components installed and committed within the check.
-        Some("applied") => Some(Outcome::Done),
-        Some(_) => Some(Outcome::NothingToDo),
-        // A daemon that names no outcome: `started` alone.
-        None if reply.started == Some(true) => None,
-        None => Some(Outcome::NothingToDo),
-    }
-}
-
-/// The daemon's status, for a client following a job.
-fn daemon_status(path: &std::path::Path) -> Result<crate::status::Status> {
-    let Some(r) = control::try_request(path, &control::Request::Status)? else {
-        bail!(Io, "the daemon went away during the install");
-    };
-    match r.status {
-        Some(st) => Ok(st),
-        None => bail!(Io, "the daemon sent no status"),
-    }
-}
-
-/// Print a job's progress line when it changed.
-fn show_progress(st: &crate::status::Status, last: &mut String) {
-    if let Some(p) = &st.progress {
-        let line = progress_line(p);
-        if line != *last {
-            eprintln!("{line}");
-            *last = line;
-        }
-    }
-}
-
-/// `--wait`: follow the daemon's job until [`exit::settled`] finds its
-/// outcome.
-fn follow_to_outcome(path: &std::path::Path) -> Result<Outcome> {
-    let mut release: Option<String> = None;
-    let mut last = String::new();
-    loop {
-        let st = daemon_status(path)?;
-        if let Some(j) = &st.job {
-            release.get_or_insert_with(|| j.version.clone());
-        }
-        show_progress(&st, &mut last);
-        match exit::settled(release.as_deref(), &st) {
-            exit::Progress::Running => {}
-            exit::Progress::Ended(outcome, text) => {
-                println!("{text}");
-                return Ok(outcome);
-            }
-            exit::Progress::Failed(why) => bail!(Io, "{why}"),
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// After the daemon accepted an install, show its progress until the job
-/// leaves the download and install states (with `wait`, until its
-/// outcome).
-fn follow_install(path: &std::path::Path, reply: control::Reply, wait: bool) -> Result<Outcome> {
-    if let Some(outcome) = answered(&reply) {
-        let message = reply.message.unwrap_or_default();
-        match outcome {
-            Outcome::Done => println!("{message}"),
-            _ => println!("no change: {message}"),
-        }
-        return Ok(outcome);
-    }
-    eprintln!("{}", reply.message.unwrap_or_default());
-    if wait {
-        return follow_to_outcome(path);
-    }
-    let mut last = String::new();
-    loop {
-        let st = daemon_status(path)?;
-        match st.state.as_str() {
-            "checking" | "downloading" | "installing" => show_progress(&st, &mut last),
-            "failed" | "idle" => {
-                bail!(
-                    Io,
-                    "install failed: {}",
-                    st.last_error
-                        .unwrap_or_else(|| "see updraft history".into())
-                );
-            }
-            other => {
-                let job = st
-                    .job
-                    .map(|j| format!("release {} in slot {}", j.version, j.target));
-                println!(
-                    "installed {} (daemon state: {other})",
-                    job.unwrap_or_default()
-                );
-                return Ok(Outcome::Done);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(500));
     }
 }
 
