@@ -50,17 +50,10 @@ fn release_image(args: &[&str]) -> Output {
 }
 
 fn ok(args: &[&str]) -> String {
-    let out = release_image(args);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "updraft-release-image {args:?}:\n{text}"
-    );
-    text
+    updraft_tests::succeeded(
+        &release_image(args),
+        &format!("updraft-release-image {args:?}"),
+    )
 }
 
 fn arg(p: &Path) -> &str {

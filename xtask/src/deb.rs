@@ -32,6 +32,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::dist::copy;
 use crate::util::{self, Result, root};
 
 /// The maintainer of the packages, as `Maintainer:` and the changelog name it.
@@ -73,15 +74,9 @@ pub struct Input<'a> {
 pub fn agent(input: &Input) -> Result<PathBuf> {
     let name = "updraft";
     let stage = stage_dir(input, name)?;
-    // The tarball's tree names the binary after its file: whatever the
-    // input is called, it ships as /usr/bin/updraft.
-    let bin_dir = input
-        .out_dir
-        .join(format!("{name}_{}_{}.bin", input.version, input.arch));
-    let named = bin_dir.join("updraft");
-    copy(input.binary, &named, 0o755)?;
-    crate::dist::stage_tree(&stage, std::slice::from_ref(&named))?;
-    let _ = std::fs::remove_dir_all(&bin_dir);
+    // Whatever the input is called, it ships as /usr/bin/updraft.
+    crate::dist::stage_binary(&stage, name, input.binary)?;
+    crate::dist::stage_files(&stage)?;
     let r = root();
     let contrib = r.join("contrib/debian");
     // The tarball's configuration is the Yocto recipe's template; the
@@ -130,8 +125,8 @@ pub fn publisher(input: &Input) -> Result<PathBuf> {
     let name = "updraft-publish";
     let stage = stage_dir(input, name)?;
     let r = root();
+    crate::dist::stage_binary(&stage, name, input.binary)?;
     let bin = stage.join("usr/bin").join(name);
-    copy(input.binary, &bin, 0o755)?;
     // The publisher's profile (opt-level 3 for delta generation) leaves
     // its symbols in; the package ships it stripped as Debian Policy 10.1
     // asks. It is built for the host only, so the host's strip serves.
@@ -139,13 +134,6 @@ pub fn publisher(input: &Input) -> Result<PathBuf> {
         Command::new("strip")
             .args(["--strip-unneeded", "--remove-section=.comment"])
             .arg(&bin),
-    )?;
-    copy(
-        &r.join("contrib/bash-completion").join(name),
-        &stage
-            .join("usr/share/bash-completion/completions")
-            .join(name),
-        0o644,
     )?;
     let doc = stage.join("usr/share/doc").join(name);
     for d in ["manifest.md", "deltas.md", "cli.md"] {
@@ -472,16 +460,6 @@ fn build(stage: &Path, control: &str, input: &Input, name: &str) -> Result<PathB
     )
     .map_err(|e| format!("{e}\n(control:\n{control})"))?;
     Ok(deb)
-}
-
-fn copy(from: &Path, to: &Path, mode: u32) -> Result {
-    if let Some(dir) = to.parent() {
-        mkdir(dir)?;
-    }
-    std::fs::copy(from, to)
-        .map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))?;
-    std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("chmod {}: {e}", to.display()))
 }
 
 fn write(to: &Path, text: &str, mode: u32) -> Result {

@@ -191,7 +191,8 @@ fn build_cross(t: &cross::Target) -> Result<Vec<PathBuf>> {
     Ok(vec![cross::release_agent(t)?])
 }
 
-fn copy(from: &Path, to: &Path, mode: u32) -> Result {
+/// Copy `from` to `to` (its directories made) with permissions `mode`.
+pub(crate) fn copy(from: &Path, to: &Path, mode: u32) -> Result {
     use std::os::unix::fs::PermissionsExt;
     if let Some(dir) = to.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
@@ -202,22 +203,38 @@ fn copy(from: &Path, to: &Path, mode: u32) -> Result {
         .map_err(|e| format!("chmod {}: {e}", to.display()))
 }
 
-/// The tarball's tree for `bins` under `stage` (also the start of each
-/// Debian package, see [`crate::deb`]).
-pub(crate) fn stage_tree(stage: &Path, bins: &[PathBuf]) -> Result {
-    let r = root();
+/// Binary `from` as `usr/bin/NAME` under `stage`, with its bash
+/// completion (what `NAME completions bash` prints, kept in the tree).
+pub(crate) fn stage_binary(stage: &Path, name: &str, from: &Path) -> Result {
+    copy(from, &stage.join("usr/bin").join(name), 0o755)?;
+    copy(
+        &root().join("contrib/bash-completion").join(name),
+        &stage
+            .join("usr/share/bash-completion/completions")
+            .join(name),
+        0o644,
+    )
+}
+
+/// The tarball's tree for `bins` (each installed under its file name)
+/// under `stage`.
+fn stage_tree(stage: &Path, bins: &[PathBuf]) -> Result {
     for b in bins {
-        let name = b.file_name().ok_or("binary without a name")?;
-        copy(b, &stage.join("usr/bin").join(name), 0o755)?;
-        // What `NAME completions bash` prints, kept in the tree.
-        copy(
-            &r.join("contrib/bash-completion").join(name),
-            &stage
-                .join("usr/share/bash-completion/completions")
-                .join(name),
-            0o644,
-        )?;
+        let name = b
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| format!("{}: a binary needs a UTF-8 file name", b.display()))?;
+        stage_binary(stage, name, b)?;
     }
+    stage_files(stage)
+}
+
+/// What the tarball ships besides the binaries: the unit and its
+/// snippets, the configuration, the health checks' directory, the
+/// documentation (also the start of the agent's Debian package, see
+/// [`crate::deb`]).
+pub(crate) fn stage_files(stage: &Path) -> Result {
+    let r = root();
     copy(
         &r.join("systemd/updraft.service"),
         &stage.join("lib/systemd/system/updraft.service"),

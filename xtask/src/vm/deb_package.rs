@@ -46,8 +46,7 @@ use super::super::super::disk::{self, BOOT};
 use super::super::super::machine;
 use super::super::{Lab, mkdir, wait_userspace};
 use super::{
-    SD_DATA, SD_PARTS, SD_SLOT_A, SD_SLOT_B, SLOT_MIB, VM_FILES, base_tarball, install,
-    mark_script, put,
+    SD_DATA, SD_SLOT_A, SD_SLOT_B, SLOT_MIB, VM_FILES, base_tarball, install, mark_script, put,
 };
 use crate::util::{self, Result};
 
@@ -119,23 +118,7 @@ impl Lab {
         let configured = config();
         let slot = self.deb_image(&base, &old_deb, &new_deb, &configured)?;
 
-        let disk_image = self.work.join("deb-disk.img");
-        let boot_img = self.work.join("deb-boot.ext4");
-        self.boot_partition(&boot_img)?;
-        let data_dir = self.work.join("deb-datafs");
-        let _ = std::fs::remove_dir_all(&data_dir);
-        mkdir(&data_dir)?;
-        let data_img = self.work.join("deb-data.ext4");
-        disk::mkfs(&data_dir, &data_img, SD_DATA.size_mib, "data")?;
-        let empty = self.work.join("empty.img");
-        std::fs::write(&empty, b"").map_err(|e| format!("writing {}: {e}", empty.display()))?;
-        disk::assemble_parts(
-            self.machine,
-            &disk_image,
-            &self.work,
-            SD_PARTS,
-            [&boot_img, &slot, &empty, &data_img],
-        )?;
+        let disk_image = self.systemd_disk("deb", &slot)?;
 
         println!("\n== {name}");
         let mut vm = Vm::start(
@@ -152,7 +135,7 @@ impl Lab {
             old_binary: sha256_16(&previous)?,
             new_binary: sha256_16(self.guest.updraft())?,
             shipped_conf: sha256_16(&util::root().join("contrib/debian/updraft.toml"))?,
-            configured_conf: sha256_16_of(configured.as_bytes())?,
+            configured_conf: sha256_16_of(configured.as_bytes()),
         };
         let mut seen: BTreeMap<&str, Step> = BTreeMap::new();
         for step in STEPS {
@@ -282,16 +265,14 @@ fn file_name(p: &Path) -> String {
 
 /// The first 16 hex digits of a file's sha256, as the guest prints them.
 fn sha256_16(p: &Path) -> Result<String> {
-    let out = util::output(Command::new("sha256sum").arg(p))?;
-    Ok(out.chars().take(16).collect())
+    let bytes = std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()))?;
+    Ok(sha256_16_of(&bytes))
 }
 
-fn sha256_16_of(bytes: &[u8]) -> Result<String> {
-    let dir = std::env::temp_dir().join(format!("updraft-deb-sum-{}", std::process::id()));
-    std::fs::write(&dir, bytes).map_err(|e| format!("writing {}: {e}", dir.display()))?;
-    let sum = sha256_16(&dir);
-    let _ = std::fs::remove_file(&dir);
-    sum
+fn sha256_16_of(bytes: &[u8]) -> String {
+    let mut hex = updraft::hash::Sha256::of(bytes).to_hex();
+    hex.truncate(16);
+    hex
 }
 
 /// What one step line says.

@@ -196,22 +196,7 @@ impl Lab {
             artifact as f64 / (1024.0 * 1024.0)
         );
 
-        let disk_image = self.work.join("systemd-disk.img");
-        let boot_img = self.work.join("systemd-boot.ext4");
-        self.boot_partition(&boot_img)?;
-        let data_dir = self.work.join("systemd-datafs");
-        mkdir(&data_dir)?;
-        let data_img = self.work.join("systemd-data.ext4");
-        disk::mkfs(&data_dir, &data_img, SD_DATA.size_mib, "data")?;
-        let empty = self.work.join("empty.img");
-        std::fs::write(&empty, b"").map_err(|e| format!("writing {}: {e}", empty.display()))?;
-        disk::assemble_parts(
-            self.machine,
-            &disk_image,
-            &self.work,
-            SD_PARTS,
-            [&boot_img, &a, &empty, &data_img],
-        )?;
+        let disk_image = self.systemd_disk("systemd", &a)?;
 
         println!("\n== {name}");
         let mut vm = Vm::start(
@@ -397,6 +382,29 @@ impl Lab {
 
     /// The slot image of `version`: the Debian tree, updraft installed
     /// into it as the Yocto recipe installs it, and the VM's own units.
+    /// The systemd guest's disk, `PREFIX-disk.img`: the boot partition,
+    /// `slot_a` as slot A, slot B empty, an empty data partition.
+    pub(super) fn systemd_disk(&self, prefix: &str, slot_a: &Path) -> Result<PathBuf> {
+        let disk_image = self.work.join(format!("{prefix}-disk.img"));
+        let boot_img = self.work.join(format!("{prefix}-boot.ext4"));
+        self.boot_partition(&boot_img)?;
+        let data_dir = self.work.join(format!("{prefix}-datafs"));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        mkdir(&data_dir)?;
+        let data_img = self.work.join(format!("{prefix}-data.ext4"));
+        disk::mkfs(&data_dir, &data_img, SD_DATA.size_mib, "data")?;
+        let empty = self.work.join("empty.img");
+        std::fs::write(&empty, b"").map_err(|e| format!("writing {}: {e}", empty.display()))?;
+        disk::assemble_parts(
+            self.machine,
+            &disk_image,
+            &self.work,
+            SD_PARTS,
+            [&boot_img, slot_a, &empty, &data_img],
+        )?;
+        Ok(disk_image)
+    }
+
     fn systemd_image(&self, base: &Path, version: &str, settings: &Settings) -> Result<PathBuf> {
         let root = self.work.join(format!("systemd-rootfs-{version}"));
         let _ = std::fs::remove_dir_all(&root);
