@@ -126,6 +126,31 @@ pub fn settled(release: Option<&str>, st: &Status) -> Progress {
     }
 }
 
+/// Without `--wait`, `install` follows the job until it leaves the
+/// download and install states, whatever comes next: the slot is written.
+pub fn written(_release: Option<&str>, st: &Status) -> Progress {
+    match st.state.as_str() {
+        "checking" | "downloading" | "installing" => Progress::Running,
+        "failed" | "idle" => Progress::Failed(format!(
+            "install failed: {}",
+            st.last_error.as_deref().unwrap_or("see updraft history")
+        )),
+        other => {
+            let job = st
+                .job
+                .as_ref()
+                .map(|j| format!("release {} in slot {}", j.version, j.target));
+            Progress::Ended(
+                Outcome::Done,
+                format!(
+                    "installed {} (daemon state: {other})",
+                    job.unwrap_or_default()
+                ),
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +219,28 @@ mod tests {
             assert_eq!(
                 settled(Some("1.1"), &status(state)),
                 Progress::Running,
+                "{state}"
+            );
+        }
+    }
+
+    #[test]
+    fn without_wait_an_install_ends_once_its_slot_is_written() {
+        for state in ["checking", "downloading", "installing"] {
+            assert_eq!(written(None, &status(state)), Progress::Running, "{state}");
+        }
+        let mut failed = status("failed");
+        failed.last_error = Some("sha256 mismatch in frame 3".into());
+        assert_eq!(
+            written(None, &failed),
+            Progress::Failed("install failed: sha256 mismatch in frame 3".into())
+        );
+        for state in ["installed", "rebooting", "testing"] {
+            assert!(
+                matches!(
+                    written(None, &status(state)),
+                    Progress::Ended(Outcome::Done, _)
+                ),
                 "{state}"
             );
         }

@@ -56,6 +56,15 @@ fn show_progress(st: &crate::status::Status, last: &mut String) {
 /// `--wait`: follow the daemon's job until [`exit::settled`] finds its
 /// outcome.
 pub(super) fn follow_to_outcome(path: &std::path::Path) -> Result<Outcome> {
+    follow(path, exit::settled)
+}
+
+/// Follow the daemon's job, showing its progress, until `until` (given
+/// the job's release once seen, and the status) says it has ended.
+fn follow(
+    path: &std::path::Path,
+    until: fn(Option<&str>, &crate::status::Status) -> exit::Progress,
+) -> Result<Outcome> {
     let mut release: Option<String> = None;
     let mut last = String::new();
     loop {
@@ -64,7 +73,7 @@ pub(super) fn follow_to_outcome(path: &std::path::Path) -> Result<Outcome> {
             release.get_or_insert_with(|| j.version.clone());
         }
         show_progress(&st, &mut last);
-        match exit::settled(release.as_deref(), &st) {
+        match until(release.as_deref(), &st) {
             exit::Progress::Running => {}
             exit::Progress::Ended(outcome, text) => {
                 println!("{text}");
@@ -94,32 +103,8 @@ pub(super) fn follow_install(
     }
     eprintln!("{}", reply.message.unwrap_or_default());
     if wait {
-        return follow_to_outcome(path);
-    }
-    let mut last = String::new();
-    loop {
-        let st = daemon_status(path)?;
-        match st.state.as_str() {
-            "checking" | "downloading" | "installing" => show_progress(&st, &mut last),
-            "failed" | "idle" => {
-                bail!(
-                    Io,
-                    "install failed: {}",
-                    st.last_error
-                        .unwrap_or_else(|| "see updraft history".into())
-                );
-            }
-            other => {
-                let job = st
-                    .job
-                    .map(|j| format!("release {} in slot {}", j.version, j.target));
-                println!(
-                    "installed {} (daemon state: {other})",
-                    job.unwrap_or_default()
-                );
-                return Ok(Outcome::Done);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(500));
+        follow_to_outcome(path)
+    } else {
+        follow(path, exit::written)
     }
 }
