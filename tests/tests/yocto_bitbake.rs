@@ -328,12 +328,7 @@ fn run(cmd: &mut Command) {
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    updraft_tests::succeeded(&out, &format!("{cmd:?}"));
 }
 
 fn text(out: &Output) -> String {
