@@ -380,8 +380,6 @@ impl Lab {
         Ok(())
     }
 
-    /// The slot image of `version`: the Debian tree, updraft installed
-    /// into it as the Yocto recipe installs it, and the VM's own units.
     /// The systemd guest's disk, `PREFIX-disk.img`: the boot partition,
     /// `slot_a` as slot A, slot B empty, an empty data partition.
     pub(super) fn systemd_disk(&self, prefix: &str, slot_a: &Path) -> Result<PathBuf> {
@@ -405,6 +403,8 @@ impl Lab {
         Ok(disk_image)
     }
 
+    /// The slot image of `version`: the Debian tree, updraft installed
+    /// into it as the Yocto recipe installs it, and the VM's own units.
     fn systemd_image(&self, base: &Path, version: &str, settings: &Settings) -> Result<PathBuf> {
         let root = self.work.join(format!("systemd-rootfs-{version}"));
         let _ = std::fs::remove_dir_all(&root);
