@@ -227,10 +227,18 @@ fn journal_stream_is_stderr() -> bool {
     let Some(var) = var.to_str() else {
         return false;
     };
-    match nix::sys::stat::fstat(std::io::stderr()) {
-        // dev_t and ino_t are narrower than u64 on some 32-bit targets.
-        #[allow(clippy::unnecessary_cast)]
-        Ok(st) => journal_stream_matches(var, st.st_dev as u64, st.st_ino as u64),
+    // Through std's metadata (statx or fstat64) on a duplicate of the
+    // descriptor: glibc's 32-bit fstat on armv7 fails with EOVERFLOW for an
+    // inode number above 2^32.
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::io::stderr()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata());
+    match meta {
+        Ok(m) => journal_stream_matches(var, m.dev(), m.ino()),
         Err(_) => false,
     }
 }

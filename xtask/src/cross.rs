@@ -62,6 +62,9 @@ pub(crate) struct Target {
     libc_dev_package: &'static str,
     qemu: &'static str,
     sysroot: &'static str,
+    /// Whether `off_t` of glibc's plain file calls is 32 bits here (see
+    /// [`crate::large_files`]).
+    offsets_32: bool,
 }
 
 pub(crate) const TARGETS: &[Target] = &[
@@ -73,6 +76,7 @@ pub(crate) const TARGETS: &[Target] = &[
         libc_dev_package: "libc6-dev-arm64-cross",
         qemu: "qemu-aarch64-static",
         sysroot: "/usr/aarch64-linux-gnu",
+        offsets_32: false,
     },
     Target {
         short: "armv7",
@@ -82,6 +86,7 @@ pub(crate) const TARGETS: &[Target] = &[
         libc_dev_package: "libc6-dev-armhf-cross",
         qemu: "qemu-arm-static",
         sysroot: "/usr/arm-linux-gnueabihf",
+        offsets_32: true,
     },
 ];
 
@@ -93,6 +98,15 @@ impl Target {
     /// The emulator prefix that runs this target's executables here.
     pub(crate) fn runner(&self) -> String {
         format!("{} -L {}", self.qemu, self.sysroot)
+    }
+
+    /// Fail when the device binary at `binary` would refuse files of
+    /// 2 GiB or more on this target ([`crate::large_files`]).
+    pub(crate) fn check_large_files(&self, binary: &Path) -> Result {
+        if !self.offsets_32 {
+            return Ok(());
+        }
+        crate::large_files::check(binary, self.gcc.trim_end_matches("-gcc"))
     }
 
     fn from_name(name: &str) -> Result<&'static Target> {
@@ -451,7 +465,10 @@ fn build_target(t: &Target, tc: &Toolchain, opts: &Options, log: &Path, o: &mut 
     if !release {
         build.args(["--profile", "test"]);
     }
+    let profile = if release { "release" } else { "debug" };
+    let agent = target_dir.join(t.triple).join(profile).join("updraft");
     let built = run_logged(&mut build, log).and_then(|()| {
+        t.check_large_files(&agent)?;
         let mut tests = test_cargo(t, tc, &target_dir, opts);
         tests.arg("--no-run");
         // Appended to the build's log.
@@ -689,7 +706,9 @@ pub(crate) fn release_agent(t: &Target) -> Result<PathBuf> {
     let tc = Toolchain::ensure(Pick::Newest)?;
     let target_dir = release_dir();
     util::run(&mut release_build(t, &tc, &target_dir))?;
-    Ok(target_dir.join(t.triple).join("release").join("updraft"))
+    let agent = target_dir.join(t.triple).join("release").join("updraft");
+    t.check_large_files(&agent)?;
+    Ok(agent)
 }
 
 /// Where [`release_agent`] builds: `target/cross`.

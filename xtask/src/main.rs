@@ -30,6 +30,7 @@ mod demo;
 mod dist;
 mod emulate;
 mod fuzz;
+mod large_files;
 mod layout;
 mod nextest;
 mod pyramid;

@@ -73,7 +73,14 @@ pub enum Style {
     BootFiles,
 }
 
+/// Every open of the tree's files and directories: `openat` is glibc's
+/// 32-bit-offset call on armv7, where a file of 2 GiB or more then fails
+/// with `EOVERFLOW` unless the flag says the caller handles large files
+/// (on 64-bit targets the flag is 0 and changes nothing).
+const LARGE: OFlag = OFlag::O_LARGEFILE;
+
 const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(LARGE)
     .union(OFlag::O_DIRECTORY)
     .union(OFlag::O_NOFOLLOW)
     .union(OFlag::O_CLOEXEC);
@@ -204,6 +211,7 @@ pub fn write(
                     parent,
                     leaf,
                     OFlag::O_WRONLY
+                        | LARGE
                         | OFlag::O_CREAT
                         | OFlag::O_EXCL
                         | OFlag::O_NOFOLLOW
@@ -296,7 +304,7 @@ fn open_regular(
     let fd = openat(
         src_dir,
         leaf,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        OFlag::O_RDONLY | LARGE | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
     .ok()?;
@@ -324,7 +332,12 @@ fn copy_same(
     let fd = openat(
         dst_dir,
         leaf,
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        OFlag::O_WRONLY
+            | LARGE
+            | OFlag::O_CREAT
+            | OFlag::O_EXCL
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o644),
     )
     .map_err(|e| err!(Io, "{dir}/{leaf}: {e}"))?;
@@ -378,7 +391,7 @@ fn link_same(
     let linked = openat(
         dst_dir,
         leaf,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        OFlag::O_RDONLY | LARGE | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
     .ok()
