@@ -358,8 +358,10 @@ fn tuf_test_timestamp_content_changes_a_reused_serial_is_refused() {
     // The trusted version rewritten to hand the release role to another key.
     let root = f.root.clone();
     f.repo.key_document(&[&root], &[&f.other], 1, &[]);
+    // The publisher refuses to reuse a serial; the pair is made by hand.
     f.repo
-        .release(&[&f.release], "2.0", &f.v2, &["--serial", "5"]);
+        .release(&[&f.release], "2.0", &f.v2, &["--serial", "6"]);
+    f.repo.resign(&[&f.release], |p| p["serial"] = json!(5));
     let err = f.refused_untouched("manifest serial 5 (release 2.0) names image ");
     assert!(
         err.contains("but serial 5 was accepted naming image "),

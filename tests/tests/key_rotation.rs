@@ -533,6 +533,18 @@ fn the_publisher_guards_the_serial_sequence() {
     assert!(err.contains("pass --serial N"), "{err}");
     publish_ok_args(&args(&["--serial", "2"]));
 
+    // A serial is published once: signed again for the same image (a
+    // renewed expiry), refused for another image.
+    publish_ok_args(&args(&["--serial", "2"]));
+    let other = dir.join("1.1.img");
+    image(&other, 64 * 1024, 2);
+    let err = publish_fails(&release_args(&key.key, &other, &out, &["--serial", "2"]));
+    assert!(
+        err.contains("serial 2 is already published in ")
+            && err.contains("for another image (release 1.0)"),
+        "{err}"
+    );
+
     // One directory, one channel.
     let err = publish_fails(&args(&["--channel", "beta"]));
     assert!(
