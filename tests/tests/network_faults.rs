@@ -201,7 +201,7 @@ fn server_errors_are_retried_with_backoff() {
 /// tuf-conformance `test_timestamp_404`: the server answers 404 for the
 /// manifest. The check fails with the status in its error, nothing is
 /// stored (no serial, no state), the daemon keeps running and asks again
-/// at the next poll; once the manifest is there, it installs.
+/// at a later poll: once the manifest is there, it installs.
 #[test]
 fn tuf_test_timestamp_404_a_missing_manifest_fails_the_check_and_is_fetched_again() {
     updraft_tests::require!("nginx");
@@ -224,7 +224,7 @@ fn tuf_test_timestamp_404_a_missing_manifest_fails_the_check_and_is_fetched_agai
             l.iter()
                 .filter(|e| e.uri == "/manifest.json" && e.status == 404)
                 .count()
-                >= 2
+                >= 1
         })
         .unwrap();
     assert!(dev.daemon_running(), "{}", dev.log_tail());
