@@ -95,6 +95,13 @@ impl Envelope {
     /// Check the payload type, then count the distinct keys of `keys` that
     /// signed, and require the threshold. `role` names the key set in errors
     /// ("release keys of key document v3").
+    ///
+    /// A signature entry that does not decode to 64 bytes (bad base64, empty,
+    /// another length) counts as no signature, like one that verifies under
+    /// none of the keys: anyone on the path can append entries, so refusing
+    /// the whole envelope for one would let them block a validly signed
+    /// document. When the threshold is not met, the error says how many
+    /// entries were malformed and how many did not verify.
     pub fn verify(
         &self,
         what: &str,
@@ -115,17 +122,11 @@ impl Envelope {
         let message = pae(&self.payload_type, &payload);
         let mut signers: Vec<usize> = Vec::new();
         let mut unknown: Vec<String> = Vec::new();
+        let mut malformed: Vec<String> = Vec::new();
         for (i, s) in self.signatures.iter().enumerate() {
-            let raw = decode_base64(&s.sig, &format!("{what} signature {}", i + 1))?;
-            let Ok(sig_bytes) = <[u8; 64]>::try_from(raw.as_slice()) else {
-                return Err(Error::new(
-                    Kind::Malformed,
-                    format!(
-                        "{what} signature {} is {} bytes, an ed25519 signature is 64",
-                        i + 1,
-                        raw.len()
-                    ),
-                ));
+            let Some(sig_bytes) = signature_bytes(&s.sig) else {
+                malformed.push((i + 1).to_string());
+                continue;
             };
             match keys.find_signer(&message, &sig_bytes) {
                 Some(k) => {
@@ -150,15 +151,117 @@ impl Envelope {
                     unknown.join(", ")
                 ));
             }
+            if !malformed.is_empty() {
+                msg.push_str(&format!(
+                    " ({} signature(s) are not 64-byte ed25519 signatures in base64 and were not counted: entry {})",
+                    malformed.len(),
+                    malformed.join(", ")
+                ));
+            }
             return Err(Error::new(Kind::Signature, msg));
         }
         Ok(Verified { payload, signers })
     }
 }
 
+/// The 64 bytes of an ed25519 signature in base64, or `None` for anything
+/// else (not base64, empty, another length).
+fn signature_bytes(text: &str) -> Option<[u8; 64]> {
+    // 64 bytes are at most 88 characters of base64; longer text is not
+    // worth decoding.
+    if text.len() > 88 {
+        return None;
+    }
+    let raw = decode_base64(text, "signature").ok()?;
+    <[u8; 64]>::try_from(raw.as_slice()).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{Signer, envelope};
+
+    const TYPE: &str = "application/vnd.updraft.manifest+json";
+
+    fn keys(signers: &[&Signer], threshold: usize) -> KeySet {
+        KeySet::new(signers.iter().map(|s| s.public()).collect(), threshold).unwrap()
+    }
+
+    fn with_extra(env: &Envelope, sig: &str) -> Envelope {
+        let mut env = env.clone();
+        env.signatures.push(Signature {
+            keyid: "garbage".into(),
+            sig: sig.into(),
+        });
+        env
+    }
+
+    /// tuf-conformance `test_invalid_sig_in_valid_metadata`: a malformed
+    /// entry next to signatures that meet the threshold is ignored, as one
+    /// that verifies under no key is; it never refuses the envelope.
+    #[test]
+    fn a_malformed_extra_signature_counts_as_none() {
+        let (a, b) = (Signer::new(1), Signer::new(2));
+        let set = keys(&[&a, &b], 1);
+        let good = envelope(TYPE, b"payload", &[&a]);
+        let wrong = encode_base64(&[0x5a; 64]);
+        let long = "A".repeat(10_000);
+        for extra in [
+            "",
+            "c2hvcnQ=",
+            "not base64 *",
+            wrong.as_str(),
+            long.as_str(),
+        ] {
+            let env = with_extra(&good, extra);
+            let v = env.verify("manifest", TYPE, &set, "release keys").unwrap();
+            assert_eq!(v.signers, vec![0], "extra {extra:?}");
+            assert_eq!(v.payload, b"payload");
+        }
+        // The malformed entry first changes nothing either.
+        let mut env = with_extra(&good, "");
+        env.signatures.reverse();
+        assert!(env.verify("manifest", TYPE, &set, "release keys").is_ok());
+    }
+
+    /// Below threshold, the refusal counts the malformed entries, so an
+    /// operator sees why the signatures did not add up.
+    #[test]
+    fn below_threshold_the_refusal_names_the_malformed_entries() {
+        let (a, b) = (Signer::new(1), Signer::new(2));
+        let set = keys(&[&a, &b], 2);
+        let env = with_extra(&with_extra(&envelope(TYPE, b"p", &[&a]), ""), "c2hvcnQ=");
+        let e = env
+            .verify("manifest", TYPE, &set, "release keys")
+            .unwrap_err();
+        assert_eq!(e.kind(), Kind::Signature);
+        assert_eq!(
+            e.message(),
+            "manifest is signed by 1 of the 2 release keys, threshold is 2 \
+             (2 signature(s) are not 64-byte ed25519 signatures in base64 and were not counted: entry 2, 3)"
+        );
+    }
+
+    /// Duplicate signatures by one key count once (tuf-conformance
+    /// `test_duplicate_sig_keyids`): they never add up to a threshold of 2,
+    /// and at threshold 1 the one key that signed is enough.
+    #[test]
+    fn one_key_signing_twice_counts_once() {
+        let (a, b) = (Signer::new(1), Signer::new(2));
+        let env = envelope(TYPE, b"p", &[&a, &a]);
+        let e = env
+            .verify("manifest", TYPE, &keys(&[&a, &b], 2), "release keys")
+            .unwrap_err();
+        assert!(
+            e.message()
+                .starts_with("manifest is signed by 1 of the 2 release keys"),
+            "{e}"
+        );
+        let v = env
+            .verify("manifest", TYPE, &keys(&[&a, &b], 1), "release keys")
+            .unwrap();
+        assert_eq!(v.signers, vec![0]);
+    }
 
     #[test]
     fn pae_matches_dsse_spec_example() {

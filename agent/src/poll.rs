@@ -195,8 +195,12 @@ impl Poller<'_> {
         }
         let floor = self.store.floor(self.channel, epoch)?;
         let freshness = m.check_policy(now, floor, self.compatible)?;
+        if freshness == Freshness::Unchanged {
+            let named = self.store.serial_image(self.channel, epoch, m.serial)?;
+            m.check_serial_reuse(named.as_ref())?;
+        }
         self.store
-            .accept_manifest(self.channel, epoch, m.serial, m.issued)?;
+            .accept_manifest(self.channel, epoch, m.serial, m.issued, &m.image.sha256)?;
         if default_origin {
             // Cache what was verified, for the next 304.
             match std::str::from_utf8(&raw) {

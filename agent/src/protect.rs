@@ -389,7 +389,7 @@ mod tests {
         assert!(k.save(&store).unwrap());
         assert!(!k.save(&store).unwrap());
         store
-            .accept_manifest("stable", 0, 5, Timestamp(10))
+            .accept_manifest("stable", 0, 5, Timestamp(10), &Sha256::of(b"image"))
             .unwrap();
         assert!(k.save(&store).unwrap());
         assert_eq!(

@@ -4,8 +4,8 @@
 //! directories, a race-free way to write executable scripts, U-Boot
 //! environments built from variables, a plain install job, and the first
 //! moves of the boot model every backend must make alike, and file
-//! contents served from memory to the tree writer. Compiled for tests
-//! only.
+//! contents served from memory to the tree writer, and ed25519 signers
+//! with the DSSE envelopes they sign. Compiled for tests only.
 
 use std::path::PathBuf;
 
@@ -161,5 +161,46 @@ impl crate::app::tree::Blobs for Memory {
             .or_else(|| self.blobs.get(sha256))
             .ok_or_else(|| crate::err!(Network, "no blob {}", sha256.short()))?;
         Ok(Box::new(&bytes[..]))
+    }
+}
+
+/// An ed25519 signer made from a fixed seed, so each test key is the same
+/// in every run.
+pub(crate) struct Signer(ed25519_dalek::SigningKey);
+
+impl Signer {
+    pub(crate) fn new(seed: u8) -> Signer {
+        Signer(ed25519_dalek::SigningKey::from_bytes(&[seed; 32]))
+    }
+
+    pub(crate) fn public(&self) -> crate::keys::PublicKey {
+        crate::keys::PublicKey::from_bytes(self.0.verifying_key().as_bytes())
+            .expect("an ed25519 test key")
+    }
+
+    /// The `sig` text of this key's signature over `payload` as `payload_type`.
+    pub(crate) fn sign(&self, payload_type: &str, payload: &[u8]) -> String {
+        use ed25519_dalek::Signer as _;
+        let sig = self.0.sign(&crate::envelope::pae(payload_type, payload));
+        crate::keys::encode_base64(&sig.to_bytes())
+    }
+}
+
+/// A DSSE envelope of `payload` signed by each of `signers`, in order.
+pub(crate) fn envelope(
+    payload_type: &str,
+    payload: &[u8],
+    signers: &[&Signer],
+) -> crate::envelope::Envelope {
+    crate::envelope::Envelope {
+        payload_type: payload_type.into(),
+        payload: crate::keys::encode_base64(payload),
+        signatures: signers
+            .iter()
+            .map(|s| crate::envelope::Signature {
+                keyid: s.public().keyid(),
+                sig: s.sign(payload_type, payload),
+            })
+            .collect(),
     }
 }

@@ -510,6 +510,43 @@ fn keep_etag_fresh(path: &Path, previous: Option<std::time::SystemTime>) -> Resu
     Ok(())
 }
 
+/// A serial is published once: devices refuse a manifest that re-signs the
+/// serial they accepted for another image. `--serial N` equal to the serial
+/// of the manifest already in `DIR` is signed again only for the same
+/// slot image (a renewed expiry, another rollout percentage).
+fn check_serial_reuse(spec: &ReleaseSpec, serial: u64) -> Result<()> {
+    let (Some(path), Some(_)) = (&spec.image, spec.serial) else {
+        return Ok(());
+    };
+    let Ok(Some(previous)) = previous_manifest(&spec.out, &spec.keys, &spec.channel) else {
+        return Ok(());
+    };
+    if previous.serial != serial {
+        return Ok(());
+    }
+    let mut file = File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let mut hasher = Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    if hasher.finish() != previous.image.sha256 {
+        return Err(format!(
+            "serial {serial} is already published in {} for another image (release {}): \
+             devices that accepted it refuse a second image under the same serial; pass a higher --serial",
+            spec.out.join("manifest.json").display(),
+            previous.release.version
+        ));
+    }
+    Ok(())
+}
+
 /// Make a release.
 pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     if spec.compatible.is_empty() {
@@ -518,6 +555,7 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     manifest::check_channel_name(&spec.channel).map_err(|e| format!("--channel: {e}"))?;
     // Before the expensive part: a serial that cannot be used stops here.
     let serial = choose_serial(spec)?;
+    check_serial_reuse(spec, serial)?;
     let artifacts = spec.out.join("artifacts");
     std::fs::create_dir_all(&artifacts)
         .map_err(|e| format!("creating {}: {e}", artifacts.display()))?;

@@ -225,6 +225,17 @@ impl Repo {
         std::fs::write(self.manifest(), env).expect("writing manifest.json");
     }
 
+    /// Append a signature entry (`keyid`, `sig` as given, valid or not) to
+    /// the current manifest's envelope, leaving the rest as signed.
+    pub fn push_signature(&self, keyid: &str, sig: &str) {
+        let mut env = self.envelope();
+        let sigs = env["signatures"]
+            .as_array_mut()
+            .expect("manifest.json has a signatures list");
+        sigs.push(serde_json::json!({"keyid": keyid, "sig": sig}));
+        self.write_raw(env.to_string().as_bytes());
+    }
+
     /// Replace manifest.json with raw bytes.
     pub fn write_raw(&self, bytes: &[u8]) {
         std::fs::write(self.manifest(), bytes).expect("writing manifest.json");

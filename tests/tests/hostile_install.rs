@@ -18,6 +18,7 @@ use updraft::hash::Sha256;
 use updraft::slot::SlotName;
 use updraft_tests::device::{Device, DeviceSpec, TrustSpec};
 use updraft_tests::publisher::{KeyPair, Repo, image, keygen};
+use updraft_tests::server::UpdateServer;
 use updraft_tests::tmp::TempDir;
 
 struct Fixture {
@@ -248,6 +249,8 @@ fn malformed_signed_payload_json() {
     f.refused_untouched("manifest payload is not valid JSON");
 }
 
+/// A signature entry that is not 64 bytes counts as no signature; when
+/// it was the only one, the refusal says so.
 #[test]
 fn malformed_signature_bytes() {
     let f = fixture("bad-sig");
@@ -255,7 +258,35 @@ fn malformed_signature_bytes() {
     let mut env = f.repo.envelope();
     env["signatures"][0]["sig"] = json!(updraft::envelope::encode_base64(b"short"));
     f.repo.write_raw(env.to_string().as_bytes());
-    f.refused_untouched("manifest signature 1 is 5 bytes, an ed25519 signature is 64");
+    f.refused_untouched(
+        "manifest is signed by 0 of the 1 release keys of the configuration, threshold is 1 \
+         (1 signature(s) are not 64-byte ed25519 signatures in base64 and were not counted: entry 1)",
+    );
+}
+
+/// tuf-conformance `test_invalid_sig_in_valid_metadata`: a manifest whose
+/// threshold is met also carries an entry for another listed key that is
+/// 64 wrong bytes, then one that is empty. Both install: anyone on the path
+/// can append entries, and refusing for one would let them block every
+/// valid release.
+#[test]
+fn tuf_test_invalid_sig_in_valid_metadata_is_accepted() {
+    let f = fixture_with("extra-bad-sig", |s, k| {
+        s.trust = TrustSpec::Keys(vec![k.release.public.clone(), k.other.public.clone()], 1)
+    });
+    let other = updraft::trust::PublicKey::load(&f.other.public)
+        .unwrap()
+        .keyid();
+    f.publish_v1();
+    f.repo
+        .push_signature(&other, &updraft::envelope::encode_base64(&[0x5a; 64]));
+    f.dev.ok(&["install", &f.repo.manifest_str()]);
+    assert_eq!(f.dev.status()["slots"][1]["version"], json!("1.0"));
+    f.dev.ok(&["mark-bad"]);
+    f.repo.release(&[&f.release], "2.0", &f.v2, &[]);
+    f.repo.push_signature(&other, "");
+    f.dev.ok(&["install", &f.repo.manifest_str()]);
+    assert_eq!(f.dev.status()["slots"][1]["version"], json!("2.0"));
 }
 
 #[test]
@@ -290,6 +321,64 @@ fn manifest_over_the_size_cap() {
 }
 
 // ---- policy --------------------------------------------------------------------
+
+/// tuf-conformance `test_custom_fields`, manifest half: fields this
+/// release does not know, at the top of the payload and inside its
+/// objects, are signed with the rest and ignored; the release installs.
+/// (Key documents refuse them: `trust.rs::tests::tuf_test_custom_fields_in_a_key_document_are_refused`.)
+#[test]
+fn tuf_test_custom_fields_in_a_manifest_are_ignored() {
+    let f = fixture("custom-fields");
+    f.publish_v1();
+    f.repo.resign(&[&f.release], |p| {
+        p["vendor"] = json!({"built_by": "ci", "pipeline": 42});
+        p["release"]["notes"] = json!("custom");
+        p["image"]["x-origin"] = json!("factory");
+        p["artifact"]["frames"][0]["x-note"] = json!(true);
+    });
+    f.dev.ok(&["install", &f.repo.manifest_str()]);
+    let st = f.dev.status();
+    assert_eq!(st["slots"][1]["version"], json!("1.0"), "{st:#}");
+}
+
+/// tuf-conformance `test_timestamp_content_changes` (also the Uptane
+/// vector `image_repo_metadata_changed_while_version_same`): content
+/// re-signed without a new serial or key-document version. A manifest
+/// with the accepted serial naming another image is refused: a serial is
+/// published once, so whoever serves two signed manifests of one serial
+/// cannot choose between them. A rewritten `keys/1.json` is never read
+/// once version 1 is trusted: only `keys/2.json` is asked for.
+#[test]
+fn tuf_test_timestamp_content_changes_a_reused_serial_is_refused() {
+    let f = root_fixture("serial-reused");
+    f.repo
+        .release(&[&f.release], "1.0", &f.v1, &["--serial", "5"]);
+    f.dev.ok(&["install", &f.repo.manifest_str()]);
+    f.dev.ok(&["mark-bad"]);
+    // The trusted version rewritten to hand the release role to another key.
+    let root = f.root.clone();
+    f.repo.key_document(&[&root], &[&f.other], 1, &[]);
+    // The publisher refuses to reuse a serial; the pair is made by hand.
+    f.repo
+        .release(&[&f.release], "2.0", &f.v2, &["--serial", "6"]);
+    f.repo.resign(&[&f.release], |p| p["serial"] = json!(5));
+    let err = f.refused_untouched("manifest serial 5 (release 2.0) names image ");
+    assert!(
+        err.contains("but serial 5 was accepted naming image "),
+        "{err}"
+    );
+    // The rewritten document gave the other key nothing.
+    f.repo
+        .release(&[&f.other], "2.0", &f.v2, &["--serial", "6"]);
+    f.refused_untouched(
+        "manifest is signed by 0 of the 1 release keys of key document v1, threshold is 1",
+    );
+    // A higher serial for the new image installs.
+    f.repo
+        .release(&[&f.release], "2.0", &f.v2, &["--serial", "6"]);
+    f.dev.ok(&["install", &f.repo.manifest_str()]);
+    assert_eq!(f.dev.status()["slots"][1]["version"], json!("2.0"));
+}
 
 #[test]
 fn expired_manifest() {
@@ -707,6 +796,100 @@ fn key_document_with_an_impossible_threshold() {
     std::fs::write(f.repo.dir.join("keys/1.json"), env).unwrap();
     f.publish_v1();
     f.refused_untouched("release keys: threshold 3 is impossible with 1 key(s)");
+}
+
+/// tuf-conformance `test_unsigned_initial_root`: a device provisioned
+/// with the roots of key document 2 (`keys_version = 2`) fetches
+/// `keys/2.json` itself, and a copy not signed by those roots is refused
+/// with nothing trusted; signed by them, the same document is accepted.
+#[test]
+fn tuf_test_unsigned_initial_root_is_refused() {
+    let f = fixture_with("unsigned-anchor", |s, k| {
+        s.trust = TrustSpec::Root(vec![k.root.public.clone()], 1, 2)
+    });
+    let rp = f.root.public.display().to_string();
+    let other = f.other.clone();
+    f.repo
+        .key_document(&[&other], &[&f.release], 2, &["--root-pub", &rp]);
+    f.publish_v1();
+    assert_eq!(f.repo.payload()["keys_version"], json!(2));
+    f.refused_untouched(
+        "key document keys/2.json is signed by 0 of the 1 provisioned root keys (v2), threshold is 1",
+    );
+    let root = f.root.clone();
+    f.repo.key_document(&[&root], &[&f.release], 2, &[]);
+    f.dev.ok(&["install", &f.repo.manifest_str()]);
+    let st = f.dev.status();
+    assert_eq!(st["keys_version"], json!(2), "{st:#}");
+    assert_eq!(st["slots"][1]["version"], json!("1.0"), "{st:#}");
+}
+
+/// tuf-conformance `test_invalid_initial_root`: a trust anchor that is not
+/// an ed25519 key, or a threshold of 0 (root or simple mode), makes the
+/// device refuse to work with the configuration error, before any request
+/// (the server's access log stays empty). The simple-mode row also serves
+/// the configuration half of the Uptane `*_targets_zero_threshold` vectors.
+#[test]
+fn tuf_test_invalid_initial_root_refuses_to_work() {
+    updraft_tests::require!("nginx");
+    let keys = TempDir::new("bad-anchor-keys");
+    let release = keygen(keys.path(), "release");
+    let root = keygen(keys.path(), "root");
+    let server = UpdateServer::start(&keys.join("site"), false);
+    server.repo.key_document(&[&root], &[&release], 1, &[]);
+    let img = keys.join("1.0.img");
+    image(&img, 64 * 1024, 5);
+    server.repo.release(&[&release], "1.0", &img, &[]);
+    let not_a_key = keys.join("not-ed25519.pub");
+    std::fs::write(
+        &not_a_key,
+        format!(
+            "-----BEGIN PUBLIC KEY-----\n{}\n-----END PUBLIC KEY-----\n",
+            updraft::envelope::encode_base64(&[0u8; 44])
+        ),
+    )
+    .unwrap();
+    let cases = [
+        (
+            "not-a-key",
+            TrustSpec::Root(vec![not_a_key.clone()], 1, 0),
+            "not an ed25519 SubjectPublicKeyInfo",
+        ),
+        (
+            "root-zero",
+            TrustSpec::Root(vec![root.public.clone()], 0, 0),
+            "trust.root_keys with trust.threshold: threshold 0 is impossible with 1 key(s)",
+        ),
+        (
+            "simple-zero",
+            TrustSpec::Keys(vec![release.public.clone()], 0),
+            "trust.keys with trust.threshold: threshold 0 is impossible with 1 key(s)",
+        ),
+    ];
+    for (name, trust, expect) in cases {
+        let mut spec = DeviceSpec::simple(&release);
+        spec.trust = trust;
+        spec.server = server.server_toml("1h", "1s");
+        let dev = Device::new(&format!("bad-anchor-{name}"), spec);
+        let out = dev.updraft(&["install", &server.manifest_url()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: installed:\n{err}");
+        assert!(
+            err.contains(expect),
+            "{name}: expected {expect:?} in:\n{err}"
+        );
+        assert!(
+            !dev.slot_bytes(SlotName::B)
+                .starts_with(&std::fs::read(&img).unwrap())
+        );
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let requests = server.nginx.access_log().unwrap_or_default();
+    assert!(
+        requests.is_empty(),
+        "requests were made: {:?}",
+        requests.iter().map(|e| &e.request).collect::<Vec<_>>()
+    );
 }
 
 #[test]

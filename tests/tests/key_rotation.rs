@@ -74,6 +74,82 @@ impl Rotation {
     }
 }
 
+/// The key documents the device stores, by version, as stored.
+fn stored_key_documents(dev: &Device) -> Vec<(u64, Vec<u8>)> {
+    let db = rusqlite::Connection::open(dev.state_dir.join("updraft.db")).unwrap();
+    let mut q = db
+        .prepare("SELECT version, envelope FROM key_documents ORDER BY version")
+        .unwrap();
+    q.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+/// tuf-conformance `test_metadata_bytes_match`: a key document is kept
+/// byte for byte as served, here with whitespace and a field order no
+/// serialiser writes, never re-encoded; the next process verifies the
+/// stored bytes from the roots again and keeps trusting them.
+#[test]
+fn tuf_test_metadata_bytes_match_the_stored_key_document_is_the_served_one() {
+    let r = rotation("bytes-match");
+    let path = r.repo.dir.join("keys/1.json");
+    let env: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let served = format!(
+        "{{\n   \"signatures\" : {} ,\n\t\"payload\":{},  \"payloadType\" : {}\n}}\n\n",
+        env["signatures"], env["payload"], env["payloadType"]
+    );
+    std::fs::write(&path, &served).unwrap();
+    r.installed_v1();
+    assert_eq!(
+        stored_key_documents(&r.dev),
+        vec![(1, served.into_bytes())],
+        "the stored key document is not the served one"
+    );
+    // A new process restores trust from the stored bytes and installs
+    // under it.
+    let v2 = r.image("2.0", 2);
+    r.repo.release(&[&r.release], "2.0", &v2, &[]);
+    let out = r.dev.updraft(&["install", &r.repo.manifest_str()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("discarding stored key document"), "{err}");
+    let st = r.dev.status();
+    assert_eq!(st["keys_version"], json!(1), "{st:#}");
+    assert_eq!(st["slots"][1]["version"], json!("2.0"), "{st:#}");
+}
+
+/// Uptane `director_root_rotation_multiple` (and
+/// `image_repo_root_rotation_multiple`): the roots rotate twice (v1 → v2 →
+/// v3, each signed by the outgoing and the incoming roots) before the
+/// device checks again; one install walks both documents, in order, and
+/// installs the release signed under v3.
+#[test]
+fn uptane_director_root_rotation_multiple_is_walked_in_one_check() {
+    let r = rotation("rotation-multiple");
+    r.installed_v1();
+    let root2 = r.key("root2");
+    let root3 = r.key("root3");
+    let p2 = root2.public.display().to_string();
+    let p3 = root3.public.display().to_string();
+    r.repo
+        .key_document(&[&r.root, &root2], &[&r.release], 2, &["--root-pub", &p2]);
+    r.repo
+        .key_document(&[&root2, &root3], &[&r.release], 3, &["--root-pub", &p3]);
+    let v2 = r.image("2.0", 2);
+    r.repo.release(&[&r.release], "2.0", &v2, &[]);
+    assert_eq!(r.repo.payload()["keys_version"], json!(3));
+    r.dev.ok(&["install", &r.repo.manifest_str()]);
+    let st = r.dev.status();
+    assert_eq!(st["keys_version"], json!(3), "{st:#}");
+    assert_eq!(st["slots"][1]["version"], json!("2.0"), "{st:#}");
+    let versions: Vec<u64> = stored_key_documents(&r.dev)
+        .into_iter()
+        .map(|(v, _)| v)
+        .collect();
+    assert_eq!(versions, vec![1, 2, 3]);
+}
+
 /// The thief's manifest: the running image, serial 2^64-1, signed with the
 /// stolen key under key document 1.
 fn fast_forward(r: &Rotation) {
@@ -456,6 +532,18 @@ fn the_publisher_guards_the_serial_sequence() {
     );
     assert!(err.contains("pass --serial N"), "{err}");
     publish_ok_args(&args(&["--serial", "2"]));
+
+    // A serial is published once: signed again for the same image (a
+    // renewed expiry), refused for another image.
+    publish_ok_args(&args(&["--serial", "2"]));
+    let other = dir.join("1.1.img");
+    image(&other, 64 * 1024, 2);
+    let err = publish_fails(&release_args(&key.key, &other, &out, &["--serial", "2"]));
+    assert!(
+        err.contains("serial 2 is already published in ")
+            && err.contains("for another image (release 1.0)"),
+        "{err}"
+    );
 
     // One directory, one channel.
     let err = publish_fails(&args(&["--channel", "beta"]));

@@ -198,6 +198,44 @@ fn server_errors_are_retried_with_backoff() {
     assert!(history.contains("HTTP status 500"), "{history}");
 }
 
+/// tuf-conformance `test_timestamp_404`: the server answers 404 for the
+/// manifest. The check fails with the status in its error, nothing is
+/// stored (no serial, no state), the daemon keeps running and asks again
+/// at a later poll: once the manifest is there, it installs.
+#[test]
+fn tuf_test_timestamp_404_a_missing_manifest_fails_the_check_and_is_fetched_again() {
+    updraft_tests::require!("nginx");
+    let keys = TempDir::new("manifest-404-keys");
+    let key = keygen(keys.path(), "release");
+    let server = UpdateServer::start(&keys.join("site"), false);
+    let mut spec = DeviceSpec::simple(&key);
+    spec.server = server.server_toml("1s", "200ms");
+    let mut dev = Device::new("manifest-404", spec);
+    dev.init();
+    dev.start_daemon();
+    let st = dev.wait_for("a failed check", WAIT, |s| {
+        s["last_error"].as_str().is_some_and(|e| e.contains("404"))
+    });
+    assert_eq!(st["state"], json!("idle"), "{st:#}");
+    assert_eq!(st["serial"], json!(null), "{st:#}");
+    server
+        .nginx
+        .wait_access_log(WAIT, |l| {
+            l.iter()
+                .filter(|e| e.uri == "/manifest.json" && e.status == 404)
+                .count()
+                >= 1
+        })
+        .unwrap();
+    assert!(dev.daemon_running(), "{}", dev.log_tail());
+    let img = keys.join("v1.img");
+    let bytes = image(&img, 64 * 1024, 7);
+    server.repo.release(&[&key], "1.0", &img, &[]);
+    wait_installed(&dev);
+    assert_eq!(&dev.slot_bytes(SlotName::B)[..bytes.len()], &bytes[..]);
+    dev.stop_daemon();
+}
+
 #[test]
 fn too_many_requests_with_retry_after_is_honoured() {
     updraft_tests::require!("nginx");

@@ -57,6 +57,57 @@ fn a_304_does_not_hide_an_expired_manifest() {
     );
 }
 
+/// tuf-conformance `test_basic_refresh_requests`: one poll of a root-mode
+/// device that trusts no key document yet asks for exactly the manifest,
+/// the key document it names, and the next one (the probe for a rotation
+/// no manifest names yet), in that order, and nothing else: the release is
+/// outside its rollout, so no artifact is asked for.
+#[test]
+fn tuf_test_basic_refresh_requests_one_poll_asks_for_exactly_what_it_needs() {
+    updraft_tests::require!("nginx");
+    let keys = TempDir::new("requests-keys");
+    let root = keygen(keys.path(), "root");
+    let release = keygen(keys.path(), "release");
+    let server = UpdateServer::start(&keys.join("site"), false);
+    server.repo.key_document(&[&root], &[&release], 1, &[]);
+    let img = keys.join("v1.img");
+    image(&img, 64 * 1024, 3);
+    server
+        .repo
+        .release(&[&release], "1.0", &img, &["--rollout", "0"]);
+    let mut spec = DeviceSpec::simple(&release);
+    spec.trust = TrustSpec::Root(vec![root.public.clone()], 1, 0);
+    spec.server = server.server_toml("1h", "100ms");
+    let mut dev = Device::new("requests", spec);
+    dev.init();
+    dev.start_daemon();
+    server
+        .nginx
+        .wait_access_log(WAIT, |l| l.iter().any(|e| e.uri == "/keys/2.json"))
+        .unwrap();
+    dev.wait_for("key document 1 trusted", WAIT, |s| {
+        s["keys_version"] == json!(1)
+    });
+    // Anything more this poll would ask for follows at once; the next poll
+    // is an hour away.
+    std::thread::sleep(Duration::from_millis(500));
+    let requests: Vec<(String, u16)> = server
+        .nginx
+        .access_log()
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.uri, e.status))
+        .collect();
+    let expected = [
+        ("/manifest.json", 200),
+        ("/keys/1.json", 200),
+        ("/keys/2.json", 404),
+    ]
+    .map(|(u, s)| (u.to_string(), s));
+    assert_eq!(requests, expected, "{}", dev.log_tail());
+    dev.stop_daemon();
+}
+
 /// A key document no manifest names yet (a revocation) is found by the
 /// probe for `keys/N+1.json` and takes effect at once.
 #[test]

@@ -437,6 +437,32 @@ impl Manifest {
         Ok(freshness)
     }
 
+    /// A manifest with the serial already accepted (`Freshness::Unchanged`)
+    /// must name the image that serial named then (`accepted`, when it was
+    /// recorded). A serial is published once: two signed manifests with one
+    /// serial and different images would let whoever serves them choose
+    /// between the two, and flip devices back to the first after the
+    /// second, with nothing the serial floor can refuse. Only a publisher
+    /// reusing a serial makes such a pair; the device refuses the second.
+    pub fn check_serial_reuse(&self, accepted: Option<&Sha256>) -> Result<()> {
+        match accepted {
+            Some(sha) if *sha != self.image.sha256 => Err(Error::new(
+                Kind::Policy,
+                format!(
+                    "manifest serial {} (release {}) names image {}, but serial {} was accepted \
+                     naming image {}: a serial is published once; refusing a manifest that \
+                     reuses it (the publisher must sign a higher serial)",
+                    self.serial,
+                    truncate(&self.release.version, 64),
+                    self.image.sha256.short(),
+                    self.serial,
+                    sha.short()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The delta that applies to an active slot holding `from`, if listed.
     pub fn delta_from(&self, from_size: u64, from_sha256: &Sha256) -> Option<&Delta> {
         self.deltas
@@ -711,6 +737,29 @@ mod tests {
         assert_eq!(
             m.check_keys_version(Some(1)).unwrap_err().kind(),
             Kind::Signature
+        );
+    }
+
+    /// tuf-conformance `test_timestamp_content_changes`: the stored
+    /// serial re-signed for another image is refused; for the image it
+    /// named (a retry, a re-signed expiry), or with nothing recorded, it
+    /// passes.
+    #[test]
+    fn a_serial_reused_for_another_image_is_refused() {
+        let m = sample();
+        assert!(m.check_serial_reuse(None).is_ok());
+        assert!(m.check_serial_reuse(Some(&m.image.sha256)).is_ok());
+        let other = Sha256::of(b"another image");
+        let e = m.check_serial_reuse(Some(&other)).unwrap_err();
+        assert_eq!(e.kind(), Kind::Policy);
+        assert!(
+            e.message().starts_with(&format!(
+                "manifest serial 7 (release {}) names image {}, but serial 7 was accepted naming image {}",
+                m.release.version,
+                m.image.sha256.short(),
+                other.short()
+            )),
+            "{e}"
         );
     }
 

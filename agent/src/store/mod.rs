@@ -563,6 +563,28 @@ impl Store {
         Ok(own.max(legacy))
     }
 
+    /// The image a manifest of `channel` with `serial` named when that
+    /// serial became the floor under key document `epoch`; `None` when not
+    /// recorded (another serial or epoch since, or a floor an older release
+    /// set). `serial_image.<channel>` holds "<epoch> <serial> <sha256>"; it
+    /// is not part of the protected copy: losing it only means the next
+    /// manifest with that serial is recorded afresh.
+    pub fn serial_image(&self, channel: &str, epoch: u64, serial: u64) -> Result<Option<Sha256>> {
+        let key = format!("serial_image.{channel}");
+        let Some(v) = self.get(&key)? else {
+            return Ok(None);
+        };
+        let mut parts = v.split(' ');
+        let (e, n, sha) = (parts.next(), parts.next(), parts.next());
+        let parsed = e
+            .and_then(|e| e.parse::<u64>().ok())
+            .zip(n.and_then(|n| n.parse::<u64>().ok()));
+        match (parsed, sha.map(Sha256::from_hex)) {
+            (Some((e, n)), Some(Ok(sha))) => Ok((e == epoch && n == serial).then_some(sha)),
+            _ => bail!(Store, "database value {key}={v:?} is malformed"),
+        }
+    }
+
     /// `floor.<channel>` as stored: (epoch, serial).
     fn channel_floor(&self, channel: &str) -> Result<Option<(u64, u64)>> {
         let key = format!("floor.{channel}");
@@ -587,10 +609,22 @@ impl Store {
         epoch: u64,
         serial: u64,
         issued: Timestamp,
+        image: &Sha256,
     ) -> Result<()> {
         self.atomically(|s| {
-            if s.floor(channel, epoch)?.is_none_or(|f| serial > f) {
+            let floor = s.floor(channel, epoch)?;
+            if floor.is_none_or(|f| serial > f) {
                 s.set(&format!("floor.{channel}"), &format!("{epoch} {serial}"))?;
+            }
+            // The image of the floor's serial, written with the floor (or
+            // the first time it is seen, for a floor an older release set).
+            if floor.is_none_or(|f| serial >= f)
+                && s.serial_image(channel, epoch, serial)?.is_none()
+            {
+                s.set(
+                    &format!("serial_image.{channel}"),
+                    &format!("{epoch} {serial} {}", image.to_hex()),
+                )?;
             }
             if s.serial()?.is_none_or(|o| serial > o) {
                 s.set("serial", &serial.to_string())?;
@@ -918,12 +952,42 @@ mod tests {
         crate::test_support::job_into(SlotName::B)
     }
 
+    fn img(n: u8) -> Sha256 {
+        Sha256::of(&[n])
+    }
+
+    /// The image named under the floor's serial is kept with it, per
+    /// channel and key document; a lower serial leaves it alone.
+    #[test]
+    fn the_floor_serial_keeps_the_image_it_named() {
+        let s = db("serial-image");
+        assert_eq!(s.serial_image("stable", 1, 5).unwrap(), None);
+        s.accept_manifest("stable", 1, 5, Timestamp(100), &img(1))
+            .unwrap();
+        s.accept_manifest("stable", 1, 5, Timestamp(100), &img(2))
+            .unwrap();
+        s.accept_manifest("stable", 1, 4, Timestamp(100), &img(3))
+            .unwrap();
+        assert_eq!(s.serial_image("stable", 1, 5).unwrap(), Some(img(1)));
+        assert_eq!(s.serial_image("stable", 1, 4).unwrap(), None);
+        assert_eq!(s.serial_image("stable", 2, 5).unwrap(), None);
+        assert_eq!(s.serial_image("beta", 1, 5).unwrap(), None);
+        s.accept_manifest("stable", 1, 6, Timestamp(100), &img(3))
+            .unwrap();
+        assert_eq!(s.serial_image("stable", 1, 6).unwrap(), Some(img(3)));
+        assert_eq!(s.serial_image("stable", 1, 5).unwrap(), None);
+        s.set("serial_image.stable", "1 6 nothex").unwrap();
+        assert!(s.serial_image("stable", 1, 6).is_err());
+    }
+
     #[test]
     fn serial_and_floor_only_rise() {
         let s = db("serial");
         assert_eq!(s.serial().unwrap(), None);
-        s.accept_manifest("stable", 1, 5, Timestamp(100)).unwrap();
-        s.accept_manifest("stable", 1, 3, Timestamp(50)).unwrap();
+        s.accept_manifest("stable", 1, 5, Timestamp(100), &img(1))
+            .unwrap();
+        s.accept_manifest("stable", 1, 3, Timestamp(50), &img(2))
+            .unwrap();
         assert_eq!(s.serial().unwrap(), Some(5));
         assert_eq!(s.floor("stable", 1).unwrap(), Some(5));
         assert_eq!(s.time_floor().unwrap(), Some(Timestamp(100)));
@@ -932,12 +996,13 @@ mod tests {
     #[test]
     fn a_newer_key_document_resets_the_floors_but_never_the_all_time_serial() {
         let s = db("epochs");
-        s.accept_manifest("stable", 1, u64::MAX, Timestamp(100))
+        s.accept_manifest("stable", 1, u64::MAX, Timestamp(100), &img(1))
             .unwrap();
         assert_eq!(s.floor("stable", 1).unwrap(), Some(u64::MAX));
         // Under key document 2 nothing counts yet; serial 6 is accepted.
         assert_eq!(s.floor("stable", 2).unwrap(), None);
-        s.accept_manifest("stable", 2, 6, Timestamp(200)).unwrap();
+        s.accept_manifest("stable", 2, 6, Timestamp(200), &img(2))
+            .unwrap();
         assert_eq!(s.floor("stable", 2).unwrap(), Some(6));
         // What releases before channels compare against stays the maximum.
         assert_eq!(s.serial().unwrap(), Some(u64::MAX));
