@@ -166,6 +166,7 @@ pub fn read_reading(counter: &mut dyn Counter) -> Reading {
 pub(crate) struct Ran {
     pub(crate) success: bool,
     pub(crate) stdout: Vec<u8>,
+    /// Its error output (the first 64 KiB).
     pub(crate) stderr: String,
     /// How it ended, for messages (`exit status 1`).
     pub(crate) status: String,
@@ -257,28 +258,32 @@ pub(crate) fn run(argv: &[String], what: &str) -> Result<Ran> {
     Ok(Ran {
         success: status.success(),
         stdout,
-        stderr: last_line(&String::from_utf8_lossy(&stderr)),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
         status: status.to_string(),
     })
 }
 
-/// The last non-empty line of a program's error output, where the tools
-/// say what went wrong, bounded for a log line.
-fn last_line(text: &str) -> String {
-    let line = text
-        .lines()
-        .map(str::trim)
-        .rfind(|l| !l.is_empty())
+/// The line of a program's error output that says what went wrong,
+/// bounded for a log line: the first `ERROR` line (tpm2-tools print the
+/// TPM's answer first and a generic "Unable to run" last), or else the
+/// last non-empty line.
+fn telling_line(text: &str) -> String {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let line = lines
+        .clone()
+        .find(|l| l.contains("ERROR"))
+        .or_else(|| lines.next_back())
         .unwrap_or("");
     crate::hash::truncate(line, 300).to_string()
 }
 
 /// A failed run as an error: what ran, how it ended and what it said.
 pub(crate) fn failed(what: &str, ran: &Ran) -> Error {
-    let said = if ran.stderr.is_empty() {
+    let line = telling_line(&ran.stderr);
+    let said = if line.is_empty() {
         String::new()
     } else {
-        format!(": {}", ran.stderr)
+        format!(": {line}")
     };
     Error::new(Kind::Io, format!("{what} failed ({}){said}", ran.status))
 }
@@ -406,6 +411,23 @@ mod tests {
     }
 
     #[test]
+    fn the_telling_line_of_an_error_output_is_its_first_error_or_its_last_line() {
+        let rows = [
+            ("", ""),
+            ("\n  \n", ""),
+            ("one\ntwo\n\n", "two"),
+            (
+                "WARNING:esys: Received TPM Error\nERROR: Esys_NV_Read(0x14A) - nv uninitialized\nERROR: Unable to run tpm2_nvread\n",
+                "ERROR: Esys_NV_Read(0x14A) - nv uninitialized",
+            ),
+        ];
+        for (text, want) in rows {
+            assert_eq!(telling_line(text), want, "{text:?}");
+        }
+        assert_eq!(telling_line(&"x".repeat(1000)).len(), 300);
+    }
+
+    #[test]
     fn a_program_that_runs_too_long_or_fails_is_an_error_naming_it() {
         let ok = run(
             &["sh".into(), "-c".into(), "echo 12; echo oops >&2".into()],
@@ -414,7 +436,7 @@ mod tests {
         .unwrap();
         assert!(ok.success);
         assert_eq!(ok.stdout, b"12\n");
-        assert_eq!(ok.stderr, "oops");
+        assert_eq!(ok.stderr, "oops\n");
         let bad = run(
             &[
                 "sh".into(),
