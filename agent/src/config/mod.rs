@@ -93,6 +93,15 @@ impl Default for Rollback {
     }
 }
 
+/// `rollback.nv_index` when none is configured: an index in the owner
+/// range (0x01000000..0x01BFFFFF) whose value does not depend on a vendor.
+pub const DEFAULT_NV_INDEX: u32 = 0x0150_0016;
+
+/// NV indexes are 0x01xxxxxx handles.
+pub fn nv_index_ok(index: u32) -> bool {
+    index >> 24 == 0x01
+}
+
 /// `rollback.counter`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CounterKind {

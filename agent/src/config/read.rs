@@ -342,7 +342,7 @@ fn rollback(mut s: Section<'_>) -> Result<Rollback> {
                 _ => None,
             };
             match parsed {
-                Some(i) if crate::rollback_counter::tpm2::nv_index_ok(i) => Some(i),
+                Some(i) if nv_index_ok(i) => Some(i),
                 _ => {
                     return Err(s.bad(
                         &e,
@@ -409,8 +409,7 @@ fn rollback(mut s: Section<'_>) -> Result<Rollback> {
     s.finish()?;
     Ok(Rollback {
         counter,
-        nv_index: nv_index.or((counter == CounterKind::Tpm2)
-            .then_some(crate::rollback_counter::tpm2::DEFAULT_NV_INDEX)),
+        nv_index: nv_index.or((counter == CounterKind::Tpm2).then_some(DEFAULT_NV_INDEX)),
         tcti: tcti.unwrap_or(d.tcti),
         read_command,
         advance_command,

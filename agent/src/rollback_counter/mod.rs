@@ -58,7 +58,7 @@ pub fn from_config(cfg: &Rollback) -> Option<Box<dyn Counter>> {
     match cfg.counter {
         CounterKind::None => None,
         CounterKind::Tpm2 => Some(Box::new(tpm2::Tpm2::new(
-            cfg.nv_index.unwrap_or(tpm2::DEFAULT_NV_INDEX),
+            cfg.nv_index.unwrap_or(crate::config::DEFAULT_NV_INDEX),
             &cfg.tcti,
         ))),
         CounterKind::Command => Some(Box::new(command::CommandCounter::new(

@@ -15,15 +15,6 @@
 use super::{Counter, MAX_STEP, failed, increments_needed, run};
 use crate::error::{Error, Kind, Result};
 
-/// `rollback.nv_index` when none is configured: an index in the owner
-/// range (0x01000000..0x01BFFFFF) whose value does not depend on a vendor.
-pub const DEFAULT_NV_INDEX: u32 = 0x0150_0016;
-
-/// NV indexes are 0x01xxxxxx handles.
-pub fn nv_index_ok(index: u32) -> bool {
-    index >> 24 == 0x01
-}
-
 pub struct Tpm2 {
     index: u32,
     tcti: String,
@@ -249,13 +240,5 @@ mod tests {
         assert!(!never_written(
             "ERROR: Esys_TR_FromTPMPublic(0x18B) - tpm:handle(1):the handle is not correct for the use"
         ));
-    }
-
-    #[test]
-    fn nv_indexes_are_01_handles() {
-        assert!(nv_index_ok(DEFAULT_NV_INDEX));
-        assert!(nv_index_ok(0x0100_0000));
-        assert!(!nv_index_ok(0x8100_0001));
-        assert!(!nv_index_ok(0x0200_0000));
     }
 }
