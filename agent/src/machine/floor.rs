@@ -77,9 +77,16 @@ impl Machine {
                 return Ok(());
             }
         };
+        self.committed_floor(&job.version, m.security_version)
+    }
+
+    /// Release `release` of `security_version` is committed (its slot, or
+    /// its components without a reboot): record its security version,
+    /// then move the counter up to it.
+    pub(super) fn committed_floor(&mut self, release: &str, security_version: u64) -> Result<()> {
         self.store
-            .set(COMMITTED_SECURITY_VERSION, &m.security_version.to_string())?;
-        self.advance_floor(Some(m.security_version), &job.version, "committed");
+            .set(COMMITTED_SECURITY_VERSION, &security_version.to_string())?;
+        self.advance_floor(Some(security_version), release, "committed");
         Ok(())
     }
 
