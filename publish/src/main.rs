@@ -604,7 +604,8 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                 from,
                 serial: usage(f.number("serial"))?,
                 allow_serial_jump: f.switch("allow-serial-jump"),
-                security_version: usage(f.number("security-version"))?,
+                security_version: usage(f.number("security-version"))?
+                    .or(described.security_version),
                 channel: usage(f.one("channel"))?
                     .map(str::to_string)
                     .or(described.channel.clone())

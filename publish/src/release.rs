@@ -807,7 +807,11 @@ mod tests {
     #[test]
     fn a_security_version_is_kept_from_the_previous_release_and_never_lowered() {
         // (asked, previous, Ok(value) or Err(part of the message))
-        type Row = (Option<u64>, Option<u64>, std::result::Result<u64, &'static str>);
+        type Row = (
+            Option<u64>,
+            Option<u64>,
+            std::result::Result<u64, &'static str>,
+        );
         let rows: [Row; 10] = [
             (None, None, Ok(0)),
             (None, Some(4), Ok(4)),
