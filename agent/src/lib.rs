@@ -51,6 +51,7 @@ mod random;
 mod readback;
 mod reconcile;
 mod report;
+pub mod rollback_counter;
 pub mod rollout;
 mod signals;
 pub mod slot;

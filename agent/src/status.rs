@@ -92,6 +92,70 @@ pub struct Status {
     /// the first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub components: Vec<crate::store::Running>,
+    /// The hardware rollback floor (`[rollback]`); absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware_floor: Option<HardwareFloor>,
+}
+
+/// The hardware rollback floor as last read.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct HardwareFloor {
+    /// The counter: `tpm2 NV index 0x1500016`, `counter command PROGRAM`.
+    pub counter: String,
+    /// Its value: the lowest security version this device installs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<u64>,
+    /// Why it could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// `checked` (installs are held to the floor), `refused` (the counter
+    /// cannot be read: nothing is installed) or `unchecked` (it cannot be
+    /// read and `rollback.on_unreadable = "allow"`).
+    pub installs: String,
+    /// The security version of the release last committed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed_security_version: Option<u64>,
+}
+
+impl HardwareFloor {
+    /// The view of `reading` of `counter`.
+    pub fn of(
+        counter: String,
+        reading: &crate::rollback_counter::Reading,
+        on_unreadable: crate::config::OnUnreadable,
+        committed_security_version: Option<u64>,
+    ) -> HardwareFloor {
+        use crate::rollback_counter::Reading;
+        let (value, error, installs) = match (reading, on_unreadable) {
+            (Reading::Value(v), _) => (Some(*v), None, "checked"),
+            (Reading::Unreadable(e), crate::config::OnUnreadable::Refuse) => {
+                (None, Some(e.clone()), "refused")
+            }
+            (Reading::Unreadable(e), crate::config::OnUnreadable::Allow) => {
+                (None, Some(e.clone()), "unchecked")
+            }
+        };
+        HardwareFloor {
+            counter,
+            value,
+            error,
+            installs: installs.into(),
+            committed_security_version,
+        }
+    }
+
+    /// One line for `updraft status`.
+    pub fn describe(&self) -> String {
+        match (&self.value, &self.error) {
+            (Some(v), _) => format!("{v} ({})", self.counter),
+            (None, e) => format!(
+                "UNREADABLE ({}): {}; installs {}",
+                self.counter,
+                e.as_deref().unwrap_or("no reading yet"),
+                self.installs
+            ),
+        }
+    }
 }
 
 /// The switch gate and what it waits for.

@@ -10,6 +10,7 @@
 //! version = "2026.12.1"
 //! compatible = ["gw-2000"]
 //! channel = "stable"
+//! security_version = 2         # as --security-version
 //!
 //! [slot]                       # omitted: the slot of the release in --out is kept
 //! name = "rootfs"
@@ -54,6 +55,8 @@ pub struct Description {
     pub version: Option<String>,
     pub compatible: Vec<String>,
     pub channel: Option<String>,
+    /// As `--security-version`.
+    pub security_version: Option<u64>,
     /// The slot image; `None` keeps the slot already published.
     pub image: Option<PathBuf>,
     pub slot_name: Option<String>,
@@ -72,6 +75,7 @@ struct File {
     #[serde(default)]
     compatible: Vec<String>,
     channel: Option<String>,
+    security_version: Option<u64>,
     slot: Option<Slot>,
     #[serde(default)]
     components: BTreeMap<String, Component>,
@@ -132,6 +136,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Description, String> {
         version: file.version,
         compatible: file.compatible,
         channel: file.channel,
+        security_version: file.security_version,
         ..Description::default()
     };
     if let Some(slot) = file.slot {
@@ -204,6 +209,7 @@ mod tests {
             version = "2026.12.1"
             compatible = ["gw-2000", "gw-2100"]
             channel = "beta"
+            security_version = 3
             [slot]
             name = "os"
             image = "deploy/rootfs.ext4"
@@ -224,6 +230,7 @@ mod tests {
         assert_eq!(d.version.as_deref(), Some("2026.12.1"));
         assert_eq!(d.compatible, ["gw-2000", "gw-2100"]);
         assert_eq!(d.channel.as_deref(), Some("beta"));
+        assert_eq!(d.security_version, Some(3));
         assert_eq!(d.slot_name.as_deref(), Some("os"));
         assert_eq!(d.image, Some(PathBuf::from("/build/deploy/rootfs.ext4")));
         assert_eq!(
@@ -271,6 +278,8 @@ mod tests {
             ("versio = \"1\"", "unknown field `versio`"),
             ("version = 3", "invalid type"),
             ("version = \"\"", "version is empty"),
+            ("security_version = -1", "security_version"),
+            ("security_version = \"3\"", "invalid type"),
             ("compatible = [\"\"]", "compatible holds an empty name"),
             ("[slot]\nname = \"x\"", "missing field `image`"),
             ("[slot]\nimage = \"\"", "[slot] image: an empty path"),

@@ -87,7 +87,7 @@ const PROGRAM: Program = Program {
       --version V --compatible HW [--compatible HW2]... [--image NEW.img [--from OLD.img]...] \\
       [--app NAME[@VERSION]=DIR]... [--boot NAME[@VERSION]=DIR] [--command NAME[@VERSION]=FILE]... \\
       [--slot-name NAME] \\
-      [--channel NAME] [--serial N] [--allow-serial-jump] [--expires 30d] \\
+      [--channel NAME] [--serial N] [--allow-serial-jump] [--security-version N] [--expires 30d] \\
       [--rollout PERCENT] [--frame-size BYTES] [--level N] [--threads N] [--delta-memory MIB] \
       [--bundle FILE.updraft] --out DIR",
             about: "",
@@ -156,6 +156,11 @@ const PROGRAM: Program = Program {
                     "--allow-serial-jump",
                     "",
                     "accept a serial more than 2^32 above the previous one",
+                ),
+                opt(
+                    "--security-version",
+                    "N",
+                    "device-global security version; devices with a hardware rollback floor refuse releases below it (default: the one in DIR, or 0)",
                 ),
                 opt(
                     "--expires",
@@ -599,6 +604,8 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                 from,
                 serial: usage(f.number("serial"))?,
                 allow_serial_jump: f.switch("allow-serial-jump"),
+                security_version: usage(f.number("security-version"))?
+                    .or(described.security_version),
                 channel: usage(f.one("channel"))?
                     .map(str::to_string)
                     .or(described.channel.clone())

@@ -124,6 +124,8 @@ pub struct ReleaseSpec {
     pub allow_serial_jump: bool,
     /// The channel the manifest is signed for.
     pub channel: String,
+    /// `--security-version`; `None` keeps the previous release's.
+    pub security_version: Option<u64>,
     pub expires: Duration,
     pub rollout: Option<f64>,
     pub out: PathBuf,
@@ -480,6 +482,46 @@ fn choose_serial(spec: &ReleaseSpec) -> Result<u64> {
     Ok(serial)
 }
 
+/// The security version of the new manifest: `--security-version`, or
+/// else that of the release already in `spec.out` (0 without one), so a
+/// release that does not mean to change it never lowers it by omission.
+fn choose_security_version(spec: &ReleaseSpec) -> Result<u64> {
+    // A previous manifest that does not verify was reported by
+    // `choose_serial` already; it sets nothing here either.
+    let previous = previous_manifest(&spec.out, &spec.keys, &spec.channel)
+        .ok()
+        .flatten()
+        .map(|m| m.security_version);
+    security_version_for(spec.security_version, previous)
+}
+
+/// [`choose_security_version`]'s rule, given the value asked for and the
+/// previous release's. Devices that committed a release refuse anything
+/// below its security version, and advance their counter by at most
+/// [`updraft::rollback_counter::MAX_STEP`] at once.
+pub fn security_version_for(asked: Option<u64>, previous: Option<u64>) -> Result<u64> {
+    const STEP: u64 = updraft::rollback_counter::MAX_STEP;
+    match (asked, previous) {
+        (Some(s), _) if s > MAX_SERIAL => Err(format!(
+            "--security-version {s} is out of range: security versions run from 0 to {MAX_SERIAL}"
+        )),
+        (Some(s), Some(p)) if s < p => Err(format!(
+            "--security-version {s} is below the security version {p} of the release in --out: \
+             devices that committed it refuse anything lower"
+        )),
+        (Some(s), Some(p)) if s - p > STEP => Err(format!(
+            "--security-version {s} is more than {STEP} above the previous {p}: \
+             devices refuse a release their counter cannot be advanced to in one step"
+        )),
+        (Some(s), None) if s > STEP => Err(format!(
+            "--security-version {s} is more than {STEP} above 0, where the counters of devices start: \
+             they would refuse it"
+        )),
+        (Some(s), _) => Ok(s),
+        (None, p) => Ok(p.unwrap_or(0)),
+    }
+}
+
 /// nginx and Apache derive a file's ETag from its modification time in
 /// whole seconds and its size. A manifest replaced within the same second by
 /// one of the same size would keep its ETag, and devices polling with
@@ -556,6 +598,7 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     // Before the expensive part: a serial that cannot be used stops here.
     let serial = choose_serial(spec)?;
     check_serial_reuse(spec, serial)?;
+    let security_version = choose_security_version(spec)?;
     let artifacts = spec.out.join("artifacts");
     std::fs::create_dir_all(&artifacts)
         .map_err(|e| format!("creating {}: {e}", artifacts.display()))?;
@@ -679,6 +722,7 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
         expires: issued.plus(spec.expires),
         keys_version: latest_key_document(&spec.out)?,
         channel: Some(spec.channel.clone()),
+        security_version,
         release: Release {
             version: spec.version.clone(),
             compatible: spec.compatible.clone(),
@@ -792,4 +836,45 @@ fn publish_tree(
         },
     };
     Ok((component, summary))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_security_version_is_kept_from_the_previous_release_and_never_lowered() {
+        // (asked, previous, Ok(value) or Err(part of the message))
+        type Row = (
+            Option<u64>,
+            Option<u64>,
+            std::result::Result<u64, &'static str>,
+        );
+        let rows: [Row; 10] = [
+            (None, None, Ok(0)),
+            (None, Some(4), Ok(4)),
+            (Some(4), Some(4), Ok(4)),
+            (Some(5), Some(4), Ok(5)),
+            (Some(3), None, Ok(3)),
+            (Some(3), Some(4), Err("is below the security version 4")),
+            (Some(4 + 256), Some(4), Ok(260)),
+            (
+                Some(4 + 257),
+                Some(4),
+                Err("more than 256 above the previous 4"),
+            ),
+            (Some(257), None, Err("more than 256 above 0")),
+            (Some(MAX_SERIAL + 1), None, Err("out of range")),
+        ];
+        for (asked, previous, want) in rows {
+            let got = security_version_for(asked, previous);
+            match (want, got) {
+                (Ok(w), Ok(g)) => assert_eq!(g, w, "{asked:?} after {previous:?}"),
+                (Err(part), Err(e)) => {
+                    assert!(e.contains(part), "{asked:?} after {previous:?}: {e}")
+                }
+                (want, got) => panic!("{asked:?} after {previous:?}: want {want:?}, got {got:?}"),
+            }
+        }
+    }
 }

@@ -35,6 +35,7 @@ pub mod rpi;
 pub mod server;
 pub mod skip;
 pub mod static_server;
+pub mod swtpm;
 pub mod tmp;
 pub mod updaters;
 

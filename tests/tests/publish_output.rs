@@ -1,7 +1,8 @@
 //! What `updraft-publish release` writes depends on the release, never on
 //! the build host: frames are compressed independently and in parallel, and
 //! the artifact and its signed frame table are the same bytes whatever the
-//! number of threads.
+//! number of threads. What it signs from the release before it (the next
+//! serial, the security version) is kept, never lowered by omission.
 
 use serde_json::Value;
 use updraft_tests::publisher::{Repo, image, keygen};
@@ -265,4 +266,56 @@ fn a_release_description_file_makes_the_release_its_flags_make() {
         "{stderr}"
     );
     assert!(!bad.join("manifest.json").exists(), "nothing written");
+}
+
+#[test]
+fn a_security_version_is_kept_by_the_next_release_and_never_lowered() {
+    let dir = TempDir::new("publish-security-version");
+    let key = keygen(dir.path(), "release");
+    let img = dir.join("1.0.img");
+    image(&img, 1024 * 1024 + 7, 3);
+    let repo = Repo::new(dir.join("site"));
+    repo.release(&[&key], "1.0", &img, &[]);
+    assert!(
+        repo.payload().get("security_version").is_none(),
+        "written as 0"
+    );
+    repo.release(&[&key], "1.1", &img, &["--security-version", "3"]);
+    assert_eq!(repo.payload()["security_version"], 3);
+    // A release that does not name it keeps the previous one's.
+    repo.release(&[&key], "1.2", &img, &[]);
+    assert_eq!(repo.payload()["security_version"], 3);
+    assert_eq!(repo.payload()["serial"], 3);
+    let k = key.key.to_str().expect("utf-8 path");
+    let (i, out) = (
+        img.to_str().expect("utf-8 path"),
+        repo.dir.to_str().expect("utf-8 path"),
+    );
+    let lower = updraft_tests::publisher::publish(&[
+        "release",
+        "--key",
+        k,
+        "--version",
+        "1.3",
+        "--compatible",
+        "testboard",
+        "--image",
+        i,
+        "--out",
+        out,
+        "--security-version",
+        "2",
+    ]);
+    let err = String::from_utf8_lossy(&lower.stderr);
+    assert!(
+        !lower.status.success(),
+        "a lower security version was signed"
+    );
+    assert!(
+        err.contains(
+            "--security-version 2 is below the security version 3 of the release in --out"
+        ),
+        "{err}"
+    );
+    assert_eq!(repo.payload()["serial"], 3, "the manifest was replaced");
 }

@@ -74,6 +74,15 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         outbox_dropped: store.outbox_dropped()?,
         last_install: status::last_install(&store)?,
         components: store.running_components()?,
+        hardware_floor: crate::rollback_counter::from_config(&cfg.rollback).map(|mut c| {
+            let reading = crate::rollback_counter::read_reading(c.as_mut());
+            crate::status::HardwareFloor::of(
+                c.describe(),
+                &reading,
+                cfg.rollback.on_unreadable,
+                crate::rollback_counter::committed_security_version(&store),
+            )
+        }),
         policy: {
             // Without a daemon, what the job waits for is read from the
             // job as last written: no inhibitor is asked from here.
@@ -225,6 +234,9 @@ pub(crate) fn render_status(st: &Status, now: Timestamp) -> String {
             st.keys_version
         ),
     );
+    if let Some(h) = &st.hardware_floor {
+        line("hw floor:", h.describe());
+    }
     if let Some(c) = &st.channel {
         let floor = match st.floor {
             Some(f) => format!("serial floor {f}"),
@@ -340,6 +352,48 @@ mod tests {
             }),
             policy: None,
             components: Vec::new(),
+            hardware_floor: None,
+        }
+    }
+
+    #[test]
+    fn the_hardware_floor_is_shown_with_its_counter_or_why_installs_stop() {
+        use crate::config::OnUnreadable;
+        use crate::rollback_counter::Reading;
+        let now = Timestamp(1_796_000_100);
+        assert!(line(&render_status(&sample(), now), "hw floor:").is_none());
+        let tpm = || "tpm2 NV index 0x1500016".to_string();
+        let rows = [
+            (
+                Reading::Value(5),
+                OnUnreadable::Refuse,
+                "hw floor:       5 (tpm2 NV index 0x1500016)",
+            ),
+            (
+                Reading::Unreadable("no TPM".into()),
+                OnUnreadable::Refuse,
+                "hw floor:       UNREADABLE (tpm2 NV index 0x1500016): no TPM; installs refused",
+            ),
+            (
+                Reading::Unreadable("no TPM".into()),
+                OnUnreadable::Allow,
+                "hw floor:       UNREADABLE (tpm2 NV index 0x1500016): no TPM; installs unchecked",
+            ),
+        ];
+        for (reading, on, want) in rows {
+            let mut st = sample();
+            st.hardware_floor = Some(crate::status::HardwareFloor::of(
+                tpm(),
+                &reading,
+                on,
+                Some(5),
+            ));
+            let text = render_status(&st, now);
+            let got = line(&text, "hw floor:").unwrap();
+            assert_eq!(
+                got.split_whitespace().collect::<Vec<_>>(),
+                want.split_whitespace().collect::<Vec<_>>()
+            );
         }
     }
 

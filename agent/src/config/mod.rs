@@ -36,6 +36,8 @@ pub struct Config {
     pub system: System,
     pub policy: Policy,
     pub apps: Apps,
+    /// `[rollback]`: the hardware rollback floor.
+    pub rollback: Rollback,
     /// `[components.NAME]`, in the file's order.
     pub components: Vec<ComponentConfig>,
 }
@@ -60,6 +62,60 @@ impl Default for Apps {
             restart_timeout: Dur(Duration::from_secs(120)),
         }
     }
+}
+
+/// `[rollback]`: the counter whose value is the lowest security version
+/// this device installs (docs/security.md, "Hardware rollback floor").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollback {
+    pub counter: CounterKind,
+    /// `tpm2`: the NV index of counter type.
+    pub nv_index: Option<u32>,
+    /// `tpm2`: how tpm2-tools reach the TPM (their `-T` option).
+    pub tcti: String,
+    /// `command`: prints the counter's value in decimal.
+    pub read_command: Vec<String>,
+    /// `command`: gets the target value appended.
+    pub advance_command: Vec<String>,
+    pub on_unreadable: OnUnreadable,
+}
+
+impl Default for Rollback {
+    fn default() -> Self {
+        Rollback {
+            counter: CounterKind::None,
+            nv_index: None,
+            tcti: "device:/dev/tpmrm0".into(),
+            read_command: Vec::new(),
+            advance_command: Vec::new(),
+            on_unreadable: OnUnreadable::Refuse,
+        }
+    }
+}
+
+/// `rollback.nv_index` when none is configured: an index in the owner
+/// range (0x01000000..0x01BFFFFF) whose value does not depend on a vendor.
+pub const DEFAULT_NV_INDEX: u32 = 0x0150_0016;
+
+/// NV indexes are 0x01xxxxxx handles.
+pub fn nv_index_ok(index: u32) -> bool {
+    index >> 24 == 0x01
+}
+
+/// `rollback.counter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CounterKind {
+    None,
+    Tpm2,
+    Command,
+}
+
+/// `rollback.on_unreadable`: what a counter that cannot be read means for
+/// an install.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnUnreadable {
+    Refuse,
+    Allow,
 }
 
 /// `[components.NAME]`: a component this device installs besides its
@@ -1287,6 +1343,93 @@ reboot_command = ["/sbin/reboot"]
                 e.contains(needle) && e.contains("components.firmware"),
                 "{table}: {e}"
             );
+        }
+    }
+
+    #[test]
+    fn the_rollback_counter_is_configured_with_its_own_keys_only() {
+        let with = |lines: &str| Config::parse(&format!("{MINIMAL}[rollback]\n{lines}"));
+        let none = Config::parse(MINIMAL).unwrap().rollback;
+        assert_eq!(none, Rollback::default());
+        assert_eq!(none.counter, CounterKind::None);
+        assert_eq!(none.on_unreadable, OnUnreadable::Refuse);
+        let tpm = with("counter = \"tpm2\"\n").unwrap().rollback;
+        assert_eq!(tpm.counter, CounterKind::Tpm2);
+        assert_eq!(tpm.nv_index, Some(0x0150_0016));
+        assert_eq!(tpm.tcti, "device:/dev/tpmrm0");
+        let tpm = with("counter = \"tpm2\"\nnv_index = \"0x1500020\"\ntcti = \"swtpm:host=127.0.0.1,port=2321\"\non_unreadable = \"allow\"\n")
+            .unwrap()
+            .rollback;
+        assert_eq!(tpm.nv_index, Some(0x0150_0020));
+        assert_eq!(tpm.tcti, "swtpm:host=127.0.0.1,port=2321");
+        assert_eq!(tpm.on_unreadable, OnUnreadable::Allow);
+        assert_eq!(
+            with("counter = \"tpm2\"\nnv_index = 22020118\n")
+                .unwrap()
+                .rollback
+                .nv_index,
+            Some(0x0150_0016)
+        );
+        let cmd = with("counter = \"command\"\nread_command = [\"/usr/sbin/rpmb-counter\", \"read\"]\nadvance_command = [\"/usr/sbin/rpmb-counter\", \"advance\"]\n")
+            .unwrap()
+            .rollback;
+        assert_eq!(cmd.read_command, ["/usr/sbin/rpmb-counter", "read"]);
+        assert_eq!(cmd.advance_command, ["/usr/sbin/rpmb-counter", "advance"]);
+        // (lines, what the error names)
+        let rows = [
+            (
+                "counter = \"rpmb\"\n",
+                "\"rpmb\" is not one of \"none\", \"tpm2\", \"command\"",
+            ),
+            (
+                "counter = \"tpm2\"\nnv_index = \"0x81000001\"\n",
+                "is not an NV index",
+            ),
+            (
+                "counter = \"tpm2\"\nnv_index = \"1500016\"\n",
+                "is not an NV index",
+            ),
+            ("counter = \"tpm2\"\nnv_index = -1\n", "is not an NV index"),
+            (
+                "counter = \"tpm2\"\ntcti = \" \"\n",
+                "rollback.tcti is empty",
+            ),
+            (
+                "counter = \"tpm2\"\nread_command = [\"x\"]\n",
+                "rollback.read_command is only used with counter = \"command\"",
+            ),
+            (
+                "nv_index = \"0x1500016\"\n",
+                "rollback.nv_index is only used with counter = \"tpm2\"",
+            ),
+            (
+                "counter = \"command\"\ntcti = \"device\"\n",
+                "rollback.tcti is only used with counter = \"tpm2\"",
+            ),
+            (
+                "counter = \"command\"\nread_command = [\"r\"]\n",
+                "rollback.advance_command is required",
+            ),
+            (
+                "counter = \"command\"\nread_command = []\nadvance_command = [\"a\"]\n",
+                "rollback.read_command is required",
+            ),
+            (
+                "counter = \"command\"\nread_command = [\"\"]\nadvance_command = [\"a\"]\n",
+                "rollback.read_command is required",
+            ),
+            (
+                "on_unreadable = \"ignore\"\n",
+                "\"ignore\" is not one of \"refuse\", \"allow\"",
+            ),
+            (
+                "counter = \"none\"\nfloor = 3\n",
+                "unknown key rollback.floor",
+            ),
+        ];
+        for (lines, want) in rows {
+            let e = with(lines).unwrap_err().to_string();
+            assert!(e.contains(want), "{lines:?}: {e}");
         }
     }
 }

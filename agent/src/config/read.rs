@@ -9,7 +9,7 @@ use super::*;
 
 impl Config {
     pub(super) fn from_tables(tables: &[Table]) -> Result<Config> {
-        const SECTIONS: [&str; 10] = [
+        const SECTIONS: [&str; 11] = [
             "server",
             "device",
             "trust",
@@ -19,6 +19,7 @@ impl Config {
             "system",
             "policy",
             "apps",
+            "rollback",
             "components.NAME",
         ];
         for t in tables {
@@ -295,6 +296,8 @@ impl Config {
         }
         s.finish()?;
 
+        let rollback = rollback(section("rollback"))?;
+
         let mut components = Vec::new();
         for t in tables {
             let Some(name) = t.name.strip_prefix("components.") else {
@@ -313,9 +316,105 @@ impl Config {
             system,
             policy,
             apps,
+            rollback,
             components,
         })
     }
+}
+
+/// `[rollback]`: each counter's keys, and only its keys.
+fn rollback(mut s: Section<'_>) -> Result<Rollback> {
+    let d = Rollback::default();
+    let kinds = [
+        ("none", CounterKind::None),
+        ("tpm2", CounterKind::Tpm2),
+        ("command", CounterKind::Command),
+    ];
+    let counter = s.choice("counter", &kinds)?.unwrap_or(d.counter);
+    let nv_index = match s.get("nv_index").cloned() {
+        None => None,
+        Some(e) => {
+            let parsed = match &e.value {
+                Value::Integer(n) => u32::try_from(*n).ok(),
+                Value::String(t) => t
+                    .strip_prefix("0x")
+                    .and_then(|h| u32::from_str_radix(h, 16).ok()),
+                _ => None,
+            };
+            match parsed {
+                Some(i) if nv_index_ok(i) => Some(i),
+                _ => {
+                    return Err(s.bad(
+                        &e,
+                        "is not an NV index: a handle from 0x01000000 to 0x01ffffff, as \"0x1500016\"",
+                    ));
+                }
+            }
+        }
+    };
+    let tcti = s.string("tcti")?;
+    let read_command = s.strings("read_command")?;
+    let advance_command = s.strings("advance_command")?;
+    let on_unreadable = s
+        .choice(
+            "on_unreadable",
+            &[
+                ("refuse", OnUnreadable::Refuse),
+                ("allow", OnUnreadable::Allow),
+            ],
+        )?
+        .unwrap_or(d.on_unreadable);
+    let wrong = |key: &str, kind: &str| {
+        Err(Error::new(
+            Kind::Config,
+            format!("rollback.{key} is only used with counter = \"{kind}\""),
+        ))
+    };
+    if counter != CounterKind::Tpm2 {
+        if nv_index.is_some() {
+            return wrong("nv_index", "tpm2");
+        }
+        if tcti.is_some() {
+            return wrong("tcti", "tpm2");
+        }
+    }
+    if counter != CounterKind::Command {
+        if read_command.is_some() {
+            return wrong("read_command", "command");
+        }
+        if advance_command.is_some() {
+            return wrong("advance_command", "command");
+        }
+    }
+    let program = |key: &str, argv: Option<Vec<String>>| match argv {
+        Some(a) if a.first().is_some_and(|p| !p.is_empty()) => Ok(a),
+        _ => Err(Error::new(
+            Kind::Config,
+            format!(
+                "rollback.{key} is required with counter = \"command\" (a program and its arguments)"
+            ),
+        )),
+    };
+    let (read_command, advance_command) = if counter == CounterKind::Command {
+        (
+            program("read_command", read_command)?,
+            program("advance_command", advance_command)?,
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    if tcti.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        return Err(Error::new(Kind::Config, "rollback.tcti is empty"));
+    }
+    s.finish()?;
+    Ok(Rollback {
+        counter,
+        nv_index: nv_index.or((counter == CounterKind::Tpm2).then_some(DEFAULT_NV_INDEX)),
+        tcti: tcti.unwrap_or(d.tcti),
+        read_command,
+        advance_command,
+        on_unreadable,
+    })
 }
 
 /// One `[components.NAME]` table.

@@ -152,6 +152,8 @@ impl Machine {
                 Verdict::Install { unreject, uncancel } => break (unreject, uncancel),
             }
         };
+        // Before anything about the install is written.
+        self.gate_install(m)?;
         if unreject {
             log::info!(
                 "release {}: installing again on operator request despite an earlier rollback",

@@ -216,6 +216,7 @@ impl Machine {
                     names.join(", "),
                     self.booted.other()
                 );
+                self.gate_install(m)?;
                 if !operator {
                     if let Some(why) = self.write_held(&m.release.version) {
                         return Ok(CheckOutcome::Held(why));
@@ -224,6 +225,7 @@ impl Machine {
                 self.plan(origin, m, t)
             }
             Ok(Plan::Install(changed)) => {
+                self.gate_install(m)?;
                 let changed: Vec<Component> = changed.into_iter().cloned().collect();
                 self.install_components(origin, m, &changed, t)
             }
@@ -304,7 +306,9 @@ impl Machine {
         if let Err(why) = self.records_healthy(&release, &job.components, t)? {
             return self.roll_back_components(job, &why, t);
         }
-        self.commit_components(&job, started.elapsed())
+        let outcome = self.commit_components(&job, started.elapsed())?;
+        self.committed_floor(&release, m.security_version)?;
+        Ok(outcome)
     }
 
     /// Activate every written record's generation and restart its units;

@@ -80,6 +80,7 @@ mod actions;
 mod check;
 mod components;
 mod fleet;
+mod floor;
 mod operator;
 mod policy;
 mod retry;
@@ -232,6 +233,8 @@ pub struct Machine {
     protection: crate::protect::Keeper,
     /// Since when the download has been failing for the network's sake.
     network_down_since: Option<Timestamp>,
+    /// The hardware rollback floor, when `[rollback]` configures one.
+    floor: Option<floor::HardwareFloor>,
 }
 
 /// A reboot the reboot command accepted.
@@ -307,6 +310,7 @@ impl Machine {
         Ok(Machine {
             protection,
             network_down_since: None,
+            floor: floor::HardwareFloor::from_config(&cfg),
             cfg,
             mode,
             store,
@@ -514,6 +518,9 @@ impl Machine {
     /// bootloader is waited for (a held lock).
     pub fn on_boot_with(&mut self, t: &mut dyn Ticker) -> Result<()> {
         self.recover_components(t)?;
+        if self.mode == Mode::Daemon {
+            self.catch_up_floor();
+        }
         let state = self.state()?;
         match reconcile(state, self.booted, &self.boot_id) {
             Decision::Resume => Ok(()),
@@ -648,6 +655,7 @@ impl Machine {
             State::Testing(job) => self.testing(job, t),
             State::Committed(job) => {
                 self.boot.mark_good_with(job.target, self.tries(), t)?;
+                self.advance_floor_after_commit(&job)?;
                 self.enter(State::Idle, "", None, vec![])?;
                 Ok(Next::Continue)
             }

@@ -313,6 +313,7 @@ impl Machine {
             outbox_dropped: self.store.outbox_dropped()?,
             last_install: status::last_install(&self.store)?,
             components: self.store.running_components()?,
+            hardware_floor: self.floor_status(),
             policy: {
                 let job = state.job();
                 let pending = self.write_waiting.as_ref().filter(|_| job.is_none());

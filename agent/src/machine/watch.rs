@@ -302,6 +302,9 @@ impl Machine {
         let Some(job) = state.job().cloned() else {
             bail!(Store, "no job to supersede in state {}", state.name());
         };
+        // A release the hardware floor refuses leaves the job it would
+        // supersede alone.
+        self.gate_install(&v.manifest)?;
         let reason = format!(
             "superseded by release {} serial {}",
             v.manifest.release.version, v.manifest.serial

@@ -157,6 +157,10 @@ impl Component {
     }
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// The payload of version 2 as written.
 #[derive(Serialize, Deserialize)]
 struct Wire {
@@ -168,6 +172,8 @@ struct Wire {
     keys_version: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     channel: Option<String>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    security_version: u64,
     release: Release,
     components: Vec<serde_json::Value>,
 }
@@ -333,6 +339,7 @@ pub(crate) fn parse(payload: &[u8]) -> Result<Manifest> {
         expires: w.expires,
         keys_version: w.keys_version,
         channel: w.channel,
+        security_version: w.security_version,
         release: w.release,
         image,
         artifact,
@@ -462,6 +469,7 @@ pub fn to_payload(m: &Manifest) -> serde_json::Result<Vec<u8>> {
         expires: m.expires,
         keys_version: m.keys_version,
         channel: m.channel.clone(),
+        security_version: m.security_version,
         release: m.release.clone(),
         components,
     })
@@ -520,6 +528,19 @@ mod tests {
         assert_eq!(m.components[0].kind(), Kind::App);
         let again = Manifest::parse(&to_payload(&m).unwrap()).unwrap();
         assert_eq!(again, m);
+    }
+
+    #[test]
+    fn a_release_of_components_carries_its_security_version() {
+        let mut v = release(vec![slot(), web()]);
+        assert_eq!(parse_value(&v).unwrap().security_version, 0);
+        v["security_version"] = json!(9);
+        let m = parse_value(&v).unwrap();
+        assert_eq!(m.security_version, 9);
+        let written: Value = serde_json::from_slice(&to_payload(&m).unwrap()).unwrap();
+        assert_eq!(written["security_version"], 9);
+        v["security_version"] = json!("nine");
+        refused(v, "expected u64");
     }
 
     #[test]

@@ -63,6 +63,13 @@ pub struct Manifest {
     /// Required: a device follows one channel and refuses every other.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
+    /// The device-global security version (0 when absent): a device with
+    /// a hardware rollback floor refuses a release below its counter, and
+    /// moves the counter up to this once the release is committed
+    /// ([`crate::rollback_counter`]). Unlike the serial it is not per
+    /// channel and does not restart with a key document.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub security_version: u64,
     pub release: Release,
     pub image: Image,
     pub artifact: Artifact,
@@ -126,6 +133,10 @@ pub struct Delta {
     pub url: String,
     pub size: u64,
     pub sha256: Sha256,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Upper bound of a zstd frame's compressed size for `n` input bytes
@@ -585,6 +596,7 @@ mod tests {
             issued: Timestamp(1_800_000_000),
             expires: Timestamp(1_900_000_000),
             keys_version: None,
+            security_version: 0,
             channel: Some("stable".into()),
             release: Release {
                 version: "1.2.3".into(),
@@ -791,5 +803,30 @@ mod tests {
                 .to_string()
                 .contains("not for this device")
         );
+    }
+
+    #[test]
+    fn the_security_version_is_optional_signed_and_written_only_when_set() {
+        let m = sample();
+        let plain = serde_json::to_value(&m).unwrap();
+        assert!(plain.get("security_version").is_none(), "{plain}");
+        assert_eq!(reparse(&m).unwrap().security_version, 0);
+        let mut v = plain.clone();
+        v["security_version"] = serde_json::json!(5);
+        let with = Manifest::parse(&serde_json::to_vec(&v).unwrap()).unwrap();
+        assert_eq!(with.security_version, 5);
+        assert_eq!(reparse(&with).unwrap(), with);
+        for bad in [
+            serde_json::json!(-1),
+            serde_json::json!(1.5),
+            serde_json::json!("5"),
+            serde_json::json!(null),
+            serde_json::json!(18446744073709551616u128 as f64),
+        ] {
+            let mut v = plain.clone();
+            v["security_version"] = bad.clone();
+            let e = Manifest::parse(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+            assert_eq!(e.kind(), Kind::Malformed, "{bad}: {e}");
+        }
     }
 }
