@@ -88,7 +88,7 @@ impl DeviceKey {
 /// The device's identity as found at start.
 #[derive(Debug)]
 pub enum Identity {
-    Usable(DeviceKey),
+    Usable(Box<DeviceKey>),
     /// Why there is no usable key, naming the file.
     Unusable(String),
 }
@@ -170,6 +170,7 @@ pub fn load_or_create(state_dir: &Path) -> Identity {
         },
         Err(e) => return unusable(&key_path, &e.to_string()),
     };
+    let key = Box::new(key);
     // The public half for readers that may not read the key; rewritten
     // from the key when missing or different (the key is what counts).
     let public = key.public().to_pem();
