@@ -32,7 +32,9 @@
 //!   [`config_data`]) and their delivery in order ([`deliver`]). DDI has no
 //!   idempotency key: an answer 410 (the action is no longer active) counts
 //!   as delivered, so the in-order outbox never stalls on an action the
-//!   server closed or cancelled meanwhile.
+//!   server closed or cancelled meanwhile. A feedback goes out with a
+//!   last `details` line carrying its report counter and the device key's
+//!   signature ([`signed`]).
 //!
 //! It never decides what is installed, in which state the update is, or
 //! what a feedback says: that is the state machine's (`machine/fleet.rs`).

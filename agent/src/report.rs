@@ -10,7 +10,10 @@
 //! bounded because heartbeats and repeated check failures are folded into
 //! the newest queued report of their kind (with a count and the first and
 //! last time); install results and state changes are never folded or
-//! dropped. The format is documented in `docs/reports.md`.
+//! dropped. Each row has a report counter (allocated with the row, in
+//! [`crate::store`]); when sent, a row carries it and is signed with the
+//! device key ([`crate::signed_report`]). The format is documented in
+//! `docs/reports.md`.
 //!
 //! This module builds and sends; it never decides when to poll or retry
 //! (that is the daemon's backoff).

@@ -270,3 +270,49 @@ fn signed_reports_verify_and_a_crash_never_reuses_a_counter() {
         assert!(text.contains("reports refused"), "{name}: {text}");
     }
 }
+
+#[test]
+fn a_damaged_device_key_is_kept_shown_and_reports_go_unsigned() {
+    updraft_tests::require!("nginx");
+    let keys = TempDir::new("damaged-key-keys");
+    let key = keygen(keys.path(), "release");
+    let server = UpdateServer::start(&keys.join("site"), true);
+    let collector = server.collector.as_ref().unwrap();
+    let mut spec = DeviceSpec::simple(&key);
+    spec.server = format!(
+        "{}heartbeat_interval = \"1s\"\n",
+        server.server_toml("2s", "1s")
+    );
+    let mut dev = Device::new("damaged-key", spec);
+    dev.init();
+    let key_file = dev.state_dir.join("device-key.pem");
+    let damaged = b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
+    std::fs::write(&key_file, damaged).unwrap();
+    dev.start_daemon();
+    let reports = collector.wait_for_reports(2, WAIT);
+    assert!(dev.daemon_running(), "{}", dev.log_tail());
+    let st = dev.status();
+    let why = st["identity"]["unusable"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("device-key.pem") && why.contains("PKCS#8"),
+        "{st:#}"
+    );
+    assert!(st["identity"].get("public_key").is_none(), "{st:#}");
+    let human = dev.ok(&["status"]);
+    assert!(
+        human.contains("identity:     unusable: device key "),
+        "{human}"
+    );
+    assert!(
+        dev.log().contains("reports are sent unsigned"),
+        "{}",
+        dev.log_tail()
+    );
+    for r in &reports {
+        let j = r.json().unwrap();
+        assert!(j.get("signed").is_none(), "{j:#}");
+        assert!(j["report_counter"].as_u64().is_some(), "{j:#}");
+    }
+    dev.stop_daemon();
+    assert_eq!(std::fs::read(&key_file).unwrap(), damaged);
+}
