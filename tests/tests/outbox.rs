@@ -236,7 +236,8 @@ fn signed_reports_verify_and_a_crash_never_reuses_a_counter() {
     let mut forged = bodies.clone();
     forged[2] = &altered;
     // (file, its lines, what the refusals say)
-    let cases: [(&str, Vec<&[u8]>, &[&str]); 4] = [
+    type Case<'a> = (&'a str, Vec<&'a [u8]>, &'a [&'a str]);
+    let cases: [Case; 4] = [
         (
             "replayed.jsonl",
             replayed,
