@@ -289,7 +289,10 @@ impl Verifier {
             Ok(s) => s,
             Err(e) => {
                 self.refused += 1;
-                return format!("{name}: refused: it {e}");
+                return match claimed_counter(bytes) {
+                    Some(c) => format!("{name}: refused: it (claiming counter {c}) {e}"),
+                    None => format!("{name}: refused: it {e}"),
+                };
             }
         };
         let seen = self.seen.entry(s.keyid.clone()).or_default();
@@ -300,6 +303,14 @@ impl Verifier {
         }
         describe(name, &s, &v)
     }
+}
+
+/// The counter a refused report claims, unverified, for naming it.
+fn claimed_counter(bytes: &[u8]) -> Option<u64> {
+    if bytes.len() > MAX_REPORT {
+        return None;
+    }
+    serde_json::from_slice::<Value>(bytes).ok()?["report_counter"].as_u64()
 }
 
 /// Split a file of reports into named reports: one JSON document, or
@@ -419,7 +430,14 @@ mod tests {
             late.contains("out of order, it arrives after counter 6"),
             "{late}"
         );
-        assert_eq!(v.refused, 3);
+        let mut forged: Value = serde_json::from_slice(&report(&k, 7, 6)).unwrap();
+        forged["state"] = json!("committed");
+        let line = v.check("r7", forged.to_string().as_bytes());
+        assert!(
+            line.starts_with("r7: refused: it (claiming counter 7) field \"state\" differs"),
+            "{line}"
+        );
+        assert_eq!(v.refused, 4);
     }
 
     #[test]

@@ -259,7 +259,9 @@ fn signed_reports_verify_and_a_crash_never_reuses_a_counter() {
         (
             "forged.jsonl",
             forged,
-            &["forged.jsonl:3: refused: it field \"booted_slot\" differs from its signed payload"],
+            &[
+                "forged.jsonl:3: refused: it (claiming counter 3) field \"booted_slot\" differs from its signed payload",
+            ],
         ),
     ];
     for (name, lines, words) in cases {
