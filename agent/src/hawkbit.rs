@@ -32,7 +32,9 @@
 //!   [`config_data`]) and their delivery in order ([`deliver`]). DDI has no
 //!   idempotency key: an answer 410 (the action is no longer active) counts
 //!   as delivered, so the in-order outbox never stalls on an action the
-//!   server closed or cancelled meanwhile.
+//!   server closed or cancelled meanwhile. A feedback goes out with a
+//!   last `details` line carrying its report counter and the device key's
+//!   signature ([`signed`]).
 //!
 //! It never decides what is installed, in which state the update is, or
 //! what a feedback says: that is the state machine's (`machine/fleet.rs`).
@@ -41,6 +43,7 @@ use serde_json::{Value, json};
 
 use crate::config::Server;
 use crate::ddi::{self, ActionLink, Cancel, ControllerBase, Deployment, Feedback};
+use crate::device_key::DeviceKey;
 use crate::error::{Context, Result};
 use crate::fetch::{Fetched, Fetcher};
 use crate::hash::truncate;
@@ -299,18 +302,59 @@ pub fn config_data(attributes: &[(&str, &str)]) -> Result<Pending> {
     })
 }
 
+/// The row as it is sent: a feedback with a report counter, on a device
+/// with a usable key, gets a last `details` line carrying the counter,
+/// `previous` (the counter of the newest row a server took) and the
+/// device key's signature ([`crate::signed_report::ddi_line`]), in place
+/// of its last line when all [`ddi::MAX_DETAILS`] are taken. Anything
+/// else goes as queued.
+pub fn signed(entry: &OutboxEntry, key: Option<&DeviceKey>, previous: u64) -> OutboxEntry {
+    use crate::signed_report::{DDI_LINE_PREFIX, DdiSigned, ddi_line};
+    let (Some(key), Some(counter)) = (key, entry.counter) else {
+        return entry.clone();
+    };
+    if entry.kind != FEEDBACK && entry.kind != PROGRESS {
+        return entry.clone();
+    }
+    let Ok(mut row) = Row::parse(&entry.body) else {
+        return entry.clone();
+    };
+    let Some(details) = row.body["status"]["details"].as_array_mut() else {
+        return entry.clone();
+    };
+    details.retain(|d| !d.as_str().is_some_and(|s| s.starts_with(DDI_LINE_PREFIX)));
+    details.truncate(ddi::MAX_DETAILS - 1);
+    let Some(line) =
+        DdiSigned::of(&row.path, &row.body, counter, previous).map(|s| ddi_line(&s, key))
+    else {
+        return entry.clone();
+    };
+    if let Some(details) = row.body["status"]["details"].as_array_mut() {
+        details.push(Value::String(line));
+    }
+    OutboxEntry {
+        body: row.to_json(),
+        ..entry.clone()
+    }
+}
+
 /// Deliver queued rows in order until the outbox is empty or a request
 /// fails; rows of static mode (queued for a `report_url` the
 /// configuration no longer has) are dropped with a warning. Returns how
 /// many went out.
-pub fn deliver(store: &Store, controller: &Controller, t: &mut dyn Ticker) -> Result<usize> {
+pub fn deliver(
+    store: &Store,
+    controller: &Controller,
+    key: Option<&DeviceKey>,
+    t: &mut dyn Ticker,
+) -> Result<usize> {
     crate::report::drain(
         store,
         is_ddi_kind,
         ("server.report_url", "a DDI server"),
         |e| {
             let c = controller.clone();
-            let row = e.clone();
+            let row = signed(e, key, store.report_counter_delivered()?);
             match crate::worker::offload("report", move || c.send(&row), t)?? {
                 Sent::Delivered => {}
                 Sent::Gone => log::info!(

@@ -10,13 +10,17 @@
 //! bounded because heartbeats and repeated check failures are folded into
 //! the newest queued report of their kind (with a count and the first and
 //! last time); install results and state changes are never folded or
-//! dropped. The format is documented in `docs/reports.md`.
+//! dropped. Each row has a report counter (allocated with the row, in
+//! [`crate::store`]); when sent, a row carries it and is signed with the
+//! device key ([`crate::signed_report`]). The format is documented in
+//! `docs/reports.md`.
 //!
 //! This module builds and sends; it never decides when to poll or retry
 //! (that is the daemon's backoff).
 
 use serde_json::{Value, json};
 
+use crate::device_key::DeviceKey;
 use crate::error::Result;
 use crate::fetch::Fetcher;
 use crate::hash::hex;
@@ -394,8 +398,12 @@ pub fn check_failed(device: &str, booted: SlotName, kind: &str, reason: &str) ->
 }
 
 /// The JSON actually sent for an outbox row: the stored body plus the
-/// delivery fields.
-pub fn wire_body(e: &OutboxEntry) -> Vec<u8> {
+/// delivery fields and, for a row with a report counter, the counter,
+/// `previous_counter` (the counter of the newest report a server took
+/// before this one), the manifest serial it answers, and the device key's
+/// signature when the device has a usable key
+/// ([`crate::signed_report::seal`]).
+pub fn wire_body(e: &OutboxEntry, key: Option<&DeviceKey>, previous: u64) -> Vec<u8> {
     let mut v: Value =
         serde_json::from_slice(e.body.as_bytes()).unwrap_or_else(|_| json!({ "raw": e.body }));
     if let Value::Object(map) = &mut v {
@@ -404,16 +412,29 @@ pub fn wire_body(e: &OutboxEntry) -> Vec<u8> {
         map.insert("count".into(), json!(e.count));
         map.insert("first_time".into(), json!(e.created));
         map.insert("last_time".into(), json!(e.updated));
+        if let Some(counter) = e.counter {
+            map.insert("report_counter".into(), json!(counter));
+            map.insert("previous_counter".into(), json!(previous));
+            if let Some(serial) = crate::signed_report::manifest_serial(map) {
+                map.insert("manifest_serial".into(), json!(serial));
+            }
+        }
+        if let Some(key) = key {
+            let sealed = crate::signed_report::seal(std::mem::take(map), key);
+            *map = sealed;
+        }
     }
     v.to_string().into_bytes()
 }
 
 /// Deliver queued reports in order until the outbox is empty or a POST
-/// fails. Returns how many were delivered.
+/// fails, signed with `key` when there is one. Returns how many were
+/// delivered.
 pub fn deliver(
     store: &Store,
     fetcher: &Fetcher,
     url: &str,
+    key: Option<&DeviceKey>,
     ticker: &mut dyn Ticker,
 ) -> Result<usize> {
     drain(
@@ -421,7 +442,7 @@ pub fn deliver(
         |kind| !is_ddi_kind(kind),
         ("a DDI server", "server.report_url"),
         |e| {
-            let body = wire_body(e);
+            let body = wire_body(e, key, store.report_counter_delivered()?);
             let f = fetcher.clone();
             let u = url.to_string();
             let key = e.key.clone();
@@ -452,6 +473,7 @@ pub(crate) fn drain(
             if ours(&e.kind) {
                 send(&e)?;
                 sent += 1;
+                store.outbox_ack_delivered(e.seq, e.counter)?;
             } else {
                 log::warn!(
                     "dropping queued {} row {}: it was queued for {}, and this device now reports to {}",
@@ -460,8 +482,8 @@ pub(crate) fn drain(
                     servers.0,
                     servers.1
                 );
+                store.outbox_ack(e.seq)?;
             }
-            store.outbox_ack(e.seq)?;
         }
     }
 }

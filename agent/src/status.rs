@@ -45,6 +45,11 @@ pub struct Status {
     pub state: String,
     pub since: Timestamp,
     pub device_id: String,
+    /// The device key that signs reports (its public half), or why it
+    /// cannot be used; absent before the daemon made one (and from
+    /// releases before signed reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<crate::device_key::IdentityView>,
     pub booted_slot: SlotName,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub running_version: Option<String>,

@@ -14,5 +14,6 @@ pub mod description;
 pub mod keys;
 pub mod modules;
 pub mod release;
+pub mod reports;
 pub mod sign;
 pub mod verify;

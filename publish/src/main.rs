@@ -15,6 +15,7 @@ use updraft_publish::keys::{self, Key, KeyDocSpec};
 use updraft_publish::release::{
     self, ComponentSpec, DEFAULT_FRAME_SIZE, DEFAULT_LEVEL, ReleaseSpec,
 };
+use updraft_publish::reports;
 use updraft_publish::verify;
 
 const fn opt(name: &'static str, value: &'static str, help: &'static str) -> Opt {
@@ -264,6 +265,19 @@ payload. Nothing is signed again.",
             ],
             words: &[],
             examples: &["updraft-publish verify --pub keys/release.pub site/manifest.json"],
+        },
+        Command {
+            name: "verify-reports",
+            summary: "check devices' signed reports: signatures, and counters rising by one",
+            usage: "updraft-publish verify-reports --device-key PUB [--device-key PUB2]... REPORTS...",
+            about: "Each REPORTS file holds one report as the server received it, or one per line (JSON lines), in the order they arrived; files are read in the order given. Every report must be signed by one of the device keys (`device-key.pub` of a device, or the public_key `updraft status` shows, in base64), and each device's report_counter must go up by one: a replay, a report out of order, missing counters and a forged or altered report are refused, each named with its file, line and counter. Exits 1 when any report is refused.",
+            options: &[opt(
+                "--device-key",
+                "PUB",
+                "a device's public key: a PEM file, or the raw key in base64 (repeatable, required)",
+            )],
+            words: &[],
+            examples: &["updraft-publish verify-reports --device-key device-key.pub reports.jsonl"],
         },
         Command {
             name: "inspect",
@@ -726,6 +740,37 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                 println!("{line}");
             }
         }
+        "verify-reports" => {
+            let keys = f
+                .all("device-key")
+                .iter()
+                .map(|k| device_key(k))
+                .collect::<Result<Vec<_>, _>>()?;
+            if keys.is_empty() {
+                return Err(Failure::Usage(None, "--device-key is required".into()));
+            }
+            if f.positional.is_empty() {
+                return Err(Failure::Usage(
+                    None,
+                    "verify-reports takes one or more report files".into(),
+                ));
+            }
+            let mut v = reports::Verifier::new(keys);
+            for file in &f.positional {
+                let text =
+                    std::fs::read(file).map_err(|e| format!("reading reports {file}: {e}"))?;
+                for (name, bytes) in reports::split(file, &text) {
+                    println!("{}", v.check(&name, &bytes));
+                }
+            }
+            if v.refused > 0 {
+                return Err(Failure::Failed(format!(
+                    "{} of {} reports refused",
+                    v.refused, v.checked
+                )));
+            }
+            println!("{} reports verified", v.checked);
+        }
         "inspect" => {
             let [manifest] = f.positional.as_slice() else {
                 return Err(Failure::Usage(
@@ -758,6 +803,24 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
         other => return Err(bad(&format!("unknown command {other:?}"))),
     }
     Ok(())
+}
+
+/// A device key given on the command line: a PEM file, or the raw key in
+/// base64 as `updraft status` shows it.
+fn device_key(arg: &str) -> Result<updraft::trust::PublicKey, String> {
+    let path = PathBuf::from(arg);
+    if path.exists() {
+        return keys::load_pub(&path);
+    }
+    let raw = updraft::envelope::decode_base64(arg, "--device-key")
+        .map_err(|e| format!("--device-key {arg}: neither a file nor a base64 key ({e})"))?;
+    let raw: [u8; 32] = raw.try_into().map_err(|r: Vec<u8>| {
+        format!(
+            "--device-key {arg}: {} bytes, an ed25519 key is 32",
+            r.len()
+        )
+    })?;
+    updraft::trust::PublicKey::from_bytes(&raw).map_err(|e| format!("--device-key {arg}: {e}"))
 }
 
 fn main() -> ExitCode {

@@ -84,6 +84,17 @@ impl Report {
     }
 }
 
+/// Bodies as JSON lines, one report a line, in the order given (the
+/// input `updraft-publish verify-reports` reads).
+pub fn json_lines<'a>(bodies: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in bodies {
+        out.extend_from_slice(b);
+        out.push(b'\n');
+    }
+    out
+}
+
 /// A running collector; stops (and closes its port) when dropped.
 pub struct Collector {
     shared: Arc<Shared>,

@@ -29,6 +29,7 @@ const PUBLISH: &[&str] = &[
     "keys",
     "release",
     "verify",
+    "verify-reports",
     "inspect",
     "help",
     "completions",

@@ -221,6 +221,42 @@ fn an_assigned_release_is_installed_and_closed_with_success_only_after_its_commi
             .map(String::as_str),
         Some("testboard")
     );
+    // Every feedback is signed by the device key the configData and the
+    // status name, with counters that only go up; a row sent again after
+    // its answer was not taken in (DDI has no idempotency key) repeats
+    // its counter byte for byte.
+    let hex = server
+        .attributes(CONTROLLER)
+        .get("device_key")
+        .cloned()
+        .expect("no device_key in configData");
+    let st = rig.dev.status();
+    let public = updraft::envelope::decode_base64(
+        st["identity"]["public_key"]
+            .as_str()
+            .expect("no device key in the status"),
+        "public_key",
+    )
+    .unwrap();
+    assert_eq!(updraft::hash::hex(&public), hex);
+    let key = updraft::trust::PublicKey::from_bytes(&public.try_into().unwrap()).unwrap();
+    let mut last = (0, Vec::new());
+    for f in server.feedback(1) {
+        if f.body == last.1 {
+            continue;
+        }
+        let body: Value = serde_json::from_slice(&f.body).unwrap();
+        let signed =
+            updraft_publish::reports::check_ddi_feedback("deploymentBase/1/feedback", &body, &key)
+                .unwrap_or_else(|e| panic!("feedback {} {e}: {body:#}", f.seq));
+        assert!(
+            signed.counter > last.0,
+            "counter {} after {}",
+            signed.counter,
+            last.0
+        );
+        last = (signed.counter, f.body.clone());
+    }
     // Every request carried the device's own token; nothing used the
     // plain-http links.
     for r in server.requests_to(Origin::Ddi) {

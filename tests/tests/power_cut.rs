@@ -16,7 +16,8 @@
 //! release is untouched; the daemon comes back. In the end every
 //! release converges, and the reports reach the server at least once, in an
 //! order without gaps, each exactly once after dropping duplicates by
-//! idempotency key.
+//! idempotency key, signed by the device key with report counters that
+//! go up by one (none handed out twice by a cut).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -389,6 +390,12 @@ fn power_cuts_anywhere_in_the_update_cycle() {
     }
     let collector = c.server.collector.as_ref().unwrap();
     let all = collector.reports();
+    let mut unique: Vec<(i64, Vec<u8>)> = collector
+        .unique_reports()
+        .into_iter()
+        .filter_map(|r| Some((r.json().ok()?["sequence"].as_i64()?, r.body)))
+        .collect();
+    unique.sort_by_key(|(seq, _)| *seq);
     let mut by_key: BTreeMap<String, (i64, String)> = BTreeMap::new();
     let mut conflicts = 0;
     for r in &all {
@@ -420,6 +427,27 @@ fn power_cuts_anywhere_in_the_update_cycle() {
         c.violation(format!(
             "{conflicts} reports re-sent under one key with another sequence"
         ));
+    }
+    // Signed, and no report counter handed out twice: the reports kept
+    // after de-duplication, in sequence order, verify as one device's
+    // unbroken stream.
+    let st = c.dev.status();
+    match st["identity"]["public_key"]
+        .as_str()
+        .and_then(|k| updraft::envelope::decode_base64(k, "public_key").ok())
+        .and_then(|raw| <[u8; 32]>::try_from(raw).ok())
+        .and_then(|raw| updraft::trust::PublicKey::from_bytes(&raw).ok())
+    {
+        None => c.violation(format!("no usable device key in the status: {st:#}")),
+        Some(key) => {
+            let mut v = updraft_publish::reports::Verifier::new(vec![key]);
+            for (seq, body) in &unique {
+                let line = v.check(&format!("sequence {seq}"), body);
+                if !line.ends_with(": ok") {
+                    c.violation(format!("signed reports: {line}"));
+                }
+            }
+        }
     }
     let installs = by_key.values().filter(|(_, k)| k == "install").count();
     eprintln!(

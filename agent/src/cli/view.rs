@@ -56,6 +56,7 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         state: state.name().into(),
         since,
         device_id,
+        identity: crate::device_key::inspect(&cfg.system.state_dir),
         booted_slot: booted,
         running_version: status::running_version(&slots, &cfg.device.release_file),
         slots,
@@ -248,6 +249,9 @@ pub(crate) fn render_status(st: &Status, now: Timestamp) -> String {
         );
     }
     line("device id:", st.device_id.clone());
+    if let Some(identity) = &st.identity {
+        line("identity:", identity.line());
+    }
     line(
         "outbox:",
         if st.outbox_dropped > 0 {
@@ -327,6 +331,7 @@ mod tests {
             state: "idle".into(),
             since: Timestamp(1_796_000_000),
             device_id: "d1".into(),
+            identity: None,
             booted_slot: SlotName::A,
             running_version: Some("2.0".into()),
             slots: Vec::new(),

@@ -87,6 +87,7 @@ impl Machine {
                 action: action.id.clone(),
                 reported: None,
                 pending: None,
+                key: self.identity.key(),
                 sending: None,
                 send_after: None,
                 found: cancel,

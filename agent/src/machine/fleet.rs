@@ -612,6 +612,14 @@ impl Machine {
         for c in self.store.running_components()? {
             attrs.push((format!("component.{}", c.name), c.version));
         }
+        // The key that signs this device's feedback (raw, in hex: the
+        // attribute alphabet has no room for base64).
+        if let Some(key) = self.identity.key() {
+            attrs.push((
+                "device_key".into(),
+                crate::hash::hex(key.public().as_bytes()),
+            ));
+        }
         Ok(attrs)
     }
 
@@ -799,8 +807,11 @@ pub(super) struct FleetWatch<'a> {
     /// The tenth of the download last reported.
     pub(super) reported: Option<u64>,
     pub(super) pending: Option<Background<Result<Option<ddi::Cancel>>>>,
-    /// The outbox row being sent (its sequence number), and the call.
-    pub(super) sending: Option<(i64, Background<Result<hawkbit::Sent>>)>,
+    /// The key feedback is signed with, if the device has one.
+    pub(super) key: Option<&'a crate::device_key::DeviceKey>,
+    /// The outbox row being sent (its sequence number and report
+    /// counter), and the call.
+    pub(super) sending: Option<(i64, Option<u64>, Background<Result<hawkbit::Sent>>)>,
     /// No delivery before this instant (after a failure).
     pub(super) send_after: Option<std::time::Instant>,
     /// Where a cancel of this job's action is left for the caller.
@@ -829,7 +840,7 @@ impl FleetWatch<'_> {
                         p.total
                     )],
                 );
-                let in_flight = self.sending.as_ref().map(|(seq, _)| *seq);
+                let in_flight = self.sending.as_ref().map(|(seq, _, _)| *seq);
                 self.store
                     .push_report_besides(&hawkbit::progress(&f).as_report(), in_flight)?;
             }
@@ -892,8 +903,8 @@ impl FleetWatch<'_> {
 impl FleetWatch<'_> {
     /// Look at the row being sent, or send the oldest queued one.
     fn deliver(&mut self) -> Result<()> {
-        if let Some((seq, call)) = &self.sending {
-            let seq = *seq;
+        if let Some((seq, counter, call)) = &self.sending {
+            let (seq, counter) = (*seq, *counter);
             match call.result() {
                 Ok(None) => return Ok(()),
                 Ok(Some(Ok(sent))) => {
@@ -903,7 +914,7 @@ impl FleetWatch<'_> {
                             "outbox row {seq}: the DDI server refused it with {status}; dropped"
                         );
                     }
-                    self.store.outbox_ack(seq)?;
+                    self.store.outbox_ack_delivered(seq, counter)?;
                 }
                 Ok(Some(Err(e))) | Err(e) => {
                     self.sending = None;
@@ -930,9 +941,10 @@ impl FleetWatch<'_> {
             return Ok(());
         }
         let c = self.controller.clone();
-        let seq = row.seq;
+        let (seq, counter) = (row.seq, row.counter);
+        let row = hawkbit::signed(&row, self.key, self.store.report_counter_delivered()?);
         match Background::spawn(move || c.send(&row)) {
-            Ok(call) => self.sending = Some((seq, call)),
+            Ok(call) => self.sending = Some((seq, counter, call)),
             Err(e) => {
                 log::warn!("delivering feedback: {e}");
                 self.send_after = Some(std::time::Instant::now() + SEND_RETRY);

@@ -193,6 +193,8 @@ pub struct Machine {
     booted: SlotName,
     boot_id: String,
     device_id: String,
+    /// The key reports are signed with, or why there is none.
+    identity: crate::device_key::Identity,
     preferred: usize,
     health: Option<HealthRun>,
     /// The reboot command succeeded: when it was last run and how often.
@@ -275,6 +277,7 @@ impl Machine {
         let booted = crate::bootloader::booted_slot(&cfg)?;
         let boot_id = identity::boot_id(&cfg.system.boot_id_file)?;
         let device_id = identity::device_id(&cfg.device.id_file)?;
+        let device_key = crate::device_key::load_or_create(&cfg.system.state_dir);
         let fetcher = if Server::needs_fetcher(&cfg.server) {
             Some(Fetcher::new(&cfg)?)
         } else {
@@ -323,6 +326,7 @@ impl Machine {
             booted,
             boot_id,
             device_id,
+            identity: device_key,
             preferred,
             health: None,
             reboot_requested: None,

@@ -267,8 +267,13 @@ impl Machine {
 
     /// Deliver queued reports, if a report URL is configured.
     pub fn deliver_reports(&mut self, t: &mut dyn Ticker) -> Result<usize> {
-        self.server
-            .deliver(&self.store, self.fetcher.as_ref(), &self.cfg.server, t)
+        self.server.deliver(
+            &self.store,
+            self.fetcher.as_ref(),
+            &self.cfg.server,
+            self.identity.key(),
+            t,
+        )
     }
 
     // ---- status -----------------------------------------------------------------
@@ -295,6 +300,7 @@ impl Machine {
             state: state.name().into(),
             since,
             device_id: self.device_id.clone(),
+            identity: Some(self.identity.view()),
             booted_slot: self.booted,
             running_version: running,
             slots,

@@ -141,18 +141,20 @@ impl Server {
     }
 
     /// Deliver queued reports to where they go (`cfg`: the server as
-    /// configured); how many were delivered.
+    /// configured), signed with `key` when the device has one; how many
+    /// were delivered.
     pub(super) fn deliver(
         &self,
         store: &Store,
         fetcher: Option<&Fetcher>,
         cfg: &config::Server,
+        key: Option<&crate::device_key::DeviceKey>,
         t: &mut dyn Ticker,
     ) -> Result<usize> {
         match (self, fetcher) {
-            (Server::Ddi(f), _) => crate::hawkbit::deliver(store, &f.controller, t),
+            (Server::Ddi(f), _) => crate::hawkbit::deliver(store, &f.controller, key, t),
             (Server::Static { reports: true, .. }, Some(fetcher)) => {
-                report::deliver(store, fetcher, &cfg.report_url, t)
+                report::deliver(store, fetcher, &cfg.report_url, key, t)
             }
             (Server::Static { .. }, _) => Ok(0),
         }

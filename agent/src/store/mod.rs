@@ -142,6 +142,9 @@ pub struct OutboxEntry {
     pub updated: Timestamp,
     pub count: i64,
     pub body: String,
+    /// The report counter allocated when the row was queued; `None` for
+    /// rows an older updraft queued.
+    pub counter: Option<u64>,
 }
 
 /// A report to queue.
@@ -485,6 +488,28 @@ impl Store {
                 );
             }
             Some(Err(_)) => bail!(Store, "database meta schema_version is not a number"),
+        }
+        // The report counter of each outbox row (nullable: an older
+        // updraft inserts rows without it). Added to version 1 files
+        // in place, as the schema only grows.
+        let has_counter = {
+            let mut stmt = self.conn.prepare("PRAGMA table_info(outbox)")?;
+            let names = stmt.query_map([], |r| r.get::<_, String>(1))?;
+            names
+                .collect::<std::result::Result<Vec<_>, _>>()?
+                .iter()
+                .any(|n| n == "counter")
+        };
+        if !has_counter {
+            // Another process may have added it since this connection
+            // last read the schema: that is the same result.
+            match self
+                .conn
+                .execute_batch("ALTER TABLE outbox ADD COLUMN counter INTEGER")
+            {
+                Err(e) if e.to_string().contains("duplicate column name") => {}
+                other => other?,
+            }
         }
         tx.commit()?;
         Ok(())
@@ -1120,6 +1145,55 @@ mod tests {
             drop(s);
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+
+    #[test]
+    fn every_new_row_gets_the_next_report_counter_and_a_fold_keeps_its_own() {
+        let s = db("counter");
+        let r = |key: &'static str, foldable: bool| Report {
+            key,
+            kind: if foldable { "heartbeat" } else { "state" },
+            foldable,
+            body: "{}",
+        };
+        s.push_report(&r("s1", false)).unwrap();
+        s.push_report(&r("h1", true)).unwrap();
+        s.push_report(&r("h2", true)).unwrap();
+        // In a transition's transaction, rolled back: its counter is
+        // not spent, as nothing of it was stored.
+        let failed = s.atomically(|st| {
+            st.push_report(&r("s2", false))?;
+            Err::<(), _>(err!(Store, "the transition fails"))
+        });
+        assert!(failed.is_err());
+        s.push_report(&r("s3", false)).unwrap();
+        let rows = s.outbox_peek(10).unwrap();
+        let counters: Vec<(&str, Option<u64>)> =
+            rows.iter().map(|e| (e.key.as_str(), e.counter)).collect();
+        assert_eq!(
+            counters,
+            [("s1", Some(1)), ("h1", Some(2)), ("s3", Some(3))]
+        );
+        // Delivered rows leave; the counter goes on from the highest ever.
+        assert_eq!(s.report_counter_delivered().unwrap(), 0);
+        for e in &rows {
+            s.outbox_ack_delivered(e.seq, e.counter).unwrap();
+        }
+        assert_eq!(s.report_counter_delivered().unwrap(), 3);
+        s.push_report(&r("s4", false)).unwrap();
+        assert_eq!(s.outbox_peek(1).unwrap()[0].counter, Some(4));
+        // An unreadable stored counter never makes one repeat.
+        s.set("report_counter", "garbage").unwrap();
+        s.push_report(&r("s5", false)).unwrap();
+        assert_eq!(s.outbox_peek(2).unwrap()[1].counter, Some(5));
+        // A row an older release queued has none.
+        s.conn
+            .execute(
+                "INSERT INTO outbox (key, kind, created, updated, body) VALUES ('old', 'state', 0, 0, '{}')",
+                [],
+            )
+            .unwrap();
+        assert_eq!(s.outbox_peek(3).unwrap()[2].counter, None);
     }
 
     #[test]

@@ -2,6 +2,12 @@
 //! oldest first, with folding of progress rows, the bound on rows and
 //! bytes, and the count of what the bound dropped.
 //!
+//! Each new row gets the next **report counter** (`meta` key
+//! `report_counter`, the row's `counter` column) in the same transaction
+//! that inserts it, so a power cut can never hand out one value twice; a
+//! folded row keeps its counter. The counter of the newest row a server
+//! took is `meta` `report_counter_delivered`.
+//!
 //! This file stores and counts; what a row says and when it is sent is
 //! [`crate::report`]'s and the daemon's.
 
@@ -39,18 +45,62 @@ impl Store {
                 }
             }
         }
-        self.conn.execute(
-            "INSERT INTO outbox (key, kind, created, updated, count, foldable, body)
-             VALUES (?1, ?2, ?3, ?3, 1, ?4, ?5)",
-            params![r.key, r.kind, now, r.foldable, r.body],
-        )?;
+        // A savepoint: one transaction of its own when called alone, part
+        // of the caller's (a transition's) otherwise.
+        self.conn.execute_batch("SAVEPOINT report_counter")?;
+        let inserted = self.next_report_counter().and_then(|counter| {
+            self.conn.execute(
+                "INSERT INTO outbox (key, kind, created, updated, count, foldable, body, counter)
+                 VALUES (?1, ?2, ?3, ?3, 1, ?4, ?5, ?6)",
+                params![r.key, r.kind, now, r.foldable, r.body, counter as i64],
+            )?;
+            self.conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('report_counter', ?1)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![counter.to_string()],
+            )?;
+            Ok(())
+        });
+        match inserted {
+            Ok(()) => self.conn.execute_batch("RELEASE report_counter")?,
+            Err(e) => {
+                let _ = self
+                    .conn
+                    .execute_batch("ROLLBACK TO report_counter; RELEASE report_counter");
+                return Err(e);
+            }
+        }
         Ok(())
+    }
+
+    /// The counter the next new row gets: one more than the highest ever
+    /// allocated. The highest queued row's counter counts too, so a `meta`
+    /// value made unreadable can never make a counter repeat.
+    fn next_report_counter(&self) -> Result<u64> {
+        let stored: u64 = self
+            .get("report_counter")?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let queued: i64 =
+            self.conn
+                .query_row("SELECT COALESCE(MAX(counter), 0) FROM outbox", [], |r| {
+                    r.get(0)
+                })?;
+        Ok(stored.max(queued.max(0) as u64) + 1)
+    }
+
+    /// The counter of the newest row a server took (0 before the first).
+    pub fn report_counter_delivered(&self) -> Result<u64> {
+        Ok(self
+            .get("report_counter_delivered")?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
     }
 
     /// The oldest queued reports, in order.
     pub fn outbox_peek(&self, limit: usize) -> Result<Vec<OutboxEntry>> {
         let mut stmt = self.conn.prepare(
-            "SELECT seq, key, kind, created, updated, count, body FROM outbox ORDER BY seq LIMIT ?1",
+            "SELECT seq, key, kind, created, updated, count, body, counter FROM outbox ORDER BY seq LIMIT ?1",
         )?;
         let rows = stmt.query_map(params![limit as i64], |r| {
             Ok(OutboxEntry {
@@ -61,6 +111,7 @@ impl Store {
                 updated: Timestamp(r.get(4)?),
                 count: r.get(5)?,
                 body: r.get(6)?,
+                counter: r.get::<_, Option<i64>>(7)?.map(|c| c.max(0) as u64),
             })
         })?;
         rows.collect::<std::result::Result<Vec<_>, _>>()
@@ -71,6 +122,22 @@ impl Store {
     pub fn outbox_ack(&self, seq: i64) -> Result<()> {
         self.conn
             .execute("DELETE FROM outbox WHERE seq = ?1", params![seq])?;
+        Ok(())
+    }
+
+    /// Drop a report a server took, recording its counter as the newest
+    /// delivered, in one transaction.
+    pub fn outbox_ack_delivered(&self, seq: i64, counter: Option<u64>) -> Result<()> {
+        let tx = self.conn.unchecked_transaction()?;
+        tx.execute("DELETE FROM outbox WHERE seq = ?1", params![seq])?;
+        if let Some(c) = counter {
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES ('report_counter_delivered', ?1)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![c.to_string()],
+            )?;
+        }
+        tx.commit()?;
         Ok(())
     }
 
