@@ -197,7 +197,9 @@ impl Poller<'_> {
         let freshness = m.check_policy(now, floor, self.compatible)?;
         if freshness == Freshness::Unchanged {
             let named = self.store.serial_image(self.channel, epoch, m.serial)?;
-            m.check_serial_reuse(named.as_ref())?;
+            if let Some(warning) = m.serial_reuse(named.as_ref()) {
+                log::warn!("{warning}");
+            }
         }
         self.store
             .accept_manifest(self.channel, epoch, m.serial, m.issued, &m.image.sha256)?;

@@ -552,8 +552,9 @@ fn keep_etag_fresh(path: &Path, previous: Option<std::time::SystemTime>) -> Resu
     Ok(())
 }
 
-/// A serial is published once: devices refuse a manifest that re-signs the
-/// serial they accepted for another image. `--serial N` equal to the serial
+/// A serial is published once: two manifests of one serial naming different
+/// images let whoever serves them switch devices between the two, which
+/// the serial floor cannot refuse (devices warn of it). `--serial N` equal to the serial
 /// of the manifest already in `DIR` is signed again only for the same
 /// slot image (a renewed expiry, another rollout percentage).
 fn check_serial_reuse(spec: &ReleaseSpec, serial: u64) -> Result<()> {
@@ -581,7 +582,7 @@ fn check_serial_reuse(spec: &ReleaseSpec, serial: u64) -> Result<()> {
     if hasher.finish() != previous.image.sha256 {
         return Err(format!(
             "serial {serial} is already published in {} for another image (release {}): \
-             devices that accepted it refuse a second image under the same serial; pass a higher --serial",
+             devices that accepted it could be switched between the two images; pass a higher --serial",
             spec.out.join("manifest.json").display(),
             previous.release.version
         ));

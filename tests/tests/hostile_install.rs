@@ -343,13 +343,16 @@ fn tuf_test_custom_fields_in_a_manifest_are_ignored() {
 
 /// tuf-conformance `test_timestamp_content_changes` (also the Uptane
 /// vector `image_repo_metadata_changed_while_version_same`): content
-/// re-signed without a new serial or key-document version. A manifest
-/// with the accepted serial naming another image is refused: a serial is
-/// published once, so whoever serves two signed manifests of one serial
-/// cannot choose between them. A rewritten `keys/1.json` is never read
-/// once version 1 is trusted: only `keys/2.json` is asked for.
+/// re-signed without a new serial or key-document version. A rewritten
+/// `keys/1.json` is never read once version 1 is trusted (only
+/// `keys/2.json` is asked for), so it gives another key nothing. A
+/// manifest with the accepted serial naming another image is installed,
+/// as signed, with a warning that the publisher reused a serial: updraft
+/// departs from TUF here, because fleets behind a DDI server publish each
+/// release on its own with serial 1 (docs/security.md, "Findings,
+/// decided").
 #[test]
-fn tuf_test_timestamp_content_changes_a_reused_serial_is_refused() {
+fn tuf_test_timestamp_content_changes_a_reused_serial_is_warned_of() {
     let f = root_fixture("serial-reused");
     f.repo
         .release(&[&f.release], "1.0", &f.v1, &["--serial", "5"]);
@@ -358,25 +361,24 @@ fn tuf_test_timestamp_content_changes_a_reused_serial_is_refused() {
     // The trusted version rewritten to hand the release role to another key.
     let root = f.root.clone();
     f.repo.key_document(&[&root], &[&f.other], 1, &[]);
-    // The publisher refuses to reuse a serial; the pair is made by hand.
-    f.repo
-        .release(&[&f.release], "2.0", &f.v2, &["--serial", "6"]);
-    f.repo.resign(&[&f.release], |p| p["serial"] = json!(5));
-    let err = f.refused_untouched("manifest serial 5 (release 2.0) names image ");
-    assert!(
-        err.contains("but serial 5 was accepted naming image "),
-        "{err}"
-    );
-    // The rewritten document gave the other key nothing.
     f.repo
         .release(&[&f.other], "2.0", &f.v2, &["--serial", "6"]);
     f.refused_untouched(
         "manifest is signed by 0 of the 1 release keys of key document v1, threshold is 1",
     );
-    // A higher serial for the new image installs.
+    // The publisher refuses to reuse a serial; the pair is made by hand.
     f.repo
         .release(&[&f.release], "2.0", &f.v2, &["--serial", "6"]);
-    f.dev.ok(&["install", &f.repo.manifest_str()]);
+    f.repo.resign(&[&f.release], |p| p["serial"] = json!(5));
+    let out = f.dev.updraft(&["install", &f.repo.manifest_str()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("manifest serial 5 (release 2.0) names image ")
+            && said.contains("but serial 5 was accepted naming image ")
+            && said.contains("the publisher reused a serial"),
+        "{said}"
+    );
     assert_eq!(f.dev.status()["slots"][1]["version"], json!("2.0"));
 }
 

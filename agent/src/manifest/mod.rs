@@ -448,30 +448,27 @@ impl Manifest {
         Ok(freshness)
     }
 
-    /// A manifest with the serial already accepted (`Freshness::Unchanged`)
-    /// must name the image that serial named then (`accepted`, when it was
-    /// recorded). A serial is published once: two signed manifests with one
-    /// serial and different images would let whoever serves them choose
-    /// between the two, and flip devices back to the first after the
-    /// second, with nothing the serial floor can refuse. Only a publisher
-    /// reusing a serial makes such a pair; the device refuses the second.
-    pub fn check_serial_reuse(&self, accepted: Option<&Sha256>) -> Result<()> {
-        match accepted {
-            Some(sha) if *sha != self.image.sha256 => Err(Error::new(
-                Kind::Policy,
-                format!(
-                    "manifest serial {} (release {}) names image {}, but serial {} was accepted \
-                     naming image {}: a serial is published once; refusing a manifest that \
-                     reuses it (the publisher must sign a higher serial)",
-                    self.serial,
-                    truncate(&self.release.version, 64),
-                    self.image.sha256.short(),
-                    self.serial,
-                    sha.short()
-                ),
-            )),
-            _ => Ok(()),
-        }
+    /// What to warn of when a manifest with the serial already accepted
+    /// (`Freshness::Unchanged`) names another image than that serial named
+    /// then (`accepted`, when it was recorded); `None` when it names the
+    /// same one or nothing was recorded. Such a pair means the publisher
+    /// reused a serial, and whoever serves both can switch devices between
+    /// them: the serial floor cannot tell them apart. It is a warning, not
+    /// a refusal: fleets behind a DDI server that publish every release on
+    /// its own, each with serial 1, rely on an equal serial being accepted
+    /// (docs/security.md, "Findings, decided").
+    pub fn serial_reuse(&self, accepted: Option<&Sha256>) -> Option<String> {
+        let sha = accepted.filter(|sha| **sha != self.image.sha256)?;
+        Some(format!(
+            "manifest serial {} (release {}) names image {}, but serial {} was accepted naming \
+             image {}: the publisher reused a serial, so the serial floor cannot keep this device \
+             from being switched between the two; publish every release with a higher serial",
+            self.serial,
+            truncate(&self.release.version, 64),
+            self.image.sha256.short(),
+            self.serial,
+            sha.short()
+        ))
     }
 
     /// The delta that applies to an active slot holding `from`, if listed.
@@ -753,25 +750,24 @@ mod tests {
     }
 
     /// tuf-conformance `test_timestamp_content_changes`: the stored
-    /// serial re-signed for another image is refused; for the image it
-    /// named (a retry, a re-signed expiry), or with nothing recorded, it
-    /// passes.
+    /// serial re-signed for another image is warned of; for the image it
+    /// named (a retry, a re-signed expiry), or with nothing recorded,
+    /// nothing is said.
     #[test]
-    fn a_serial_reused_for_another_image_is_refused() {
+    fn a_serial_reused_for_another_image_is_warned_of() {
         let m = sample();
-        assert!(m.check_serial_reuse(None).is_ok());
-        assert!(m.check_serial_reuse(Some(&m.image.sha256)).is_ok());
+        assert_eq!(m.serial_reuse(None), None);
+        assert_eq!(m.serial_reuse(Some(&m.image.sha256)), None);
         let other = Sha256::of(b"another image");
-        let e = m.check_serial_reuse(Some(&other)).unwrap_err();
-        assert_eq!(e.kind(), Kind::Policy);
+        let warning = m.serial_reuse(Some(&other)).unwrap();
         assert!(
-            e.message().starts_with(&format!(
-                "manifest serial 7 (release {}) names image {}, but serial 7 was accepted naming image {}",
+            warning.starts_with(&format!(
+                "manifest serial 7 (release {}) names image {}, but serial 7 was accepted naming image {}: the publisher reused a serial",
                 m.release.version,
                 m.image.sha256.short(),
                 other.short()
             )),
-            "{e}"
+            "{warning}"
         );
     }
 
