@@ -478,6 +478,38 @@ mod tests {
     }
 
     #[test]
+    fn the_identity_line_shows_the_key_or_why_it_is_unusable() {
+        use crate::device_key::IdentityView;
+        let mut st = sample();
+        assert_eq!(line(&render_status(&st, st.since), "identity:"), None);
+        // (identity, the line shown)
+        let cases = [
+            (
+                IdentityView {
+                    public_key: Some("Gb9E=".into()),
+                    keyid: Some("ab".into()),
+                    unusable: None,
+                },
+                "identity:     ed25519 Gb9E=",
+            ),
+            (
+                IdentityView {
+                    unusable: Some(
+                        "device key /d/device-key.pem: no PEM PRIVATE KEY block found".into(),
+                    ),
+                    ..IdentityView::default()
+                },
+                "identity:     unusable: device key /d/device-key.pem: no PEM PRIVATE KEY block found",
+            ),
+        ];
+        for (identity, want) in cases {
+            st.identity = Some(identity);
+            let text = render_status(&st, st.since);
+            assert_eq!(line(&text, "identity:"), Some(want), "{text}");
+        }
+    }
+
+    #[test]
     fn ages_read_like_a_person_says_them() {
         let at = |s: i64| ago(Timestamp(1000), Timestamp(1000 + s));
         assert_eq!(at(0).as_deref(), Some("0 s ago"));
