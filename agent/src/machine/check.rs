@@ -243,7 +243,18 @@ impl Machine {
             }
             Ok(())
         })?;
-        log::info!("running: release {version} slot {booted}: no install recorded; {how}");
+        let slot = booted.to_string();
+        crate::logging::event(
+            log::Level::Info,
+            &crate::logging::EventFields {
+                event: "running",
+                release: Some(version),
+                slot: Some(&slot),
+                reason: Some(&how),
+                ..Default::default()
+            },
+            format_args!("running: release {version} slot {booted}: no install recorded; {how}"),
+        );
         Ok(Some(how))
     }
 

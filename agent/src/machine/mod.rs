@@ -294,7 +294,17 @@ impl Machine {
             .unwrap_or(0);
         if let Some(r) = &recovered {
             let what = r.describe(&cfg.db_path());
-            log::error!("{what}");
+            let slot = booted.to_string();
+            crate::logging::event(
+                log::Level::Error,
+                &crate::logging::EventFields {
+                    event: "database-recovered",
+                    slot: Some(&slot),
+                    reason: Some(&what),
+                    ..Default::default()
+                },
+                format_args!("{what}"),
+            );
             let report = report::database_recovered(&device_id, booted, &what);
             store.atomically(|s| {
                 s.add_history(&Event {
@@ -486,25 +496,27 @@ impl Machine {
         let ev = (!event.is_empty()).then_some(&ev);
         self.store.transition(&next, ev, &refs)?;
         let level = transition_level(next.name(), event);
-        match (job, detail) {
-            (Some(j), Some(d)) => log::log!(
+        if event.is_empty() {
+            log::debug!("{}", next.name());
+        } else {
+            let slot = job.map(|j| j.target.to_string());
+            let fields = crate::logging::EventFields {
+                event,
+                release: job.map(|j| j.version.as_str()),
+                slot: slot.as_deref(),
+                component: None,
+                reason: detail,
+            };
+            let about = match job {
+                Some(j) => format!(": release {} slot {}", j.version, j.target),
+                None => String::new(),
+            };
+            let detail = detail.map(|d| format!(": {d}")).unwrap_or_default();
+            crate::logging::event(
                 level,
-                "{}: release {} slot {}: {d}",
-                next.name(),
-                j.version,
-                j.target
-            ),
-            (Some(j), None) => {
-                log::log!(
-                    level,
-                    "{}: release {} slot {}",
-                    next.name(),
-                    j.version,
-                    j.target
-                )
-            }
-            (None, Some(d)) => log::log!(level, "{}: {d}", next.name()),
-            (None, None) => log::debug!("{}", next.name()),
+                &fields,
+                format_args!("{}{about}{detail}", next.name()),
+            );
         }
         Ok(())
     }
