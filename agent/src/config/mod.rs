@@ -40,6 +40,17 @@ pub struct Config {
     pub rollback: Rollback,
     /// `[components.NAME]`, in the file's order.
     pub components: Vec<ComponentConfig>,
+    /// `[provenance]`: the builders whose attestation a release needs.
+    pub provenance: Provenance,
+}
+
+/// `[provenance]`: the builder keys (PEM public key files) a release's
+/// build provenance attestation must be signed by, and how many of them.
+/// None configured: attestations are neither fetched nor required.
+#[derive(Debug, Clone, Default)]
+pub struct Provenance {
+    pub builders: Vec<PathBuf>,
+    pub threshold: usize,
 }
 
 /// `[apps]`: where applications live and how their units are restarted.
@@ -741,6 +752,25 @@ impl Config {
                 keys: set,
                 version: t.keys_version,
             }
+        })
+    }
+
+    /// The builder keys of `[provenance]`, or `None` when none are
+    /// configured (no attestation is required).
+    pub fn builder_keys(&self) -> Result<Option<KeySet>> {
+        let p = &self.provenance;
+        if p.builders.is_empty() {
+            return Ok(None);
+        }
+        let keys = p
+            .builders
+            .iter()
+            .map(|path| PublicKey::load(path))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| e.wrap("provenance.builders"))?;
+        KeySet::new(keys, p.threshold).map(Some).map_err(|e| {
+            e.wrap("provenance.builders with provenance.threshold")
+                .with_kind(Kind::Config)
         })
     }
 
