@@ -39,7 +39,8 @@ pub fn default_builder_id(key: &Key) -> String {
 /// from (`inputs`: name and sha256 of the image and of each older image a
 /// delta starts from).
 pub fn statement(m: &Manifest, builder_id: &str, inputs: &[(String, Sha256)]) -> Vec<u8> {
-    let mut subjects = vec![json!({"name": "image", "digest": {"sha256": m.image.sha256.to_hex()}})];
+    let mut subjects =
+        vec![json!({"name": "image", "digest": {"sha256": m.image.sha256.to_hex()}})];
     let mut urls = vec![m.artifact.url.clone()];
     urls.extend(m.deltas.iter().map(|d| d.url.clone()));
     urls.extend(m.components.iter().map(|c| c.artifact().url.clone()));
@@ -150,6 +151,8 @@ pub fn unverified(raw: &[u8]) -> Result<Statement> {
             env.payload_type
         ));
     }
-    let payload = env.payload_bytes("attestation").map_err(|e| e.to_string())?;
+    let payload = env
+        .payload_bytes("attestation")
+        .map_err(|e| e.to_string())?;
     Statement::parse(&payload).map_err(|e| e.to_string())
 }

@@ -243,7 +243,10 @@ pub fn inspect(path: &Path, json: bool) -> Result<String> {
             a.url, a.size, a.sha256
         ));
         let path = path.parent().unwrap_or(Path::new(".")).join(&a.url);
-        if let Ok(st) = std::fs::read(&path).map_err(|e| e.to_string()).and_then(|raw| crate::attest::unverified(&raw)) {
+        if let Ok(st) = std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|raw| crate::attest::unverified(&raw))
+        {
             s.push_str(&format!(
                 "builder:      {} ({} subjects, not verified)\n",
                 st.builder_id.as_deref().unwrap_or("(none)"),

@@ -6,12 +6,12 @@
 //! is written, with the reason, in the history and as a `check_failed`
 //! report. A device without builders neither fetches nor needs one.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use updraft_tests::device::{Device, DeviceSpec};
-use updraft_tests::publisher::{KeyPair, Repo, image, keygen, publish_ok};
 use updraft_tests::proxied::history;
+use updraft_tests::publisher::{KeyPair, Repo, image, keygen, publish_ok};
 use updraft_tests::tmp::TempDir;
 
 const IMAGE: usize = 1024 * 1024 + 4321;
@@ -60,7 +60,7 @@ fn fixture(name: &str, require: bool) -> Fixture {
 }
 
 impl Fixture {
-    fn publish(&self, version: &str, img: &PathBuf, builder: Option<&KeyPair>) {
+    fn publish(&self, version: &str, img: &Path, builder: Option<&KeyPair>) {
         let mut extra = vec![];
         if let Some(b) = builder {
             extra = vec![
@@ -88,10 +88,17 @@ impl Fixture {
             .into_iter()
             .filter(|e| e["event"] == json!("check-failed"))
             .collect();
-        let detail = failed.last().map(|e| e["detail"].to_string()).unwrap_or_default();
+        let detail = failed
+            .last()
+            .map(|e| e["detail"].to_string())
+            .unwrap_or_default();
         assert!(detail.contains(expect), "history: {failed:#?}");
         let st = self.dev.status();
-        assert_eq!(st["outbox"].as_u64(), Some(outbox + 1), "no report queued: {st:#}");
+        assert_eq!(
+            st["outbox"].as_u64(),
+            Some(outbox + 1),
+            "no report queued: {st:#}"
+        );
         err
     }
 }
@@ -101,8 +108,13 @@ fn a_release_attested_by_a_configured_builder_installs() {
     let f = fixture("prov-ok", true);
     f.publish("1.0", &f.v1, Some(&f.builder));
     let payload = f.repo.payload();
-    let url = payload["attestation"]["url"].as_str().expect("the manifest names it");
-    assert!(url.starts_with("artifacts/") && url.ends_with(".intoto.json"), "{url}");
+    let url = payload["attestation"]["url"]
+        .as_str()
+        .expect("the manifest names it");
+    assert!(
+        url.starts_with("artifacts/") && url.ends_with(".intoto.json"),
+        "{url}"
+    );
     // The publisher checks it as the device will.
     let verified = publish_ok(&[
         "verify",
@@ -143,8 +155,12 @@ fn a_release_without_an_attestation_is_refused_and_reported() {
 fn an_attestation_by_an_unknown_builder_is_refused_and_reported() {
     let f = fixture("prov-stranger", true);
     f.publish("1.0", &f.v1, Some(&f.stranger));
-    let err = f.refused("attestation is signed by 0 of the 1 configured builder keys, threshold is 1");
-    assert!(err.contains("did not verify with any of them: keyid "), "{err}");
+    let err =
+        f.refused("attestation is signed by 0 of the 1 configured builder keys, threshold is 1");
+    assert!(
+        err.contains("did not verify with any of them: keyid "),
+        "{err}"
+    );
 }
 
 #[test]

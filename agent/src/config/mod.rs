@@ -1462,4 +1462,27 @@ reboot_command = ["/sbin/reboot"]
             assert!(e.contains(want), "{lines:?}: {e}");
         }
     }
+
+    #[test]
+    fn provenance_names_builder_keys_and_a_threshold() {
+        let with = |lines: &str| Config::parse(&format!("{MINIMAL}[provenance]\n{lines}"));
+        let none = Config::parse(MINIMAL).unwrap();
+        assert!(none.provenance.builders.is_empty());
+        assert!(none.builder_keys().unwrap().is_none());
+        let p = with("builders = [\"/etc/updraft/builder.pub\"]\n")
+            .unwrap()
+            .provenance;
+        assert_eq!(p.builders, vec![PathBuf::from("/etc/updraft/builder.pub")]);
+        assert_eq!(p.threshold, 1);
+        let cfg = with("builders = [\"/nonexistent/builder.pub\"]\nthreshold = 1\n").unwrap();
+        let e = cfg.builder_keys().unwrap_err();
+        assert_eq!(e.kind(), Kind::Config);
+        assert!(
+            e.message()
+                .starts_with("provenance.builders: reading public key /nonexistent/builder.pub"),
+            "{e}"
+        );
+        let e = with("builder = [\"/b.pub\"]\n").unwrap_err().to_string();
+        assert!(e.contains("builder"), "{e}");
+    }
 }

@@ -30,7 +30,10 @@ impl Machine {
         let Some(builders) = self.builders.clone() else {
             return Ok(());
         };
-        let release = format!("release {} (manifest serial {})", m.release.version, m.serial);
+        let release = format!(
+            "release {} (manifest serial {})",
+            m.release.version, m.serial
+        );
         let Some(at) = &m.attestation else {
             bail!(
                 Policy,
@@ -42,7 +45,8 @@ impl Machine {
             .fetch_attestation(origin, at, t)
             .map_err(|e| e.wrap(format!("{release}: attestation {}", at.url)))?;
         let statement = provenance::verify(&raw, &builders).map_err(|e| e.wrap(&release))?;
-        provenance::attested(m, &statement).map_err(|missing| err!(Policy, "{release}: {missing}"))?;
+        provenance::attested(m, &statement)
+            .map_err(|missing| err!(Policy, "{release}: {missing}"))?;
         log::info!(
             "{release}: attestation {} by builder {} names its {} artifact(s) and image",
             at.url,
@@ -71,7 +75,11 @@ impl Machine {
         let bytes = match self.fetcher.clone() {
             Some(f) if origin.is_remote() => {
                 let (o, pref) = (origin.clone(), self.preferred);
-                crate::worker::offload("attestation", move || read(Source::new(o, Some(f), pref)), t)??
+                crate::worker::offload(
+                    "attestation",
+                    move || read(Source::new(o, Some(f), pref)),
+                    t,
+                )??
             }
             _ => read(Source::new(origin.clone(), None, 0))?,
         };

@@ -149,7 +149,11 @@ impl Statement {
             let sha256 = match s.digest.get("sha256") {
                 Some(Value::String(hex)) => Sha256::from_hex(hex)
                     .map_err(|e| malformed(format!("subject {i} digest sha256: {e}")))?,
-                Some(_) => return Err(malformed(format!("subject {i} digest sha256 is not a string"))),
+                Some(_) => {
+                    return Err(malformed(format!(
+                        "subject {i} digest sha256 is not a string"
+                    )));
+                }
                 None => return Err(malformed(format!("subject {i} has no sha256 digest"))),
             };
             if !names.insert(s.name.clone()) {
@@ -165,7 +169,9 @@ impl Statement {
         }
         let builder_id = match w.predicate.pointer("/runDetails/builder/id") {
             None => None,
-            Some(Value::String(id)) if id.len() <= MAX_NAME_LEN && !id.chars().any(char::is_control) => {
+            Some(Value::String(id))
+                if id.len() <= MAX_NAME_LEN && !id.chars().any(char::is_control) =>
+            {
                 Some(id.clone())
             }
             Some(_) => {
@@ -191,7 +197,12 @@ pub fn verify(raw: &[u8], builders: &KeySet) -> Result<Statement> {
         )));
     }
     let env = Envelope::parse(raw, "attestation")?;
-    let v = env.verify("attestation", PAYLOAD_TYPE, builders, "configured builder keys")?;
+    let v = env.verify(
+        "attestation",
+        PAYLOAD_TYPE,
+        builders,
+        "configured builder keys",
+    )?;
     Statement::parse(&v.payload)
 }
 
@@ -333,7 +344,10 @@ mod tests {
         let all = ["image", "artifact", "delta", "command"];
         assert_eq!(attested(&m, &statement(&all)), Ok(()));
         assert_eq!(
-            attested(&m, &statement(&["image", "artifact", "delta", "command", "other"])),
+            attested(
+                &m,
+                &statement(&["image", "artifact", "delta", "command", "other"])
+            ),
             Ok(())
         );
         let rows: [(&[&str], &[&str]); 5] = [
@@ -341,7 +355,10 @@ mod tests {
             (&["image", "delta", "command"], &["artifact"]),
             (&["image", "artifact", "command"], &["delta 0"]),
             (&["image", "artifact", "delta"], &["component cfg command"]),
-            (&["other"], &["image", "artifact", "delta 0", "component cfg command"]),
+            (
+                &["other"],
+                &["image", "artifact", "delta 0", "component cfg command"],
+            ),
         ];
         for (named, missing) in rows {
             let e = attested(&m, &statement(named)).unwrap_err();
@@ -351,7 +368,10 @@ mod tests {
         let e = attested(&m, &statement(&["artifact", "delta", "command"])).unwrap_err();
         assert_eq!(
             e.to_string(),
-            format!("attestation does not name image sha256 {}", h("image").short())
+            format!(
+                "attestation does not name image sha256 {}",
+                h("image").short()
+            )
         );
     }
 
@@ -391,7 +411,10 @@ mod tests {
         let s = parse(&good()).unwrap();
         assert_eq!(s.subjects.len(), 2);
         assert_eq!(s.subjects[0].sha256, h("image"));
-        assert_eq!(s.builder_id.as_deref(), Some("https://ci.example.com/builder"));
+        assert_eq!(
+            s.builder_id.as_deref(),
+            Some("https://ci.example.com/builder")
+        );
     }
 
     /// Hostile statements are refused with the field named.
@@ -471,13 +494,22 @@ mod tests {
             "{e}"
         );
         let e = verify(
-            &raw(envelope("application/vnd.updraft.manifest+json", &body, &[&builder])),
+            &raw(envelope(
+                "application/vnd.updraft.manifest+json",
+                &body,
+                &[&builder],
+            )),
             &keys,
         )
         .unwrap_err();
         assert!(e.message().contains("payloadType"), "{e}");
         let big = vec![b' '; MAX_ATTESTATION_BYTES as usize + 1];
-        assert!(verify(&big, &keys).unwrap_err().message().contains("larger than"));
+        assert!(
+            verify(&big, &keys)
+                .unwrap_err()
+                .message()
+                .contains("larger than")
+        );
     }
 
     #[test]
