@@ -21,7 +21,6 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::Manifest;
 use crate::envelope::Envelope;
@@ -91,7 +90,27 @@ struct WireStatement {
     #[serde(rename = "predicateType")]
     predicate_type: String,
     #[serde(default)]
-    predicate: Value,
+    predicate: WirePredicate,
+}
+
+/// Of the predicate only `runDetails.builder.id` is read; every other
+/// field is skipped unread.
+#[derive(Deserialize, Default)]
+struct WirePredicate {
+    #[serde(rename = "runDetails", default)]
+    run_details: WireRunDetails,
+}
+
+#[derive(Deserialize, Default)]
+struct WireRunDetails {
+    #[serde(default)]
+    builder: WireBuilder,
+}
+
+#[derive(Deserialize, Default)]
+struct WireBuilder {
+    #[serde(default)]
+    id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -99,7 +118,14 @@ struct WireSubject {
     #[serde(default)]
     name: String,
     #[serde(default)]
-    digest: serde_json::Map<String, Value>,
+    digest: WireDigest,
+}
+
+/// Digests by algorithm; only `sha256` is read.
+#[derive(Deserialize, Default)]
+struct WireDigest {
+    #[serde(default)]
+    sha256: Option<String>,
 }
 
 fn malformed(msg: String) -> Error {
@@ -146,14 +172,9 @@ impl Statement {
                     "subject {i} name is longer than {MAX_NAME_LEN} bytes or has control characters"
                 )));
             }
-            let sha256 = match s.digest.get("sha256") {
-                Some(Value::String(hex)) => Sha256::from_hex(hex)
+            let sha256 = match &s.digest.sha256 {
+                Some(hex) => Sha256::from_hex(hex)
                     .map_err(|e| malformed(format!("subject {i} digest sha256: {e}")))?,
-                Some(_) => {
-                    return Err(malformed(format!(
-                        "subject {i} digest sha256 is not a string"
-                    )));
-                }
                 None => return Err(malformed(format!("subject {i} has no sha256 digest"))),
             };
             if !names.insert(s.name.clone()) {
@@ -167,19 +188,15 @@ impl Statement {
                 sha256,
             });
         }
-        let builder_id = match w.predicate.pointer("/runDetails/builder/id") {
-            None => None,
-            Some(Value::String(id))
-                if id.len() <= MAX_NAME_LEN && !id.chars().any(char::is_control) =>
-            {
-                Some(id.clone())
-            }
-            Some(_) => {
-                return Err(malformed(format!(
-                    "predicate.runDetails.builder.id is not a string of at most {MAX_NAME_LEN} bytes"
-                )));
-            }
-        };
+        let builder_id = w.predicate.run_details.builder.id;
+        if builder_id
+            .as_ref()
+            .is_some_and(|id| id.len() > MAX_NAME_LEN || id.chars().any(char::is_control))
+        {
+            return Err(malformed(format!(
+                "predicate.runDetails.builder.id is longer than {MAX_NAME_LEN} bytes or has control characters"
+            )));
+        }
         Ok(Statement {
             subjects,
             builder_id,
@@ -266,6 +283,7 @@ mod tests {
     use crate::manifest::{Artifact, Delta, Frame, Image, Release};
     use crate::test_support::{Signer, envelope};
     use crate::timestamp::Timestamp;
+    use serde_json::Value;
 
     fn h(s: &str) -> Sha256 {
         Sha256::of(s.as_bytes())
@@ -443,7 +461,7 @@ mod tests {
         ));
         rows.push((
             payload(serde_json::json!([{"name": "a", "digest": {"sha256": 7}}])),
-            "is not a string",
+            "statement is not valid: invalid type: integer `7`, expected a string",
         ));
         rows.push((
             payload(serde_json::json!([
@@ -458,7 +476,10 @@ mod tests {
         ));
         let mut v = good();
         v["predicate"]["runDetails"]["builder"]["id"] = 5.into();
-        rows.push((v, "builder.id is not a string"));
+        rows.push((v, "statement is not valid: invalid type: integer `5`"));
+        let mut v = good();
+        v["predicate"]["runDetails"]["builder"]["id"] = "x".repeat(MAX_NAME_LEN + 1).into();
+        rows.push((v, "builder.id is longer than"));
         let mut v = good();
         v.as_object_mut().unwrap().remove("subject");
         rows.push((v, "statement is not valid"));
