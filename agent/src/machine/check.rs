@@ -154,6 +154,7 @@ impl Machine {
         };
         // Before anything about the install is written.
         self.gate_install(m)?;
+        self.gate_provenance(origin, m, t)?;
         if unreject {
             log::info!(
                 "release {}: installing again on operator request despite an earlier rollback",

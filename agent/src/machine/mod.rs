@@ -83,6 +83,7 @@ mod fleet;
 mod floor;
 mod operator;
 mod policy;
+mod provenance;
 mod retry;
 mod server;
 mod verdict;
@@ -237,6 +238,8 @@ pub struct Machine {
     network_down_since: Option<Timestamp>,
     /// The hardware rollback floor, when `[rollback]` configures one.
     floor: Option<floor::HardwareFloor>,
+    /// The builder keys of `[provenance]`, when configured.
+    builders: Option<crate::keys::KeySet>,
 }
 
 /// A reboot the reboot command accepted.
@@ -268,6 +271,7 @@ impl Machine {
         }
         let (store, recovered) = crate::protect::open_store(&cfg.db_path())?;
         let trust = restore_trust(&cfg, &store)?;
+        let builders = cfg.builder_keys()?;
         store.adopt_legacy_floor(trust.version())?;
         let server_template = cfg.server.clone();
         let channel = Followed::resolve(&cfg.server, &store)?;
@@ -324,6 +328,7 @@ impl Machine {
             protection,
             network_down_since: None,
             floor: floor::HardwareFloor::from_config(&cfg),
+            builders,
             cfg,
             mode,
             store,
