@@ -199,8 +199,9 @@ pub fn write_full(
         readback,
         before_write,
     };
+    let key = crate::encrypt::frame_key(m)?;
     let bytes_read =
-        crate::pipeline::stream(src, &m.artifact, start, &mut sink, ticker, on_durable)?;
+        crate::pipeline::stream(src, &m.artifact, key, start, &mut sink, ticker, on_durable)?;
     let SlotSink {
         writer,
         image_hash,

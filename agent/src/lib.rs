@@ -24,6 +24,7 @@ pub mod ddi;
 pub mod delta;
 pub mod device_key;
 pub mod direct_io;
+pub mod encrypt;
 pub mod envelope;
 mod fetch;
 mod fsutil;

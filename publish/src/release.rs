@@ -16,6 +16,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use updraft::encrypt::{ContentKey, FrameKey, SLOT_ARTIFACT};
 use updraft::hash::{Hasher, Sha256};
 use updraft::manifest::component::{CommandPart, Component, Kind, Named, Part, TreePart, TreeSize};
 use updraft::manifest::{
@@ -134,6 +135,9 @@ pub struct ReleaseSpec {
     pub threads: usize,
     /// Memory a delta is made within ([`crate::delta::DeltaOptions::memory_budget`]).
     pub delta_memory: usize,
+    /// `--encrypt-to`: the X25519 public keys the artifact is encrypted
+    /// for; empty for a plain release.
+    pub encrypt_to: Vec<[u8; 32]>,
 }
 
 /// What was written.
@@ -185,14 +189,20 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Build the framed artifact for `image` into `artifacts/`.
-fn build_artifact(spec: &ReleaseSpec, image: &Path, artifacts: &Path) -> Result<(Image, Artifact)> {
+fn build_artifact(
+    spec: &ReleaseSpec,
+    image: &Path,
+    artifacts: &Path,
+    seal: Option<&FrameKey>,
+) -> Result<(Image, Artifact, Vec<Sha256>)> {
     let mut input = File::open(image).map_err(|e| format!("opening {}: {e}", image.display()))?;
-    frame_stream(
+    frame_stream_sealed(
         &mut input,
         &image.display().to_string(),
         spec,
         artifacts,
         "zst",
+        seal,
     )
 }
 
@@ -206,6 +216,19 @@ fn frame_stream(
     artifacts: &Path,
     suffix: &str,
 ) -> Result<(Image, Artifact)> {
+    frame_stream_sealed(input, what, spec, artifacts, suffix, None).map(|(i, a, _)| (i, a))
+}
+
+/// [`frame_stream`], each compressed frame sealed with `seal` when given
+/// ([`updraft::encrypt`]); also the sha256 of each frame as written.
+fn frame_stream_sealed(
+    input: &mut dyn Read,
+    what: &str,
+    spec: &ReleaseSpec,
+    artifacts: &Path,
+    suffix: &str,
+    seal: Option<&FrameKey>,
+) -> Result<(Image, Artifact, Vec<Sha256>)> {
     if spec.frame_size == 0 || spec.frame_size as u64 > MAX_FRAME_OUTPUT {
         return Err(format!(
             "frame size must be between 1 and {MAX_FRAME_OUTPUT} bytes"
@@ -217,6 +240,7 @@ fn frame_stream(
     let mut image_hash = Hasher::new();
     let mut artifact_hash = Hasher::new();
     let mut frames = Vec::new();
+    let mut frame_sha256 = Vec::new();
     let mut offset = 0u64;
     let mut image_size = 0u64;
     let threads = spec.threads.max(1);
@@ -244,7 +268,13 @@ fn frame_stream(
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .recv();
                     let Ok((index, raw)) = next else { return };
-                    let c = compress_frame(&raw, spec.level, wlog);
+                    let c = compress_frame(&raw, spec.level, wlog).and_then(|mut c| {
+                        if let Some(key) = seal {
+                            key.seal(index, raw.len() as u64, &mut c)
+                                .map_err(|e| e.to_string())?;
+                        }
+                        Ok(c)
+                    });
                     let sha = Sha256::of(&raw);
                     if done_tx.send((index, raw, sha, c)).is_err() {
                         return;
@@ -282,6 +312,7 @@ fn frame_stream(
             while let Some((raw, out_sha256, c)) = early.remove(&written) {
                 image_hash.update(&raw);
                 artifact_hash.update(&c);
+                frame_sha256.push(Sha256::of(&c));
                 out.write_all(&c)
                     .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
                 frames.push(Frame {
@@ -319,6 +350,25 @@ fn frame_stream(
             sha256: sha,
             frames,
         },
+        frame_sha256,
+    ))
+}
+
+/// What an encrypted release (spec_version 3) cannot carry yet: deltas,
+/// components, or a slot kept from the previous release (its artifact was
+/// sealed under another content key).
+fn refuse_with_encryption(spec: &ReleaseSpec) -> Result<()> {
+    let what = if spec.image.is_none() {
+        "a release without --image (the slot artifact is sealed per release)"
+    } else if !spec.from.is_empty() {
+        "--from (deltas)"
+    } else if !spec.apps.is_empty() || spec.boot.is_some() || !spec.commands.is_empty() {
+        "components (--app, --boot, --command)"
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "--encrypt-to: an encrypted release carries only a full image; {what} cannot be encrypted"
     ))
 }
 
@@ -606,9 +656,30 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     let mut deltas = Vec::new();
     let mut published = Vec::new();
     let mut skipped = Vec::new();
+    let encrypted = !spec.encrypt_to.is_empty();
+    if encrypted {
+        refuse_with_encryption(spec)?;
+    }
+    let content_key = if encrypted {
+        Some(ContentKey::random().map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let seal = match &content_key {
+        Some(k) => Some(FrameKey::derive(k, SLOT_ARTIFACT, vec![]).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let mut encryption = None;
     let (image, artifact, slot) = match &spec.image {
         Some(path) => {
-            let (image, artifact) = build_artifact(spec, path, &artifacts)?;
+            let (image, artifact, frame_sha256) =
+                build_artifact(spec, path, &artifacts, seal.as_ref())?;
+            if let Some(k) = &content_key {
+                encryption = Some(
+                    updraft::encrypt::encryption_for(k, &spec.encrypt_to, frame_sha256)
+                        .map_err(|e| e.to_string())?,
+                );
+            }
             let slot = Named {
                 name: spec.slot_name.clone(),
                 version: spec.version.clone(),
@@ -713,7 +784,9 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     let issued = Timestamp::now();
     let of_components = !components.is_empty();
     let m = Manifest {
-        spec_version: if of_components {
+        spec_version: if encrypted {
+            updraft::manifest::encryption::SPEC_VERSION
+        } else if of_components {
             updraft::manifest::component::SPEC_VERSION
         } else {
             SPEC_VERSION
@@ -732,6 +805,7 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
         image,
         artifact,
         deltas,
+        encryption,
         slot: of_components.then_some(slot),
         components,
     };
@@ -773,6 +847,12 @@ fn previous_slot(spec: &ReleaseSpec) -> Result<(Image, Artifact, Named, Vec<Delt
             path.display()
         ));
     };
+    if prev.encryption.is_some() {
+        return Err(format!(
+            "{} is an encrypted release: its slot artifact cannot be kept in a plain one; publish the slot with --image",
+            path.display()
+        ));
+    }
     let artifact = spec.out.join(&prev.artifact.url);
     if !artifact.is_file() {
         return Err(format!(
