@@ -1,0 +1,198 @@
+//! Encrypted releases (`updraft-publish release --encrypt-to`): a device
+//! listed as a recipient installs the release; a device that is not is
+//! refused before anything is downloaded, naming its recipient id; a
+//! ciphertext frame that was altered, moved or cut off is refused before
+//! it is decrypted, and its plaintext never reaches the slot.
+
+use std::path::PathBuf;
+
+use updraft::slot::SlotName;
+use updraft_tests::device::{Device, DeviceSpec};
+use updraft_tests::publisher::{
+    KeyPair, Repo, image, keygen, keygen_recipient, publish_ok, recipient_list,
+};
+
+/// Four 1 MiB frames and a short one.
+const IMAGE: usize = 4 * 1024 * 1024 + 4321;
+
+struct Fixture {
+    dev: Device,
+    repo: Repo,
+    release: KeyPair,
+    v2: PathBuf,
+    plain: Vec<u8>,
+    _keys: updraft_tests::tmp::TempDir,
+}
+
+fn fixture(name: &str) -> Fixture {
+    let keydir = updraft_tests::tmp::TempDir::new(&format!("{name}-keys"));
+    let release = keygen(keydir.path(), "release");
+    let dev = Device::new(name, DeviceSpec::simple(&release));
+    dev.init();
+    let repo = Repo::new(dev.path("repo"));
+    let v2 = dev.path("v2.img");
+    let plain = image(&v2, IMAGE, 20);
+    Fixture {
+        dev,
+        repo,
+        release,
+        v2,
+        plain,
+        _keys: keydir,
+    }
+}
+
+impl Fixture {
+    /// Publish v2 encrypted for the device itself and `others`.
+    fn publish_for(&self, device: bool, others: &[&str]) -> String {
+        let mut lines: Vec<String> = others.iter().map(|s| s.to_string()).collect();
+        if device {
+            lines.push(format!(
+                "{}  # the device under test",
+                self.dev.encryption_key()
+            ));
+        }
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let list = recipient_list(&self.dev.path("recipients.txt"), &refs);
+        self.repo.release(
+            &[&self.release],
+            "2.0",
+            &self.v2,
+            &["--encrypt-to", list.to_str().unwrap()],
+        )
+    }
+
+    fn artifact(&self) -> PathBuf {
+        self.repo.artifact()
+    }
+
+    fn frames(&self) -> Vec<(u64, u64, u64)> {
+        let p = self.repo.payload();
+        let mut out_offset = 0;
+        p["artifact"]["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                let o = out_offset;
+                out_offset += f["out_size"].as_u64().unwrap();
+                (
+                    f["offset"].as_u64().unwrap(),
+                    f["size"].as_u64().unwrap(),
+                    o,
+                )
+            })
+            .collect()
+    }
+
+    /// Install, expect a refusal containing `expect`, and check that slot B
+    /// holds no plaintext of frame `bad` and slot A is untouched.
+    fn refused_with_no_plaintext_of(&self, bad: usize, expect: &str) -> String {
+        let a = self.dev.slot_bytes(SlotName::A);
+        let err = self.dev.fails(&["install", &self.repo.manifest_str()]);
+        assert!(err.contains(expect), "expected {expect:?} in:\n{err}");
+        assert_eq!(
+            self.dev.slot_bytes(SlotName::A),
+            a,
+            "the active slot changed"
+        );
+        let (_, _, out) = self.frames()[bad];
+        let len = self.frames().get(bad + 1).map_or(IMAGE as u64, |f| f.2) - out;
+        let b = self.dev.slot_bytes(SlotName::B);
+        let range = out as usize..(out + len) as usize;
+        assert!(
+            b.get(range.clone()) != Some(&self.plain[range]),
+            "slot B holds the plaintext of the refused frame {bad}"
+        );
+        let st = self.dev.status();
+        assert_eq!(st["slots"][1]["bootable"], false, "{st:#}");
+        err
+    }
+}
+
+#[test]
+fn a_listed_device_installs_the_encrypted_release() {
+    let f = fixture("enc-installs");
+    let other = keygen_recipient(f.dev.dir(), "group-east");
+    let other_pub = std::fs::read_to_string(&other.public).unwrap();
+    f.publish_for(true, &[&other_pub]);
+    let payload = f.repo.payload();
+    assert_eq!(payload["spec_version"], 3);
+    assert_eq!(
+        payload["encryption"]["recipients"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // The artifact is not the zstd stream of a plain release.
+    let art = std::fs::read(f.artifact()).unwrap();
+    assert_ne!(&art[..4], &[0x28, 0xb5, 0x2f, 0xfd]);
+    let verified = publish_ok(&[
+        "verify",
+        "--pub",
+        f.release.public.to_str().unwrap(),
+        &f.repo.manifest_str(),
+    ]);
+    assert!(verified.contains("ciphertext hashes match"), "{verified}");
+    f.dev.ok(&["install", &f.repo.manifest_str()]);
+    assert_eq!(
+        f.dev.slot_sha256(SlotName::B, IMAGE as u64),
+        updraft::hash::Sha256::of(&f.plain)
+    );
+}
+
+#[test]
+fn a_device_that_is_not_a_recipient_is_refused_before_downloading_naming_its_id() {
+    let f = fixture("enc-not-listed");
+    let other = keygen_recipient(f.dev.dir(), "someone-else");
+    let other_pub = std::fs::read_to_string(&other.public).unwrap();
+    f.publish_for(false, &[&other_pub]);
+    // Without the artifact on the server, a download would fail otherwise.
+    std::fs::remove_file(f.artifact()).unwrap();
+    let before = f.dev.snapshot();
+    let err = f.dev.fails(&["install", &f.repo.manifest_str()]);
+    assert!(err.contains("none is this device"), "{err}");
+    let key = updraft::keys::decode_base64(&f.dev.encryption_key(), "key").unwrap();
+    let id = updraft::hash::Sha256::of(&key).to_hex();
+    assert!(err.contains(&id), "the refusal does not name {id}:\n{err}");
+    let after = f.dev.snapshot();
+    assert_eq!((after.slot_a, after.slot_b), (before.slot_a, before.slot_b));
+}
+
+#[test]
+fn a_tampered_ciphertext_frame_is_refused_before_it_is_decrypted() {
+    let f = fixture("enc-tampered");
+    f.publish_for(true, &[]);
+    let (off, size, _) = f.frames()[2];
+    let mut art = std::fs::read(f.artifact()).unwrap();
+    art[(off + size / 2) as usize] ^= 0x40;
+    std::fs::write(f.artifact(), &art).unwrap();
+    f.refused_with_no_plaintext_of(2, "ciphertext hashes to");
+}
+
+#[test]
+fn swapped_frames_are_refused() {
+    let f = fixture("enc-swapped");
+    f.publish_for(true, &[]);
+    let frames = f.frames();
+    let art = std::fs::read(f.artifact()).unwrap();
+    let (o1, s1, _) = frames[1];
+    let (o2, s2, _) = frames[2];
+    let mut swapped = art[..o1 as usize].to_vec();
+    swapped.extend_from_slice(&art[o2 as usize..(o2 + s2) as usize]);
+    swapped.extend_from_slice(&art[o1 as usize..(o1 + s1) as usize]);
+    swapped.extend_from_slice(&art[(o2 + s2) as usize..]);
+    std::fs::write(f.artifact(), &swapped).unwrap();
+    f.refused_with_no_plaintext_of(1, "artifact frame 1");
+}
+
+#[test]
+fn a_truncated_artifact_is_refused_and_its_last_frame_never_decrypted() {
+    let f = fixture("enc-truncated");
+    f.publish_for(true, &[]);
+    let art = std::fs::read(f.artifact()).unwrap();
+    std::fs::write(f.artifact(), &art[..art.len() - 100]).unwrap();
+    let last = f.frames().len() - 1;
+    f.refused_with_no_plaintext_of(last, "frame");
+}
