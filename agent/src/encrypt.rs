@@ -195,8 +195,6 @@ pub fn unwrap(entry: &WrappedKey, device: &SecretKey) -> Result<ContentKey> {
         })?;
     let mut out = [0u8; 32];
     out.copy_from_slice(key);
-    buf = [0; 48];
-    let _ = buf;
     Ok(ContentKey(out))
 }
 

@@ -646,7 +646,7 @@ mod tests {
                 )),
                 4096,
             );
-            let sha = (start == 0).then(|| Sha256::of(&art));
+            let sha = (start == 0).then(|| Sha256::of(art));
             Frames::spawn(feed, frames.clone(), start, sha, Some(key.clone()))
         };
         let (good, out, end) = drain(over(&art, 0));
