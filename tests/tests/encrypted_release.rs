@@ -2,7 +2,8 @@
 //! listed as a recipient installs the release; a device that is not is
 //! refused before anything is downloaded, naming its recipient id; a
 //! ciphertext frame that was altered, moved or cut off is refused before
-//! it is decrypted, and its plaintext never reaches the slot.
+//! it is decrypted, and its plaintext never reaches the slot; a download
+//! cut mid-way resumes at a frame boundary, as a plain one does.
 
 use std::path::PathBuf;
 
@@ -195,4 +196,37 @@ fn a_truncated_artifact_is_refused_and_its_last_frame_never_decrypted() {
     std::fs::write(f.artifact(), &art[..art.len() - 100]).unwrap();
     let last = f.frames().len() - 1;
     f.refused_with_no_plaintext_of(last, "frame");
+}
+
+#[test]
+fn a_download_cut_mid_way_resumes_at_the_last_verified_frame() {
+    updraft_tests::require!("nginx");
+    let ps = updraft_tests::proxied::ProxiedServer::start("enc-resume", false);
+    const SIZE: usize = 8 * 1024 * 1024;
+    let mut spec = ps.device_spec("1h", "");
+    spec.slot_size = SIZE as u64;
+    let mut dev = Device::new("enc-resume", spec);
+    dev.init();
+    let list = recipient_list(&dev.path("recipients.txt"), &[&dev.encryption_key()]);
+    let img = ps.publish("1.0", 8, SIZE, &["--encrypt-to", list.to_str().unwrap()]);
+    // The first connection carries the manifest and then the artifact:
+    // cut it half way in.
+    ps.proxy
+        .script([updraft_tests::proxy::Behaviour::ResetAfter(
+            ps.artifact_size() / 2,
+        )]);
+    let a = dev.slot_bytes(SlotName::A);
+    dev.start_daemon();
+    dev.wait_reboot_requested(std::time::Duration::from_secs(120));
+    dev.stop_daemon();
+    let log = dev.log();
+    assert!(
+        log.contains("resuming at frame"),
+        "no resume in the log:\n{log}"
+    );
+    assert!(
+        dev.slot_bytes(SlotName::B)[..SIZE] == img[..],
+        "slot B does not hold the image"
+    );
+    assert_eq!(dev.slot_bytes(SlotName::A), a, "the active slot changed");
 }

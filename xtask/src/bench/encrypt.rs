@@ -33,7 +33,11 @@ pub fn run(args: &[String]) -> Result {
     let img = work.path().join("image.img");
     image(&img, size, 42);
     let prefix = work.path().join("release");
-    run_ok(Command::new(&publish).args(["keygen", "--out"]).arg(&prefix))?;
+    run_ok(
+        Command::new(&publish)
+            .args(["keygen", "--out"])
+            .arg(&prefix),
+    )?;
     let release = KeyPair {
         key: prefix.with_extension("key"),
         public: prefix.with_extension("pub"),
@@ -78,9 +82,7 @@ pub fn run(args: &[String]) -> Result {
             times[v][1].push(t.elapsed().as_secs_f64());
         }
     }
-    println!(
-        "\n{mib} MiB image, {runs} run(s) each, release binaries, median wall time\n"
-    );
+    println!("\n{mib} MiB image, {runs} run(s) each, release binaries, median wall time\n");
     let mut rows = vec![vec![
         "release".to_string(),
         "artifact bytes".into(),
