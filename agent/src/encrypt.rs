@@ -319,11 +319,17 @@ pub fn device_key() -> Option<&'static SecretKey> {
 /// Load `device-enc.key` from `state_dir`, making it (and the public key
 /// file) on first start. A file that cannot be read or parsed is never
 /// replaced: the device then has no key and says so when a release is
-/// encrypted. Returns a line for the log.
-pub fn load_or_create(state_dir: &Path) -> String {
+/// encrypted. Logs the key when it is made, and a key that cannot be
+/// used.
+pub fn load_or_create(state_dir: &Path) {
+    let fresh = !state_dir.join(KEY_FILE).exists();
     let (line, key) = load(state_dir);
+    match &key {
+        None => log::warn!("{line}"),
+        Some(_) if fresh => log::info!("made {line}"),
+        Some(_) => log::debug!("{line}"),
+    }
     let _ = DEVICE.set(key);
-    line
 }
 
 fn load(state_dir: &Path) -> (String, Option<SecretKey>) {
@@ -345,11 +351,12 @@ fn load(state_dir: &Path) -> (String, Option<SecretKey>) {
     match key {
         Ok(k) => {
             let public = encode_base64(&k.public);
-            let _ = crate::fsutil::atomic_write(
-                &state_dir.join(PUB_FILE),
-                format!("{public}\n").as_bytes(),
-                0o644,
-            );
+            // Written when missing or stale only: no write per start.
+            let pub_path = state_dir.join(PUB_FILE);
+            let text = format!("{public}\n");
+            if std::fs::read_to_string(&pub_path).ok().as_deref() != Some(text.as_str()) {
+                let _ = crate::fsutil::atomic_write(&pub_path, text.as_bytes(), 0o644);
+            }
             (
                 format!("device encryption key {} (recipient id {})", public, k.id()),
                 Some(k),
