@@ -230,3 +230,53 @@ fn a_download_cut_mid_way_resumes_at_the_last_verified_frame() {
     );
     assert_eq!(dev.slot_bytes(SlotName::A), a, "the active slot changed");
 }
+
+#[test]
+fn the_publisher_refuses_a_bad_recipient_list_and_what_it_cannot_encrypt() {
+    let f = fixture("enc-publisher-refusals");
+    let bad = recipient_list(&f.dev.path("bad.txt"), &["c2hvcnQ="]);
+    let good = recipient_list(&f.dev.path("good.txt"), &[&f.dev.encryption_key()]);
+    let v1 = f.dev.path("v1.img");
+    image(&v1, 1024 * 1024, 10);
+    let key = f.release.key.to_str().unwrap();
+    let out = f.repo.dir.to_str().unwrap();
+    let v2 = f.v2.to_str().unwrap();
+    let rows: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--encrypt-to", bad.to_str().unwrap()],
+            "line 2: the key is 5 bytes, an X25519 public key is 32",
+        ),
+        (
+            vec![
+                "--encrypt-to",
+                good.to_str().unwrap(),
+                "--from",
+                v1.to_str().unwrap(),
+            ],
+            "--from (deltas) cannot be encrypted",
+        ),
+    ];
+    for (extra, want) in rows {
+        let mut args = vec![
+            "release",
+            "--key",
+            key,
+            "--version",
+            "2.0",
+            "--compatible",
+            "testboard",
+            "--image",
+            v2,
+            "--out",
+            out,
+        ];
+        args.extend(extra);
+        let o = updraft_tests::publisher::publish(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{args:?}: {err}");
+    }
+    assert!(
+        !f.repo.manifest().exists(),
+        "a refused release wrote a manifest"
+    );
+}
