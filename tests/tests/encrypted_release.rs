@@ -3,7 +3,9 @@
 //! refused before anything is downloaded, naming its recipient id; a
 //! ciphertext frame that was altered, moved or cut off is refused before
 //! it is decrypted, and its plaintext never reaches the slot; a download
-//! cut mid-way resumes at a frame boundary, as a plain one does.
+//! cut mid-way resumes at a frame boundary, as a plain one does; a bundle
+//! of an encrypted release installs; the publisher refuses a bad recipient
+//! list and what it cannot encrypt.
 
 use std::path::PathBuf;
 
@@ -278,5 +280,18 @@ fn the_publisher_refuses_a_bad_recipient_list_and_what_it_cannot_encrypt() {
     assert!(
         !f.repo.manifest().exists(),
         "a refused release wrote a manifest"
+    );
+}
+
+#[test]
+fn a_bundle_of_an_encrypted_release_installs() {
+    let f = fixture("enc-bundle");
+    f.publish_for(true, &[]);
+    let bundle = f.dev.path("release.updraft");
+    f.repo.bundle(&bundle, &[]);
+    f.dev.ok(&["install", bundle.to_str().unwrap()]);
+    assert_eq!(
+        f.dev.slot_sha256(SlotName::B, IMAGE as u64),
+        updraft::hash::Sha256::of(&f.plain)
     );
 }
