@@ -605,6 +605,31 @@ mod tests {
     }
 
     #[test]
+    fn mutated_lists_and_encryption_objects_are_refused_or_keep_every_rule() {
+        use crate::test_support::{Rng, mutate};
+        let a = encode_base64(&device(1).public());
+        let b = encode_base64(&device(2).public());
+        let list = format!("# east\n{a}  # gw 1\n\n{b}\n");
+        let enc = encryption_for(&ContentKey([3; 32]), &[device(1).public()], vec![]).unwrap();
+        let json = serde_json::to_vec(&enc).unwrap();
+        let mut rng = Rng(0x5eed_e4c7);
+        for _ in 0..3000 {
+            let m = mutate(&mut rng, list.as_bytes());
+            if let Ok(text) = std::str::from_utf8(&m) {
+                if let Ok(keys) = parse_recipients(text) {
+                    assert!((1..=MAX_LIST).contains(&keys.len()));
+                }
+            }
+            let m = mutate(&mut rng, &json);
+            if let Ok(e) = serde_json::from_slice::<Encryption>(&m) {
+                if e.check(0).is_ok() {
+                    let _ = unwrap_for(&e, &device(1));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn recipient_lists_take_base64_pem_and_comments() {
         let a = device(1).public();
         let b = device(2).public();
