@@ -201,7 +201,8 @@ fn build_artifact(
         &image.display().to_string(),
         spec,
         artifacts,
-        "zst",
+        // Not a zstd stream: named so that no tool takes it for one.
+        if seal.is_some() { "zst.sealed" } else { "zst" },
         seal,
     )
 }
