@@ -12,12 +12,17 @@
 //! nonce = the frame index (96-bit big-endian), AAD = index and decoded
 //! size, so a frame moved within the artifact fails too.
 //!
+//! A delta is one stream, not a table of frames: it is sealed in chunks
+//! under its own key ([`chunks`]).
+//!
 //! X25519 is computed with `curve25519-dalek`, which the device already
 //! carries for ed25519; HKDF and the AEAD are ring's. This module owns the
 //! device's `device-enc.key` (base64 secret, mode 0600) and
 //! `device-enc.pub` (base64 public key, the line a recipient list takes).
 //! It must never write a content or frame key anywhere, nor hand out a
 //! byte of a frame whose tag did not verify.
+
+pub mod chunks;
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -289,9 +294,9 @@ impl FrameKey {
     }
 }
 
-/// The slot artifact's frame key of an encrypted release, unwrapped with
-/// the device's key (in memory only); `None` for a plain release.
-pub fn frame_key(m: &crate::manifest::Manifest) -> Result<Option<std::sync::Arc<FrameKey>>> {
+/// The content key of an encrypted release, unwrapped with the device's
+/// key (in memory only); `None` for a plain release.
+fn content_key(m: &crate::manifest::Manifest) -> Result<Option<ContentKey>> {
     let Some(enc) = &m.encryption else {
         return Ok(None);
     };
@@ -304,9 +309,29 @@ pub fn frame_key(m: &crate::manifest::Manifest) -> Result<Option<std::sync::Arc<
             ),
         ));
     };
-    let content = unwrap_for(enc, device)?;
+    unwrap_for(enc, device).map(Some)
+}
+
+/// The slot artifact's frame key of an encrypted release; `None` for a
+/// plain release.
+pub fn frame_key(m: &crate::manifest::Manifest) -> Result<Option<std::sync::Arc<FrameKey>>> {
+    let (Some(content), Some(enc)) = (content_key(m)?, &m.encryption) else {
+        return Ok(None);
+    };
     let key = FrameKey::derive(&content, SLOT_ARTIFACT, enc.frame_sha256.clone())?;
     Ok(Some(std::sync::Arc::new(key)))
+}
+
+/// The chunk key of delta `d` of an encrypted release; `None` for a plain
+/// release.
+pub fn delta_key(
+    m: &crate::manifest::Manifest,
+    d: &crate::manifest::Delta,
+) -> Result<Option<chunks::ChunkKey>> {
+    match content_key(m)? {
+        Some(content) => chunks::ChunkKey::for_delta(&content, &d.from_sha256).map(Some),
+        None => Ok(None),
+    }
 }
 
 static DEVICE: OnceLock<Option<SecretKey>> = OnceLock::new();

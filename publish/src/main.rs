@@ -211,7 +211,7 @@ takes it. Refuses to overwrite an existing file.",
                 opt(
                     "--encrypt-to",
                     "FILE",
-                    "encrypt the image for the X25519 public keys listed in FILE, one per line (spec_version 3)",
+                    "encrypt the image and its deltas for the X25519 public keys listed in FILE, one per line (spec_version 3)",
                 ),
                 opt("--out", "DIR", "release directory (required)"),
             ],

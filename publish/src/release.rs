@@ -7,7 +7,8 @@
 //! decode any frame alone with a few MiB of memory and resume a download at
 //! any frame boundary. The frame table (compressed offset and length,
 //! decoded length and sha256) goes into the signed manifest. Artifacts are
-//! content-addressed (`artifacts/<sha256>.zst`, `.bsdiff.zst` for deltas),
+//! content-addressed (`artifacts/<sha256>.zst`, `.bsdiff.zst` for deltas, `.sealed` appended
+//! when encrypted),
 //! so publishing a new release never changes a file a device may be
 //! downloading; `manifest.json` is replaced last, atomically.
 
@@ -16,6 +17,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use updraft::encrypt::chunks::{ChunkKey, SealWriter};
 use updraft::encrypt::{ContentKey, FrameKey, SLOT_ARTIFACT};
 use updraft::hash::{Hasher, Sha256};
 use updraft::manifest::component::{CommandPart, Component, Kind, Named, Part, TreePart, TreeSize};
@@ -355,21 +357,19 @@ fn frame_stream_sealed(
     ))
 }
 
-/// What an encrypted release (spec_version 3) cannot carry yet: deltas,
-/// components, or a slot kept from the previous release (its artifact was
-/// sealed under another content key).
+/// What an encrypted release (spec_version 3) cannot carry yet: components,
+/// or a slot kept from the previous release (its artifact was sealed under
+/// another content key). Deltas are sealed in chunks.
 fn refuse_with_encryption(spec: &ReleaseSpec) -> Result<()> {
     let what = if spec.image.is_none() {
         "a release without --image (the slot artifact is sealed per release)"
-    } else if !spec.from.is_empty() {
-        "--from (deltas)"
     } else if !spec.apps.is_empty() || spec.boot.is_some() || !spec.commands.is_empty() {
         "components (--app, --boot, --command)"
     } else {
         return Ok(());
     };
     Err(format!(
-        "--encrypt-to: an encrypted release carries only a full image; {what} cannot be encrypted"
+        "--encrypt-to: an encrypted release carries a full image and deltas only; {what} cannot be encrypted"
     ))
 }
 
@@ -707,6 +707,13 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
                 memory_budget: spec.delta_memory,
                 ..crate::delta::DeltaOptions::default()
             };
+            let (from_size, from_sha256) = hash_file(old_path)?;
+            // An encrypted release's delta is sealed in chunks under its
+            // own key, bound to its source image.
+            let chunk_key = match &content_key {
+                Some(k) => Some(ChunkKey::for_delta(k, &from_sha256).map_err(|e| e.to_string())?),
+                None => None,
+            };
             let tmp = artifacts.join(format!(".delta.tmp.{}", std::process::id()));
             let made = (|| -> Result<(u64, Sha256)> {
                 let file =
@@ -715,8 +722,17 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
                     inner: std::io::BufWriter::new(file),
                     hasher: Hasher::new(),
                 };
-                let size = crate::delta::make_from(&old, &new, &opts, &mut hashing)
-                    .map_err(|e| format!("delta from {}: {e}", old_path.display()))?;
+                let delta_err = |e: std::io::Error| format!("delta from {}: {e}", old_path.display());
+                let size = match &chunk_key {
+                    None => crate::delta::make_from(&old, &new, &opts, &mut hashing)
+                        .map_err(delta_err)?,
+                    Some(k) => {
+                        let mut seal = SealWriter::new(k, &mut hashing);
+                        crate::delta::make_from(&old, &new, &opts, &mut seal)
+                            .map_err(delta_err)?;
+                        seal.finish().map_err(delta_err)?.1
+                    }
+                };
                 hashing
                     .inner
                     .into_inner()
@@ -744,10 +760,13 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
                 ));
                 continue;
             }
-            let rel = format!("artifacts/{sha}.bsdiff.zst");
+            let rel = if chunk_key.is_some() {
+                format!("artifacts/{sha}.bsdiff.zst.sealed")
+            } else {
+                format!("artifacts/{sha}.bsdiff.zst")
+            };
             std::fs::rename(&tmp, spec.out.join(&rel))
                 .map_err(|e| format!("renaming {}: {e}", tmp.display()))?;
-            let (from_size, from_sha256) = hash_file(old_path)?;
             deltas.push(Delta {
                 from_size,
                 from_sha256,

@@ -4,8 +4,9 @@
 //! ciphertext frame that was altered, moved or cut off is refused before
 //! it is decrypted, and its plaintext never reaches the slot; a download
 //! cut mid-way resumes at a frame boundary, as a plain one does; a bundle
-//! of an encrypted release installs; the publisher refuses a bad recipient
-//! list and what it cannot encrypt.
+//! of an encrypted release installs; a sealed delta installs, and one whose
+//! chunks do not open under its key falls back to the full image; the
+//! publisher refuses a bad recipient list.
 
 use std::path::PathBuf;
 
@@ -48,6 +49,11 @@ fn fixture(name: &str) -> Fixture {
 impl Fixture {
     /// Publish v2 encrypted for the device itself and `others`.
     fn publish_for(&self, device: bool, others: &[&str]) -> String {
+        self.publish_with(device, others, &[])
+    }
+
+    /// [`Fixture::publish_for`] with more publisher arguments.
+    fn publish_with(&self, device: bool, others: &[&str], extra: &[&str]) -> String {
         let mut lines: Vec<String> = others.iter().map(|s| s.to_string()).collect();
         if device {
             lines.push(format!(
@@ -57,12 +63,9 @@ impl Fixture {
         }
         let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
         let list = recipient_list(&self.dev.path("recipients.txt"), &refs);
-        self.repo.release(
-            &[&self.release],
-            "2.0",
-            &self.v2,
-            &["--encrypt-to", list.to_str().unwrap()],
-        )
+        let mut args = vec!["--encrypt-to", list.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        self.repo.release(&[&self.release], "2.0", &self.v2, &args)
     }
 
     fn artifact(&self) -> PathBuf {
@@ -234,12 +237,9 @@ fn a_download_cut_mid_way_resumes_at_the_last_verified_frame() {
 }
 
 #[test]
-fn the_publisher_refuses_a_bad_recipient_list_and_what_it_cannot_encrypt() {
+fn the_publisher_refuses_a_bad_recipient_list() {
     let f = fixture("enc-publisher-refusals");
     let bad = recipient_list(&f.dev.path("bad.txt"), &["c2hvcnQ="]);
-    let good = recipient_list(&f.dev.path("good.txt"), &[&f.dev.encryption_key()]);
-    let v1 = f.dev.path("v1.img");
-    image(&v1, 1024 * 1024, 10);
     let key = f.release.key.to_str().unwrap();
     let out = f.repo.dir.to_str().unwrap();
     let v2 = f.v2.to_str().unwrap();
@@ -247,15 +247,6 @@ fn the_publisher_refuses_a_bad_recipient_list_and_what_it_cannot_encrypt() {
         (
             vec!["--encrypt-to", bad.to_str().unwrap()],
             "line 2: the key is 5 bytes, an X25519 public key is 32",
-        ),
-        (
-            vec![
-                "--encrypt-to",
-                good.to_str().unwrap(),
-                "--from",
-                v1.to_str().unwrap(),
-            ],
-            "--from (deltas) cannot be encrypted",
         ),
     ];
     for (extra, want) in rows {
@@ -294,4 +285,70 @@ fn a_bundle_of_an_encrypted_release_installs() {
         f.dev.slot_sha256(SlotName::B, IMAGE as u64),
         updraft::hash::Sha256::of(&f.plain)
     );
+}
+
+/// A device running plain release 1.0 from slot B (installed, booted,
+/// committed), where 1.0 is release 2.0 with a few bytes changed; and the
+/// path of 1.0's image.
+fn running_v1(name: &str) -> (Fixture, PathBuf) {
+    let mut f = fixture(name);
+    let v1 = f.dev.path("v1.img");
+    let mut old = f.plain.clone();
+    for i in (0..IMAGE).step_by(131_071) {
+        old[i] ^= 0x33;
+    }
+    std::fs::write(&v1, &old).unwrap();
+    f.repo.release(&[&f.release], "1.0", &v1, &[]);
+    f.dev.ok(&["install", &f.repo.manifest_str()]);
+    f.dev.reboot_into(SlotName::B);
+    f.dev.ok(&["mark-good"]);
+    (f, v1)
+}
+
+#[test]
+fn a_sealed_delta_installs_the_encrypted_release() {
+    let (f, v1) = running_v1("enc-delta");
+    let out = f.publish_with(true, &[], &["--from", v1.to_str().unwrap()]);
+    assert!(out.contains("delta from"), "no delta published: {out}");
+    let p = f.repo.payload();
+    assert_eq!(p["spec_version"], 3);
+    let url = p["deltas"][0]["url"].as_str().unwrap();
+    assert!(url.ends_with(".bsdiff.zst.sealed"), "{url}");
+    let sealed = std::fs::read(f.repo.dir.join(url)).unwrap();
+    assert_ne!(&sealed[..4], &[0x28, 0xb5, 0x2f, 0xfd], "the delta is plain zstd");
+    let out = f.dev.ok(&["install", &f.repo.manifest_str()]);
+    assert!(out.contains("installed release 2.0 into slot A"), "{out}");
+    assert_eq!(
+        f.dev.slot_sha256(SlotName::A, IMAGE as u64),
+        updraft::hash::Sha256::of(&f.plain)
+    );
+    let history = f.dev.ok(&["history"]);
+    assert!(history.contains("verified on the slot (delta)"), "{history}");
+    assert!(!history.contains("delta-fallback"), "{history}");
+}
+
+#[test]
+fn a_sealed_delta_that_does_not_open_falls_back_to_the_full_image() {
+    let (f, v1) = running_v1("enc-delta-bad");
+    // A delta sealed for another source, signed as if it were 1.0's: its
+    // size and hash match the manifest, but its chunks are sealed under
+    // another delta's key, so none opens and nothing reaches the patcher.
+    let other = f.dev.path("other.img");
+    let mut bytes = std::fs::read(&v1).unwrap();
+    bytes[4096] ^= 0xff;
+    std::fs::write(&other, &bytes).unwrap();
+    f.publish_with(true, &[], &["--from", other.to_str().unwrap()]);
+    let old = std::fs::read(&v1).unwrap();
+    f.repo.resign(&[&f.release], |p| {
+        p["deltas"][0]["from_sha256"] = serde_json::json!(updraft::hash::Sha256::of(&old).to_hex());
+    });
+    let out = f.dev.ok(&["install", &f.repo.manifest_str()]);
+    assert!(out.contains("installed release 2.0 into slot A"), "{out}");
+    assert_eq!(
+        f.dev.slot_sha256(SlotName::A, IMAGE as u64),
+        updraft::hash::Sha256::of(&f.plain)
+    );
+    let history = f.dev.ok(&["history"]);
+    assert!(history.contains("delta-fallback"), "{history}");
+    assert!(history.contains("chunk 0 (final) does not decrypt"), "{history}");
 }

@@ -203,11 +203,13 @@ impl Machine {
                 // Out of the boot order before the patch writes a byte.
                 self.boot.disable_with(job.target, &mut tick)?;
                 self.store.forget_slot(job.target)?;
+                let key = crate::encrypt::delta_key(&m, &d)?;
                 install::apply_delta(
                     &booted,
                     d.from_size,
                     &spool,
                     &m.image,
+                    key.as_ref(),
                     &mut writer,
                     &mut tick,
                 )?;

@@ -326,8 +326,12 @@ impl Manifest {
         let overhead = match (&self.encryption, self.spec_version) {
             (Some(e), encryption::SPEC_VERSION) => {
                 e.check(self.artifact.frames.len())?;
-                if !self.deltas.is_empty() {
-                    return bad("an encrypted release (spec_version 3) carries no deltas".into());
+                if let Some(i) = self.deltas.iter().position(|d| d.size <= encryption::TAG_LEN) {
+                    return bad(format!(
+                        "delta {i} is {} bytes, too short to be sealed (an encrypted delta is chunks of ciphertext and {}-byte tags)",
+                        self.deltas[i].size,
+                        encryption::TAG_LEN
+                    ));
                 }
                 encryption::TAG_LEN
             }
@@ -769,11 +773,11 @@ mod tests {
                         from_size: 1,
                         from_sha256: Sha256::of(b"old"),
                         url: "d.zst".into(),
-                        size: 1,
+                        size: 16,
                         sha256: Sha256::of(b"d"),
                     })
                 },
-                "carries no deltas",
+                "delta 0 is 16 bytes, too short to be sealed",
             ),
             (
                 |m| {
