@@ -199,11 +199,13 @@ impl Machine {
             Method::Delta { url, .. } => {
                 let d = job_delta(&m, &url)?;
                 let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
+                // Unwrapped before the slot is touched (the poll checked
+                // that it unwraps).
+                let key = crate::encrypt::delta_key(&m, &d)?;
                 let mut writer = SlotWriter::open(&target, &booted, self.cfg.system.sync_bytes)?;
                 // Out of the boot order before the patch writes a byte.
                 self.boot.disable_with(job.target, &mut tick)?;
                 self.store.forget_slot(job.target)?;
-                let key = crate::encrypt::delta_key(&m, &d)?;
                 install::apply_delta(
                     &booted,
                     d.from_size,

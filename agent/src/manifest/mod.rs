@@ -757,6 +757,16 @@ mod tests {
     #[test]
     fn an_encrypted_release_is_version_3_and_only_version_3_carries_encryption() {
         reparse(&encrypted()).unwrap();
+        // With a sealed delta: one chunk of at least a byte and its tag.
+        let mut m = encrypted();
+        m.deltas.push(Delta {
+            from_size: 1,
+            from_sha256: Sha256::of(b"old"),
+            url: "d.bsdiff.zst.sealed".into(),
+            size: 17,
+            sha256: Sha256::of(b"d"),
+        });
+        reparse(&m).unwrap();
         type Edit = fn(&mut Manifest);
         let rows: &[(Edit, &str)] = &[
             (
