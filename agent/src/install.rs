@@ -388,7 +388,7 @@ pub fn apply_delta(
         // A refused chunk: its own error (kind Integrity) rather than the
         // patcher's read error, so the delta falls back as a corrupt one does.
         if let Some(why) = r.failure() {
-            return Err(why.wrap(format!("delta {}", spool.display())));
+            return Err(why.wrap(format!("opening the sealed delta {}", spool.display())));
         }
         applied?;
         if !r.complete() {

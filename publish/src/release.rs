@@ -722,14 +722,14 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
                     inner: std::io::BufWriter::new(file),
                     hasher: Hasher::new(),
                 };
-                let delta_err = |e: std::io::Error| format!("delta from {}: {e}", old_path.display());
+                let delta_err =
+                    |e: std::io::Error| format!("delta from {}: {e}", old_path.display());
                 let size = match &chunk_key {
                     None => crate::delta::make_from(&old, &new, &opts, &mut hashing)
                         .map_err(delta_err)?,
                     Some(k) => {
                         let mut seal = SealWriter::new(k, &mut hashing);
-                        crate::delta::make_from(&old, &new, &opts, &mut seal)
-                            .map_err(delta_err)?;
+                        crate::delta::make_from(&old, &new, &opts, &mut seal).map_err(delta_err)?;
                         seal.finish().map_err(delta_err)?.1
                     }
                 };

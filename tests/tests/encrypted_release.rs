@@ -243,12 +243,10 @@ fn the_publisher_refuses_a_bad_recipient_list() {
     let key = f.release.key.to_str().unwrap();
     let out = f.repo.dir.to_str().unwrap();
     let v2 = f.v2.to_str().unwrap();
-    let rows: Vec<(Vec<&str>, &str)> = vec![
-        (
-            vec!["--encrypt-to", bad.to_str().unwrap()],
-            "line 2: the key is 5 bytes, an X25519 public key is 32",
-        ),
-    ];
+    let rows: Vec<(Vec<&str>, &str)> = vec![(
+        vec!["--encrypt-to", bad.to_str().unwrap()],
+        "line 2: the key is 5 bytes, an X25519 public key is 32",
+    )];
     for (extra, want) in rows {
         let mut args = vec![
             "release",
@@ -315,7 +313,11 @@ fn a_sealed_delta_installs_the_encrypted_release() {
     let url = p["deltas"][0]["url"].as_str().unwrap();
     assert!(url.ends_with(".bsdiff.zst.sealed"), "{url}");
     let sealed = std::fs::read(f.repo.dir.join(url)).unwrap();
-    assert_ne!(&sealed[..4], &[0x28, 0xb5, 0x2f, 0xfd], "the delta is plain zstd");
+    assert_ne!(
+        &sealed[..4],
+        &[0x28, 0xb5, 0x2f, 0xfd],
+        "the delta is plain zstd"
+    );
     let out = f.dev.ok(&["install", &f.repo.manifest_str()]);
     assert!(out.contains("installed release 2.0 into slot A"), "{out}");
     assert_eq!(
@@ -323,7 +325,10 @@ fn a_sealed_delta_installs_the_encrypted_release() {
         updraft::hash::Sha256::of(&f.plain)
     );
     let history = f.dev.ok(&["history"]);
-    assert!(history.contains("verified on the slot (delta)"), "{history}");
+    assert!(
+        history.contains("verified on the slot (delta)"),
+        "{history}"
+    );
     assert!(!history.contains("delta-fallback"), "{history}");
 }
 
@@ -342,6 +347,20 @@ fn a_sealed_delta_that_does_not_open_falls_back_to_the_full_image() {
     f.repo.resign(&[&f.release], |p| {
         p["deltas"][0]["from_sha256"] = serde_json::json!(updraft::hash::Sha256::of(&old).to_hex());
     });
+    // With the full image out of reach the job fails, and the slot holds
+    // nothing of release 2.0.
+    let full = f.artifact();
+    let away = f.dev.path("artifact.away");
+    std::fs::rename(&full, &away).unwrap();
+    let err = f.dev.fails(&["install", &f.repo.manifest_str()]);
+    assert!(err.contains("chunk 0 (final) does not decrypt"), "{err}");
+    assert!(err.contains("falling back to the full image"), "{err}");
+    assert_ne!(
+        f.dev.slot_sha256(SlotName::A, IMAGE as u64),
+        updraft::hash::Sha256::of(&f.plain),
+        "slot A holds release 2.0 from a delta that did not open"
+    );
+    std::fs::rename(&away, &full).unwrap();
     let out = f.dev.ok(&["install", &f.repo.manifest_str()]);
     assert!(out.contains("installed release 2.0 into slot A"), "{out}");
     assert_eq!(
@@ -350,5 +369,8 @@ fn a_sealed_delta_that_does_not_open_falls_back_to_the_full_image() {
     );
     let history = f.dev.ok(&["history"]);
     assert!(history.contains("delta-fallback"), "{history}");
-    assert!(history.contains("chunk 0 (final) does not decrypt"), "{history}");
+    assert!(
+        history.contains("chunk 0 (final) does not decrypt"),
+        "{history}"
+    );
 }

@@ -310,7 +310,10 @@ pub fn open_all(key: &ChunkKey, sealed: &[u8]) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     match r.read_to_end(&mut out) {
         Ok(_) if r.complete() => Ok(out),
-        Ok(_) => Err(Error::new(Kind::Integrity, "the sealed stream has no final chunk")),
+        Ok(_) => Err(Error::new(
+            Kind::Integrity,
+            "the sealed stream has no final chunk",
+        )),
         Err(e) => Err(r.failure().unwrap_or_else(|| Error::from(e))),
     }
 }
@@ -350,8 +353,16 @@ mod tests {
         // Rows: what was done to the sealed stream, what the refusal says.
         type Edit = Box<dyn Fn(&mut Vec<u8>)>;
         let rows: Vec<(&str, Edit, &str)> = vec![
-            ("a byte flipped in chunk 1", Box::new(|b| b[T + 7] ^= 1), "chunk 1 (not final)"),
-            ("a tag byte flipped", Box::new(|b| b[T - 1] ^= 0x80), "chunk 0 (not final)"),
+            (
+                "a byte flipped in chunk 1",
+                Box::new(|b| b[T + 7] ^= 1),
+                "chunk 1 (not final)",
+            ),
+            (
+                "a tag byte flipped",
+                Box::new(|b| b[T - 1] ^= 0x80),
+                "chunk 0 (not final)",
+            ),
             (
                 "chunks 0 and 1 swapped",
                 Box::new(|b| {
@@ -365,10 +376,26 @@ mod tests {
                 Box::new(move |b| b[T..2 * T].copy_from_slice(&other[T..2 * T])),
                 "chunk 1 (not final)",
             ),
-            ("cut at a chunk boundary", Box::new(|b| b.truncate(2 * T)), "chunk 1 (final)"),
-            ("cut inside a chunk", Box::new(|b| b.truncate(T + 40)), "chunk 1 (final)"),
-            ("cut to less than a tag", Box::new(|b| b.truncate(T + 3)), "shorter than its tag"),
-            ("a byte appended", Box::new(|b| b.push(0)), "chunk 2 (final)"),
+            (
+                "cut at a chunk boundary",
+                Box::new(|b| b.truncate(2 * T)),
+                "chunk 1 (final)",
+            ),
+            (
+                "cut inside a chunk",
+                Box::new(|b| b.truncate(T + 40)),
+                "chunk 1 (final)",
+            ),
+            (
+                "cut to less than a tag",
+                Box::new(|b| b.truncate(T + 3)),
+                "shorter than its tag",
+            ),
+            (
+                "a byte appended",
+                Box::new(|b| b.push(0)),
+                "chunk 2 (final)",
+            ),
             (
                 "a chunk appended after the final one",
                 Box::new(|b| {

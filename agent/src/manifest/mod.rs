@@ -326,7 +326,11 @@ impl Manifest {
         let overhead = match (&self.encryption, self.spec_version) {
             (Some(e), encryption::SPEC_VERSION) => {
                 e.check(self.artifact.frames.len())?;
-                if let Some(i) = self.deltas.iter().position(|d| d.size <= encryption::TAG_LEN) {
+                if let Some(i) = self
+                    .deltas
+                    .iter()
+                    .position(|d| d.size <= encryption::TAG_LEN)
+                {
                     return bad(format!(
                         "delta {i} is {} bytes, too short to be sealed (an encrypted delta is chunks of ciphertext and {}-byte tags)",
                         self.deltas[i].size,
