@@ -199,8 +199,9 @@ pub fn write_full(
         readback,
         before_write,
     };
+    let key = crate::encrypt::frame_key(m)?;
     let bytes_read =
-        crate::pipeline::stream(src, &m.artifact, start, &mut sink, ticker, on_durable)?;
+        crate::pipeline::stream(src, &m.artifact, key, start, &mut sink, ticker, on_durable)?;
     let SlotSink {
         writer,
         image_hash,
@@ -345,12 +346,16 @@ pub fn download_delta(
 }
 
 /// Apply a verified delta from the active slot into `writer`, hashing the
-/// output; fails unless it is exactly the signed image.
+/// output; fails unless it is exactly the signed image. With `key` (an
+/// encrypted release) the spool holds the sealed delta: it is opened chunk
+/// by chunk as the patcher reads it, and nothing of a chunk whose tag does
+/// not verify reaches the patcher.
 pub fn apply_delta(
     active: &Path,
     from_size: u64,
     spool: &Path,
     image: &Image,
+    key: Option<&crate::encrypt::chunks::ChunkKey>,
     writer: &mut SlotWriter,
     ticker: &mut dyn Ticker,
 ) -> Result<()> {
@@ -362,10 +367,13 @@ pub fn apply_delta(
             active.display()
         );
     }
-    let mut patch = io::BufReader::with_capacity(
-        256 * 1024,
-        File::open(spool).with_context(|| format!("opening delta {}", spool.display()))?,
-    );
+    let file = File::open(spool).with_context(|| format!("opening delta {}", spool.display()))?;
+    let mut plain = None;
+    let mut sealed = None;
+    let patch: &mut dyn Read = match key {
+        None => plain.insert(io::BufReader::with_capacity(256 * 1024, file)),
+        Some(k) => sealed.insert(crate::encrypt::chunks::OpenReader::new(k, file)),
+    };
     let mut hash = Hasher::new();
     let mut meter = Meter::new("apply", 0, image.size);
     writer.seek(0);
@@ -375,7 +383,24 @@ pub fn apply_delta(
         meter.advance(block.len() as u64);
         meter.tick(ticker)
     };
-    crate::delta::apply(&old, from_size, &mut patch, image.size, &mut sink)?;
+    let applied = crate::delta::apply(&old, from_size, patch, image.size, &mut sink);
+    if let Some(r) = sealed.as_mut() {
+        // A refused chunk: its own error (kind Integrity) rather than the
+        // patcher's read error, so the delta falls back as a corrupt one does.
+        if let Some(why) = r.failure() {
+            return Err(why.wrap(format!("opening the sealed delta {}", spool.display())));
+        }
+        applied?;
+        if !r.complete() {
+            bail!(
+                Integrity,
+                "delta {}: the patch ended before the final sealed chunk",
+                spool.display()
+            );
+        }
+    } else {
+        applied?;
+    }
     let got = hash.finish();
     if got != image.sha256 {
         bail!(

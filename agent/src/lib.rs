@@ -24,6 +24,7 @@ pub mod ddi;
 pub mod delta;
 pub mod device_key;
 pub mod direct_io;
+pub mod encrypt;
 pub mod envelope;
 pub mod events;
 mod fetch;

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use crate::artifact::FrameDecoder;
 use crate::bail;
 use crate::direct_io::AlignedBuf;
+use crate::encrypt::FrameKey;
 use crate::error::{Error, Kind, Result};
 use crate::hash::{Hasher, Sha256};
 use crate::manifest::{Artifact, Frame};
@@ -63,10 +64,13 @@ pub trait Sink {
 pub type Checkpoint<'a> = &'a mut dyn FnMut(u64) -> Result<()>;
 
 /// Stream `artifact` from frame `start` into `sink`; the compressed bytes
-/// read. From frame 0 the artifact's hash is checked too.
+/// read. From frame 0 the artifact's hash is checked too. With `key`, each
+/// frame is checked against its signed ciphertext hash and decrypted
+/// before it is decoded ([`crate::encrypt`]).
 pub fn stream(
     src: &mut Source,
     artifact: &Artifact,
+    key: Option<Arc<FrameKey>>,
     start: usize,
     sink: &mut dyn Sink,
     ticker: &mut dyn Ticker,
@@ -89,6 +93,7 @@ pub fn stream(
         frames.clone(),
         start,
         (start == 0).then_some(artifact.sha256),
+        key,
     );
     let mut meter = Meter::new("download", offset, artifact.size);
     let mut since_sync = 0usize;
@@ -228,6 +233,7 @@ impl Frames {
         frames: Vec<Frame>,
         start: usize,
         artifact_sha256: Option<Sha256>,
+        key: Option<Arc<FrameKey>>,
     ) -> Frames {
         let max_out = frames.iter().map(|f| f.out_size).max().unwrap_or(0) as usize;
         let max_in = frames.iter().map(|f| f.size).max().unwrap_or(0) as usize;
@@ -267,6 +273,7 @@ impl Frames {
                 spare: spare_rx.clone(),
                 reading: reading.clone(),
                 max_in,
+                key: key.clone(),
             };
             let spawned = std::thread::Builder::new()
                 .name(format!("updraft-decode-{n}"))
@@ -503,6 +510,8 @@ struct DecodeStage {
     reading: Arc<Mutex<Reading>>,
     /// The largest compressed frame.
     max_in: usize,
+    /// The artifact's frame key, when it is encrypted.
+    key: Option<Arc<FrameKey>>,
 }
 
 impl DecodeStage {
@@ -527,7 +536,20 @@ impl DecodeStage {
             let Next::Decode(index, f) = lock(&self.reading).take(&self.tx, &mut compressed) else {
                 return;
             };
-            let msg = match decoder.decode_into(index, &f, &compressed, &mut out) {
+            let decoded = match self.key.as_deref() {
+                // The ciphertext is checked against its signed hash and
+                // the tag before a byte is decrypted; the zstd frame is
+                // then checked as any other.
+                Some(key) => key.open(index, f.out_size, &mut compressed).and_then(|n| {
+                    let plain = Frame {
+                        size: n as u64,
+                        ..f
+                    };
+                    decoder.decode_into(index, &plain, &compressed[..n], &mut out)
+                }),
+                None => decoder.decode_into(index, &f, &compressed, &mut out),
+            };
+            let msg = match decoded {
                 Ok(()) => FrameMsg::Frame(index, out),
                 Err(e) => FrameMsg::Failed(index, e),
             };
@@ -571,7 +593,96 @@ mod tests {
 
     fn frames_over(art: &[u8], frames: &[Frame], sha: Option<Sha256>) -> Frames {
         let feed = Feed::spawn(Box::new(io::Cursor::new(art.to_vec())), 4096);
-        Frames::spawn(feed, frames.to_vec(), 0, sha)
+        Frames::spawn(feed, frames.to_vec(), 0, sha, None)
+    }
+
+    /// [`artifact`], each frame sealed under a content key: the
+    /// ciphertext artifact, its frame table, the image and the opening key.
+    fn sealed_artifact(n: usize, size: usize) -> (Vec<u8>, Vec<Frame>, Vec<u8>, Arc<FrameKey>) {
+        use crate::encrypt::{ContentKey, SLOT_ARTIFACT};
+        let (plain, frames, image) = artifact(n, size);
+        let content = ContentKey::random().unwrap();
+        let seal = FrameKey::derive(&content, SLOT_ARTIFACT, vec![]).unwrap();
+        let (mut art, mut sealed, mut hashes) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, f) in frames.iter().enumerate() {
+            let mut c = plain[f.offset as usize..(f.offset + f.size) as usize].to_vec();
+            seal.seal(i, f.out_size, &mut c).unwrap();
+            hashes.push(Sha256::of(&c));
+            sealed.push(Frame {
+                offset: art.len() as u64,
+                size: c.len() as u64,
+                ..*f
+            });
+            art.extend_from_slice(&c);
+        }
+        let open = FrameKey::derive(&content, SLOT_ARTIFACT, hashes).unwrap();
+        (art, sealed, image, Arc::new(open))
+    }
+
+    /// The indices delivered before the stream ended, and how it ended.
+    fn drain(mut s: Frames) -> (Vec<usize>, Vec<u8>, Result<()>) {
+        let (mut good, mut out) = (Vec::new(), Vec::new());
+        loop {
+            match s.wait() {
+                Ok(FrameEvent::Frame { index, data }) => {
+                    good.push(index);
+                    out.extend_from_slice(&data);
+                    s.recycle(data);
+                }
+                Ok(FrameEvent::End { .. }) => return (good, out, Ok(())),
+                Ok(_) => {}
+                Err(e) => return (good, out, Err(e)),
+            }
+        }
+    }
+
+    #[test]
+    fn sealed_frames_decrypt_and_a_tampered_swapped_or_truncated_one_never_reaches_the_sink() {
+        let (art, frames, image, key) = sealed_artifact(5, 30_000);
+        let over = |art: &[u8], start: usize| {
+            let feed = Feed::spawn(
+                Box::new(io::Cursor::new(
+                    art[frames[start].offset as usize..].to_vec(),
+                )),
+                4096,
+            );
+            let sha = (start == 0).then(|| Sha256::of(art));
+            Frames::spawn(feed, frames.clone(), start, sha, Some(key.clone()))
+        };
+        let (good, out, end) = drain(over(&art, 0));
+        assert_eq!((good.len(), out == image, end.is_ok()), (5, true, true));
+        // Resuming at a frame boundary decrypts from there.
+        let (good, out, end) = drain(over(&art, 3));
+        end.unwrap();
+        assert_eq!(good, vec![3, 4]);
+        assert_eq!(out, image[3 * 30_000..]);
+        // A flipped ciphertext byte in frame 2.
+        let mut tampered = art.clone();
+        tampered[frames[2].offset as usize + 7] ^= 1;
+        let (good, _, end) = drain(over(&tampered, 0));
+        assert_eq!(good, vec![0, 1]);
+        assert!(
+            end.unwrap_err()
+                .to_string()
+                .contains("ciphertext hashes to")
+        );
+        // Frames 1 and 2 swapped (same sizes).
+        let mut swapped = art.clone();
+        let (f1, f2) = (frames[1], frames[2]);
+        if f1.size == f2.size {
+            let a = art[f1.offset as usize..(f1.offset + f1.size) as usize].to_vec();
+            let b = art[f2.offset as usize..(f2.offset + f2.size) as usize].to_vec();
+            swapped[f1.offset as usize..(f1.offset + f1.size) as usize].copy_from_slice(&b);
+            swapped[f2.offset as usize..(f2.offset + f2.size) as usize].copy_from_slice(&a);
+            let (good, _, end) = drain(over(&swapped, 0));
+            assert_eq!(good, vec![0]);
+            assert!(end.is_err());
+        }
+        // The artifact cut inside frame 4.
+        let cut = &art[..art.len() - 5];
+        let (good, _, end) = drain(over(cut, 0));
+        assert_eq!(good, vec![0, 1, 2, 3]);
+        assert!(end.is_err());
     }
 
     #[test]

@@ -195,6 +195,9 @@ impl Poller<'_> {
         }
         let floor = self.store.floor(self.channel, epoch)?;
         let freshness = m.check_policy(now, floor, self.compatible)?;
+        // An encrypted release this device cannot read is refused here,
+        // before anything is stored or downloaded.
+        crate::encrypt::frame_key(&m)?;
         if freshness == Freshness::Unchanged {
             let named = self.store.serial_image(self.channel, epoch, m.serial)?;
             if let Some(warning) = m.serial_reuse(named.as_ref()) {

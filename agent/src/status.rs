@@ -50,6 +50,11 @@ pub struct Status {
     /// releases before signed reports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<crate::device_key::IdentityView>,
+    /// The device's X25519 public key (base64), the line an operator adds
+    /// to a recipient list for encrypted releases; absent before the
+    /// daemon made one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key: Option<String>,
     pub booted_slot: SlotName,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub running_version: Option<String>,

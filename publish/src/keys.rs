@@ -101,6 +101,39 @@ pub fn keygen(prefix: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((key_path, pub_path))
 }
 
+/// Write a new X25519 key pair for encrypted releases: `PREFIX.key` (the
+/// base64 secret, mode 0600, as a device's `device-enc.key`) and
+/// `PREFIX.pub` (the base64 public key, a line of a recipient list).
+/// Never overwrites a file.
+pub fn keygen_recipient(prefix: &Path) -> Result<(PathBuf, PathBuf)> {
+    let key_path = with_suffix(prefix, "key");
+    let pub_path = with_suffix(prefix, "pub");
+    for p in [&key_path, &pub_path] {
+        if p.exists() {
+            return Err(format!(
+                "{} exists: refusing to overwrite a key",
+                p.display()
+            ));
+        }
+    }
+    let key = updraft::encrypt::SecretKey::generate().map_err(|e| e.to_string())?;
+    if let Some(dir) = key_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&key_path)
+        .map_err(|e| format!("creating {}: {e}", key_path.display()))?;
+    f.write_all(format!("{}\n", key.to_base64()).as_bytes())
+        .and_then(|_| f.sync_all())
+        .map_err(|e| format!("writing {}: {e}", key_path.display()))?;
+    std::fs::write(&pub_path, format!("{}\n", encode_base64(&key.public())))
+        .map_err(|e| format!("writing {}: {e}", pub_path.display()))?;
+    Ok((key_path, pub_path))
+}
+
 fn with_suffix(prefix: &Path, ext: &str) -> PathBuf {
     let mut s = prefix.as_os_str().to_owned();
     s.push(".");

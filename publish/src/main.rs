@@ -49,6 +49,20 @@ const PROGRAM: Program = Program {
             examples: &["updraft-publish keygen --out keys/release"],
         },
         Command {
+            name: "keygen-recipient",
+            summary: "make an X25519 key pair for encrypted releases: PREFIX.key (mode 0600) and PREFIX.pub",
+            usage: "updraft-publish keygen-recipient --out PREFIX",
+            about: "PREFIX.pub is one base64 line, as a device's device-enc.pub and as --encrypt-to \
+takes it. Refuses to overwrite an existing file.",
+            options: &[opt(
+                "--out",
+                "PREFIX",
+                "write PREFIX.key and PREFIX.pub (required)",
+            )],
+            words: &[],
+            examples: &["updraft-publish keygen-recipient --out keys/group-east"],
+        },
+        Command {
             name: "keys",
             summary: "write a key document, DIR/keys/N.json, signed by root keys",
             usage: "updraft-publish keys --root-key R.key [--root-key R2.key]... \\
@@ -203,6 +217,11 @@ const PROGRAM: Program = Program {
                     "--delta-memory",
                     "MIB",
                     "memory a delta is made within, at least 16 (default 2048)",
+                ),
+                opt(
+                    "--encrypt-to",
+                    "FILE",
+                    "encrypt the image and its deltas for the X25519 public keys listed in FILE, one per line (spec_version 3)",
                 ),
                 opt("--out", "DIR", "release directory (required)"),
             ],
@@ -468,7 +487,10 @@ fn run(args: &[String]) -> Result<(), Failure> {
 
 fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
     let f = usage(Flags::parse(rest, c))?;
-    let takes_args = !matches!(c.name, "keygen" | "keys" | "release" | "bundle");
+    let takes_args = !matches!(
+        c.name,
+        "keygen" | "keygen-recipient" | "keys" | "release" | "bundle"
+    );
     if let Some(first) = f.positional.first().filter(|_| !takes_args) {
         return Err(bad(&format!("{} takes no argument {first:?}", c.name)));
     }
@@ -476,6 +498,11 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
         "keygen" => {
             let out = usage(f.required("out"))?;
             let (k, p) = keys::keygen(&PathBuf::from(out))?;
+            println!("wrote {} and {}", k.display(), p.display());
+        }
+        "keygen-recipient" => {
+            let out = usage(f.required("out"))?;
+            let (k, p) = keys::keygen_recipient(&PathBuf::from(out))?;
             println!("wrote {} and {}", k.display(), p.display());
         }
         "keys" => {
@@ -622,7 +649,18 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                     ));
                 }
             };
+            let encrypt_to = match usage(f.one("encrypt-to"))? {
+                None => Vec::new(),
+                Some(file) => {
+                    let text = std::fs::read_to_string(file).map_err(|e| {
+                        Failure::Usage(None, format!("--encrypt-to: reading {file}: {e}"))
+                    })?;
+                    updraft::encrypt::parse_recipients(&text)
+                        .map_err(|e| Failure::Usage(None, format!("--encrypt-to {file}: {e}")))?
+                }
+            };
             let spec = ReleaseSpec {
+                encrypt_to,
                 keys,
                 version,
                 compatible,

@@ -7,7 +7,8 @@
 //! decode any frame alone with a few MiB of memory and resume a download at
 //! any frame boundary. The frame table (compressed offset and length,
 //! decoded length and sha256) goes into the signed manifest. Artifacts are
-//! content-addressed (`artifacts/<sha256>.zst`, `.bsdiff.zst` for deltas),
+//! content-addressed (`artifacts/<sha256>.zst`, `.bsdiff.zst` for deltas, `.sealed` appended
+//! when encrypted),
 //! so publishing a new release never changes a file a device may be
 //! downloading; `manifest.json` is replaced last, atomically.
 
@@ -16,6 +17,8 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use updraft::encrypt::chunks::{ChunkKey, SealWriter};
+use updraft::encrypt::{ContentKey, FrameKey, SLOT_ARTIFACT};
 use updraft::hash::{Hasher, Sha256};
 use updraft::manifest::component::{CommandPart, Component, Kind, Named, Part, TreePart, TreeSize};
 use updraft::manifest::{
@@ -137,6 +140,9 @@ pub struct ReleaseSpec {
     /// Sign a build provenance attestation with this builder key and
     /// builder id (`--attest-with`, `--builder-id`).
     pub attest: Option<(Key, String)>,
+    /// `--encrypt-to`: the X25519 public keys the artifact is encrypted
+    /// for; empty for a plain release.
+    pub encrypt_to: Vec<[u8; 32]>,
 }
 
 /// What was written.
@@ -188,14 +194,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Build the framed artifact for `image` into `artifacts/`.
-fn build_artifact(spec: &ReleaseSpec, image: &Path, artifacts: &Path) -> Result<(Image, Artifact)> {
+fn build_artifact(
+    spec: &ReleaseSpec,
+    image: &Path,
+    artifacts: &Path,
+    seal: Option<&FrameKey>,
+) -> Result<(Image, Artifact, Vec<Sha256>)> {
     let mut input = File::open(image).map_err(|e| format!("opening {}: {e}", image.display()))?;
-    frame_stream(
+    frame_stream_sealed(
         &mut input,
         &image.display().to_string(),
         spec,
         artifacts,
-        "zst",
+        // Not a zstd stream: named so that no tool takes it for one.
+        if seal.is_some() { "zst.sealed" } else { "zst" },
+        seal,
     )
 }
 
@@ -209,6 +222,19 @@ fn frame_stream(
     artifacts: &Path,
     suffix: &str,
 ) -> Result<(Image, Artifact)> {
+    frame_stream_sealed(input, what, spec, artifacts, suffix, None).map(|(i, a, _)| (i, a))
+}
+
+/// [`frame_stream`], each compressed frame sealed with `seal` when given
+/// ([`updraft::encrypt`]); also the sha256 of each frame as written.
+fn frame_stream_sealed(
+    input: &mut dyn Read,
+    what: &str,
+    spec: &ReleaseSpec,
+    artifacts: &Path,
+    suffix: &str,
+    seal: Option<&FrameKey>,
+) -> Result<(Image, Artifact, Vec<Sha256>)> {
     if spec.frame_size == 0 || spec.frame_size as u64 > MAX_FRAME_OUTPUT {
         return Err(format!(
             "frame size must be between 1 and {MAX_FRAME_OUTPUT} bytes"
@@ -220,6 +246,7 @@ fn frame_stream(
     let mut image_hash = Hasher::new();
     let mut artifact_hash = Hasher::new();
     let mut frames = Vec::new();
+    let mut frame_sha256 = Vec::new();
     let mut offset = 0u64;
     let mut image_size = 0u64;
     let threads = spec.threads.max(1);
@@ -247,7 +274,13 @@ fn frame_stream(
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .recv();
                     let Ok((index, raw)) = next else { return };
-                    let c = compress_frame(&raw, spec.level, wlog);
+                    let c = compress_frame(&raw, spec.level, wlog).and_then(|mut c| {
+                        if let Some(key) = seal {
+                            key.seal(index, raw.len() as u64, &mut c)
+                                .map_err(|e| e.to_string())?;
+                        }
+                        Ok(c)
+                    });
                     let sha = Sha256::of(&raw);
                     if done_tx.send((index, raw, sha, c)).is_err() {
                         return;
@@ -285,6 +318,7 @@ fn frame_stream(
             while let Some((raw, out_sha256, c)) = early.remove(&written) {
                 image_hash.update(&raw);
                 artifact_hash.update(&c);
+                frame_sha256.push(Sha256::of(&c));
                 out.write_all(&c)
                     .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
                 frames.push(Frame {
@@ -322,6 +356,23 @@ fn frame_stream(
             sha256: sha,
             frames,
         },
+        frame_sha256,
+    ))
+}
+
+/// What an encrypted release (spec_version 3) cannot carry yet: components,
+/// or a slot kept from the previous release (its artifact was sealed under
+/// another content key). Deltas are sealed in chunks.
+fn refuse_with_encryption(spec: &ReleaseSpec) -> Result<()> {
+    let what = if spec.image.is_none() {
+        "a release without --image (the slot artifact is sealed per release)"
+    } else if !spec.apps.is_empty() || spec.boot.is_some() || !spec.commands.is_empty() {
+        "components (--app, --boot, --command)"
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "--encrypt-to: an encrypted release carries a full image and deltas only; {what} cannot be encrypted"
     ))
 }
 
@@ -609,9 +660,30 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     let mut deltas = Vec::new();
     let mut published = Vec::new();
     let mut skipped = Vec::new();
+    let encrypted = !spec.encrypt_to.is_empty();
+    if encrypted {
+        refuse_with_encryption(spec)?;
+    }
+    let content_key = if encrypted {
+        Some(ContentKey::random().map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let seal = match &content_key {
+        Some(k) => Some(FrameKey::derive(k, SLOT_ARTIFACT, vec![]).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let mut encryption = None;
     let (image, artifact, slot) = match &spec.image {
         Some(path) => {
-            let (image, artifact) = build_artifact(spec, path, &artifacts)?;
+            let (image, artifact, frame_sha256) =
+                build_artifact(spec, path, &artifacts, seal.as_ref())?;
+            if let Some(k) = &content_key {
+                encryption = Some(
+                    updraft::encrypt::encryption_for(k, &spec.encrypt_to, frame_sha256)
+                        .map_err(|e| e.to_string())?,
+                );
+            }
             let slot = Named {
                 name: spec.slot_name.clone(),
                 version: spec.version.clone(),
@@ -638,6 +710,13 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
                 memory_budget: spec.delta_memory,
                 ..crate::delta::DeltaOptions::default()
             };
+            let (from_size, from_sha256) = hash_file(old_path)?;
+            // An encrypted release's delta is sealed in chunks under its
+            // own key, bound to its source image.
+            let chunk_key = match &content_key {
+                Some(k) => Some(ChunkKey::for_delta(k, &from_sha256).map_err(|e| e.to_string())?),
+                None => None,
+            };
             let tmp = artifacts.join(format!(".delta.tmp.{}", std::process::id()));
             let made = (|| -> Result<(u64, Sha256)> {
                 let file =
@@ -646,8 +725,17 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
                     inner: std::io::BufWriter::new(file),
                     hasher: Hasher::new(),
                 };
-                let size = crate::delta::make_from(&old, &new, &opts, &mut hashing)
-                    .map_err(|e| format!("delta from {}: {e}", old_path.display()))?;
+                let delta_err =
+                    |e: std::io::Error| format!("delta from {}: {e}", old_path.display());
+                let size = match &chunk_key {
+                    None => crate::delta::make_from(&old, &new, &opts, &mut hashing)
+                        .map_err(delta_err)?,
+                    Some(k) => {
+                        let mut seal = SealWriter::new(k, &mut hashing);
+                        crate::delta::make_from(&old, &new, &opts, &mut seal).map_err(delta_err)?;
+                        seal.finish().map_err(delta_err)?.1
+                    }
+                };
                 hashing
                     .inner
                     .into_inner()
@@ -675,10 +763,13 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
                 ));
                 continue;
             }
-            let rel = format!("artifacts/{sha}.bsdiff.zst");
+            let rel = if chunk_key.is_some() {
+                format!("artifacts/{sha}.bsdiff.zst.sealed")
+            } else {
+                format!("artifacts/{sha}.bsdiff.zst")
+            };
             std::fs::rename(&tmp, spec.out.join(&rel))
                 .map_err(|e| format!("renaming {}: {e}", tmp.display()))?;
-            let (from_size, from_sha256) = hash_file(old_path)?;
             deltas.push(Delta {
                 from_size,
                 from_sha256,
@@ -716,7 +807,9 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     let issued = Timestamp::now();
     let of_components = !components.is_empty();
     let mut m = Manifest {
-        spec_version: if of_components {
+        spec_version: if encrypted {
+            updraft::manifest::encryption::SPEC_VERSION
+        } else if of_components {
             updraft::manifest::component::SPEC_VERSION
         } else {
             SPEC_VERSION
@@ -736,6 +829,7 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
         artifact,
         deltas,
         attestation: None,
+        encryption,
         slot: of_components.then_some(slot),
         components,
     };
@@ -785,6 +879,12 @@ fn previous_slot(spec: &ReleaseSpec) -> Result<(Image, Artifact, Named, Vec<Delt
             path.display()
         ));
     };
+    if prev.encryption.is_some() {
+        return Err(format!(
+            "{} is an encrypted release: its slot artifact cannot be kept in a plain one; publish the slot with --image",
+            path.display()
+        ));
+    }
     let artifact = spec.out.join(&prev.artifact.url);
     if !artifact.is_file() {
         return Err(format!(

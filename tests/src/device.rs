@@ -501,6 +501,16 @@ impl Device {
     }
 
     /// Everything a refused install must leave alone.
+    /// The device's X25519 public key (base64) as `status --json` shows
+    /// it, made on the device's first start.
+    pub fn encryption_key(&self) -> String {
+        let st = self.status();
+        st["encryption_key"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no encryption_key in status: {st:#}"))
+            .to_string()
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let st = self.status();
         Snapshot {

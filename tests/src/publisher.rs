@@ -61,6 +61,32 @@ pub fn keygen(dir: &Path, name: &str) -> KeyPair {
     }
 }
 
+/// `updraft-publish keygen-recipient --out DIR/NAME`: the X25519 key
+/// pair of a recipient of encrypted releases.
+pub fn keygen_recipient(dir: &Path, name: &str) -> KeyPair {
+    let prefix = dir.join(name);
+    publish_ok(&[
+        "keygen-recipient",
+        "--out",
+        prefix.to_str().expect("utf-8 path"),
+    ]);
+    KeyPair {
+        key: prefix.with_extension("key"),
+        public: prefix.with_extension("pub"),
+    }
+}
+
+/// Write `lines` as a recipient list file `path` for `--encrypt-to`.
+pub fn recipient_list(path: &Path, lines: &[&str]) -> PathBuf {
+    let mut text = String::from("# recipients of the test release\n");
+    for l in lines {
+        text.push_str(l.trim());
+        text.push('\n');
+    }
+    std::fs::write(path, text).expect("writing a recipient list");
+    path.to_path_buf()
+}
+
 /// Deterministic test image content: pseudo-random blocks mixed with
 /// repeated and zero blocks, so it compresses partly, like a filesystem.
 pub fn image_bytes(size: usize, seed: u64) -> Vec<u8> {

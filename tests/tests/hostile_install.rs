@@ -434,8 +434,8 @@ fn unsupported_spec_version() {
     let f = fixture("spec-version");
     f.publish_v1();
     f.repo
-        .resign(&[&f.release], |p| p["spec_version"] = json!(3));
-    f.refused_untouched("manifest spec_version 3 is not supported");
+        .resign(&[&f.release], |p| p["spec_version"] = json!(4));
+    f.refused_untouched("manifest spec_version 4 is not supported");
 }
 
 #[test]

@@ -145,6 +145,7 @@ pub(crate) const FILES: &[Placement] = &[
     p("tests/tests/nethost.rs", No, "tests the test support's servers and proxy"),
     p("tests/tests/powerfs.rs", No, "tests the test support's power-cut filesystem"),
     p("tests/tests/static_server.rs", No, "tests the demo's embedded server"),
+    p("tests/tests/encrypted_release.rs", No, "encryption is byte-exact ring and curve25519 code, unit-tested per target"),
 ];
 
 const fn p(file: &'static str, emulated: Emulated, why: &'static str) -> Placement {

@@ -57,6 +57,7 @@ fn offline_status(cfg: &Config) -> Result<Status> {
         since,
         device_id,
         identity: crate::device_key::inspect(&cfg.system.state_dir),
+        encryption_key: crate::encrypt::inspect(&cfg.system.state_dir),
         booted_slot: booted,
         running_version: status::running_version(&slots, &cfg.device.release_file),
         slots,
@@ -252,6 +253,9 @@ pub(crate) fn render_status(st: &Status, now: Timestamp) -> String {
     if let Some(identity) = &st.identity {
         line("identity:", identity.line());
     }
+    if let Some(k) = &st.encryption_key {
+        line("encryption:", format!("x25519 {k}"));
+    }
     line(
         "outbox:",
         if st.outbox_dropped > 0 {
@@ -332,6 +336,7 @@ mod tests {
             since: Timestamp(1_796_000_000),
             device_id: "d1".into(),
             identity: None,
+            encryption_key: None,
             booted_slot: SlotName::A,
             running_version: Some("2.0".into()),
             slots: Vec::new(),

@@ -199,6 +199,9 @@ impl Machine {
             Method::Delta { url, .. } => {
                 let d = job_delta(&m, &url)?;
                 let spool = spool_path(&self.cfg.system.state_dir, &d.sha256);
+                // Unwrapped before the slot is touched (the poll checked
+                // that it unwraps).
+                let key = crate::encrypt::delta_key(&m, &d)?;
                 let mut writer = SlotWriter::open(&target, &booted, self.cfg.system.sync_bytes)?;
                 // Out of the boot order before the patch writes a byte.
                 self.boot.disable_with(job.target, &mut tick)?;
@@ -208,6 +211,7 @@ impl Machine {
                     d.from_size,
                     &spool,
                     &m.image,
+                    key.as_ref(),
                     &mut writer,
                     &mut tick,
                 )?;

@@ -282,6 +282,7 @@ impl Machine {
         let boot_id = identity::boot_id(&cfg.system.boot_id_file)?;
         let device_id = identity::device_id(&cfg.device.id_file)?;
         let device_key = crate::device_key::load_or_create(&cfg.system.state_dir);
+        crate::encrypt::load_or_create(&cfg.system.state_dir);
         let fetcher = if Server::needs_fetcher(&cfg.server) {
             Some(Fetcher::new(&cfg)?)
         } else {

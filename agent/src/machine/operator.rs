@@ -301,6 +301,8 @@ impl Machine {
             since,
             device_id: self.device_id.clone(),
             identity: Some(self.identity.view()),
+            encryption_key: crate::encrypt::device_key()
+                .map(|k| crate::keys::encode_base64(&k.public())),
             booted_slot: self.booted,
             running_version: running,
             slots,

@@ -347,6 +347,7 @@ pub(crate) fn parse(payload: &[u8]) -> Result<Manifest> {
         artifact,
         deltas,
         attestation: w.attestation,
+        encryption: None,
         slot: Some(named),
         components,
     })
@@ -356,11 +357,14 @@ pub(crate) fn parse(payload: &[u8]) -> Result<Manifest> {
 /// the release's, and every app's and command's artifact well formed.
 /// A manifest of version 1 carries no components and passes.
 pub(crate) fn check(m: &Manifest) -> Result<()> {
-    if m.spec_version == manifest::SPEC_VERSION {
+    if m.spec_version == manifest::SPEC_VERSION
+        || m.spec_version == manifest::encryption::SPEC_VERSION
+    {
         if m.slot.is_some() || !m.components.is_empty() {
-            return Err(malformed(
-                "spec_version 1 carries no components (they need spec_version 2)".into(),
-            ));
+            return Err(malformed(format!(
+                "spec_version {} carries no components (they need spec_version 2)",
+                m.spec_version
+            )));
         }
         return Ok(());
     }

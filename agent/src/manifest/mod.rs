@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod component;
 pub mod provenance;
+pub mod encryption;
 
 use crate::envelope::{Envelope, Verified};
 use crate::error::{Error, Kind, Result};
@@ -80,6 +81,9 @@ pub struct Manifest {
     /// ([`provenance`]). An updraft that predates it ignores the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attestation: Option<provenance::AttestationRef>,
+    /// Version 3 only: the artifact is encrypted ([`encryption`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<encryption::Encryption>,
     /// Version 2: the `slot` component's name and version; `image`,
     /// `artifact` and `deltas` above are its own. Written and read by
     /// [`crate::manifest::component`], never by the derived serde of version 1.
@@ -258,7 +262,7 @@ impl Manifest {
             )
         })?;
         match v.spec_version.as_ref().and_then(|v| v.as_u64()) {
-            Some(n) if n == SPEC_VERSION as u64 => {}
+            Some(n) if n == SPEC_VERSION as u64 || n == encryption::SPEC_VERSION as u64 => {}
             Some(n) if n == component::SPEC_VERSION as u64 => {
                 let m = component::parse(payload)?;
                 m.validate()?;
@@ -268,8 +272,9 @@ impl Manifest {
                 return Err(Error::new(
                     Kind::Policy,
                     format!(
-                        "manifest spec_version {n} is not supported (this updraft reads {SPEC_VERSION} and {})",
-                        component::SPEC_VERSION
+                        "manifest spec_version {n} is not supported (this updraft reads {SPEC_VERSION}, {} and {})",
+                        component::SPEC_VERSION,
+                        encryption::SPEC_VERSION
                     ),
                 ));
             }
@@ -323,7 +328,33 @@ impl Manifest {
         if self.image.size == 0 {
             return bad("image size is 0".into());
         }
-        check_artifact(&self.artifact, Some(self.image.size), "artifact")?;
+        let overhead = match (&self.encryption, self.spec_version) {
+            (Some(e), encryption::SPEC_VERSION) => {
+                e.check(self.artifact.frames.len())?;
+                if let Some(i) = self
+                    .deltas
+                    .iter()
+                    .position(|d| d.size <= encryption::TAG_LEN)
+                {
+                    return bad(format!(
+                        "delta {i} is {} bytes, too short to be sealed (an encrypted delta is chunks of ciphertext and {}-byte tags)",
+                        self.deltas[i].size,
+                        encryption::TAG_LEN
+                    ));
+                }
+                encryption::TAG_LEN
+            }
+            (None, encryption::SPEC_VERSION) => {
+                return bad("spec_version 3 needs an encryption object".into());
+            }
+            (Some(_), v) => {
+                return bad(format!(
+                    "spec_version {v} carries no encryption (an encrypted release is spec_version 3)"
+                ));
+            }
+            (None, _) => 0,
+        };
+        check_artifact_with(&self.artifact, Some(self.image.size), "artifact", overhead)?;
         if self.deltas.len() > MAX_DELTAS {
             return bad(format!(
                 "{} deltas listed, at most {MAX_DELTAS} are accepted",
@@ -494,6 +525,17 @@ impl Manifest {
 /// it. `decoded`, when the manifest states it, must be what the frames
 /// decode to. `what` names it in every refusal; the decoded size.
 pub fn check_artifact(a: &Artifact, decoded: Option<u64>, what: &str) -> Result<u64> {
+    check_artifact_with(a, decoded, what, 0)
+}
+
+/// [`check_artifact`] for frames that each carry `overhead` bytes beyond
+/// their zstd frame (an AEAD tag).
+pub fn check_artifact_with(
+    a: &Artifact,
+    decoded: Option<u64>,
+    what: &str,
+    overhead: u64,
+) -> Result<u64> {
     let bad = |msg: String| Err(Error::new(Kind::Malformed, format!("manifest: {msg}")));
     // The slot's artifact keeps its messages of version 1.
     let of = if what == "artifact" {
@@ -526,7 +568,7 @@ pub fn check_artifact(a: &Artifact, decoded: Option<u64>, what: &str) -> Result<
                 f.out_size
             ));
         }
-        if f.size == 0 || f.size > compress_bound(f.out_size) {
+        if f.size <= overhead || f.size > compress_bound(f.out_size) + overhead {
             return bad(format!(
                 "frame {i}{of} is {} bytes compressed, impossible for {} bytes of output",
                 f.size, f.out_size
@@ -633,6 +675,7 @@ mod tests {
             },
             deltas: vec![],
             attestation: None,
+            encryption: None,
             slot: None,
             components: vec![],
         }
@@ -694,10 +737,86 @@ mod tests {
     #[test]
     fn unknown_spec_version_is_named() {
         let mut v = serde_json::to_value(sample()).unwrap();
-        v["spec_version"] = 3.into();
+        v["spec_version"] = 4.into();
         let e = Manifest::parse(&serde_json::to_vec(&v).unwrap()).unwrap_err();
         assert_eq!(e.kind(), Kind::Policy);
-        assert!(e.to_string().contains("spec_version 3"));
+        assert!(e.to_string().contains("spec_version 4"));
+    }
+
+    fn encrypted() -> Manifest {
+        let mut m = sample();
+        m.spec_version = encryption::SPEC_VERSION;
+        for f in &mut m.artifact.frames {
+            f.size += encryption::TAG_LEN;
+        }
+        let mut offset = 0;
+        for f in &mut m.artifact.frames {
+            f.offset = offset;
+            offset += f.size;
+        }
+        m.artifact.size = offset;
+        m.encryption = Some(encryption::Encryption {
+            scheme: encryption::SCHEME.into(),
+            recipients: vec![encryption::Recipient {
+                id: Sha256::of(b"device"),
+                ephemeral: crate::keys::encode_base64(&[1; 32]),
+                wrapped: crate::keys::encode_base64(&[2; 48]),
+            }],
+            frame_sha256: m.artifact.frames.iter().map(|_| Sha256::of(b"c")).collect(),
+        });
+        m
+    }
+
+    #[test]
+    fn an_encrypted_release_is_version_3_and_only_version_3_carries_encryption() {
+        reparse(&encrypted()).unwrap();
+        // With a sealed delta: one chunk of at least a byte and its tag.
+        let mut m = encrypted();
+        m.deltas.push(Delta {
+            from_size: 1,
+            from_sha256: Sha256::of(b"old"),
+            url: "d.bsdiff.zst.sealed".into(),
+            size: 17,
+            sha256: Sha256::of(b"d"),
+        });
+        reparse(&m).unwrap();
+        type Edit = fn(&mut Manifest);
+        let rows: &[(Edit, &str)] = &[
+            (
+                |m| m.encryption = None,
+                "spec_version 3 needs an encryption object",
+            ),
+            (
+                |m| m.spec_version = 1,
+                "spec_version 1 carries no encryption",
+            ),
+            (
+                |m| {
+                    m.deltas.push(Delta {
+                        from_size: 1,
+                        from_sha256: Sha256::of(b"old"),
+                        url: "d.zst".into(),
+                        size: 16,
+                        sha256: Sha256::of(b"d"),
+                    })
+                },
+                "delta 0 is 16 bytes, too short to be sealed",
+            ),
+            (
+                |m| {
+                    if let Some(e) = m.encryption.as_mut() {
+                        e.frame_sha256.pop();
+                    }
+                },
+                "hashes for 2 artifact frames",
+            ),
+        ];
+        for (edit, want) in rows {
+            let mut m = encrypted();
+            edit(&mut m);
+            let e = reparse(&m).unwrap_err().to_string();
+            assert!(e.contains(want), "{e} should contain {want}");
+        }
     }
 
     #[test]
