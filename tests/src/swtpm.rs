@@ -134,6 +134,15 @@ impl Swtpm {
     /// with its own (empty) authorization, as provisioning does
     /// (docs/security.md).
     pub fn define_counter(&self, index: u32) {
+        self.define(
+            index,
+            "nt=counter|ownerread|ownerwrite|authread|authwrite|no_da",
+        );
+    }
+
+    /// Define `index` with 8 bytes and `attributes` (tpm2_nvdefine's `-a`),
+    /// for indexes provisioning gets wrong.
+    pub fn define(&self, index: u32, attributes: &str) {
         let out = self.tool(
             "tpm2_nvdefine",
             &[
@@ -143,7 +152,7 @@ impl Swtpm {
                 "-s",
                 "8",
                 "-a",
-                "nt=counter|ownerread|ownerwrite|authread|authwrite|no_da",
+                attributes,
             ],
         );
         assert!(
