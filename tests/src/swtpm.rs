@@ -46,6 +46,18 @@ impl Swtpm {
         let dir = TempDir::new(&format!("{name}-swtpm"));
         let state = dir.join("state");
         std::fs::create_dir_all(&state).expect("swtpm state directory");
+        Swtpm::start_with(dir, state)
+    }
+
+    /// Start a TPM on the state in `state` (created if missing), e.g. one
+    /// a virtual machine's TPM keeps between its runs.
+    pub fn start_on(name: &str, state: &std::path::Path) -> Swtpm {
+        let dir = TempDir::new(&format!("{name}-swtpm"));
+        std::fs::create_dir_all(state).expect("swtpm state directory");
+        Swtpm::start_with(dir, state.to_path_buf())
+    }
+
+    fn start_with(dir: TempDir, state: PathBuf) -> Swtpm {
         let mut t = Swtpm {
             child: None,
             port: 0,
