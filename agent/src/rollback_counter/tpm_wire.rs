@@ -630,4 +630,44 @@ mod tests {
             assert!(parse_read_counter(&good[..n]).is_err(), "{n}");
         }
     }
+
+    #[test]
+    fn mutated_responses_never_panic_and_never_pass_a_wrong_size() {
+        let mut data = vec![0, 8];
+        data.extend_from_slice(&7u64.to_be_bytes());
+        let seeds = [
+            resp(0x8002, 0, &session_body(&data)),
+            resp(0x8002, 0, &session_body(&[])),
+            resp(0x8001, 0, &public_body(I, 0x2206_0016, 8)),
+        ];
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..20_000 {
+            let mut r = seeds[(next() % 3) as usize].clone();
+            for _ in 0..1 + next() % 4 {
+                let i = (next() as usize) % r.len();
+                match next() % 3 {
+                    0 => r[i] = next() as u8,
+                    1 => r.truncate(i),
+                    _ => r.insert(i, next() as u8),
+                }
+                if r.is_empty() {
+                    break;
+                }
+            }
+            let agrees = announced_size(&r) == Ok(r.len());
+            for ok in [
+                parse_read_counter(&r).is_ok(),
+                parse_increment(&r).is_ok(),
+                parse_read_public(&r).is_ok(),
+            ] {
+                assert!(!ok || agrees, "{r:02x?}");
+            }
+        }
+    }
 }
