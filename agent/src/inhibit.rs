@@ -30,11 +30,11 @@ use std::collections::HashSet;
 use std::fs::{File, Metadata, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
+use crate::child::{Failure, Watched};
 use crate::config::Policy;
 use crate::err;
 use crate::error::Result;
@@ -50,9 +50,6 @@ const READ_MAX: usize = 4096;
 
 /// The longest reason or name kept, in characters.
 const TEXT_MAX: usize = 200;
-
-/// How often a running command is looked at.
-const COMMAND_TICK: Duration = Duration::from_millis(50);
 
 /// Mode of the inhibit directory when `policy.inhibit_group` is set:
 /// group-writable, sticky (members cannot remove each other's entries) and
@@ -673,88 +670,25 @@ fn run_command(argv: &[String], limit: Duration) -> std::result::Result<(), Stri
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .process_group(0);
-    let mut child = cmd.spawn().map_err(|e| format!("cannot be started: {e}"))?;
-    let Some(mut stdout) = child.stdout.take() else {
-        stop(&mut child);
-        return Err("its output cannot be read".into());
-    };
-    // Read as it comes, so a chatty command never blocks on a full pipe,
-    // and never wait on the pipe: what the command started may hold it
-    // open long after the command has exited.
-    let nonblocking = nix::fcntl::fcntl(
-        &stdout,
-        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
-    );
-    if let Err(e) = nonblocking {
-        stop(&mut child);
-        return Err(format!("its output cannot be read: {}", e.desc()));
-    }
-    let deadline = Instant::now() + limit;
-    let mut output = Vec::new();
-    let mut open = true;
-    let status: ExitStatus = loop {
-        if open {
-            open = drain(&mut stdout, &mut output);
-        }
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    stop(&mut child);
-                    return Err(format!("did not finish within {}", seconds(limit)));
-                }
-                std::thread::sleep(left.min(COMMAND_TICK));
-            }
-            Err(e) => {
-                stop(&mut child);
-                return Err(format!("waiting for it failed: {e}"));
-            }
-        }
-    };
-    if open {
-        drain(&mut stdout, &mut output);
-    }
-    if status.success() {
+        .stderr(Stdio::inherit());
+    let mut child =
+        Watched::spawn_group(&mut cmd).map_err(|e| format!("cannot be started: {e}"))?;
+    let finished = child
+        .collect(limit, READ_MAX, &mut |fds, left| {
+            crate::progress::wait_readable(fds, left);
+            Ok(())
+        })
+        .map_err(|f| match f {
+            Failure::TimedOut(_) => format!("did not finish within {}", seconds(limit)),
+            Failure::Read(e) => format!("its output cannot be read: {e}"),
+            Failure::Wait(e) => format!("waiting for it failed: {e}"),
+            Failure::Interrupted(e) => format!("waiting for it failed: {e}"),
+        })?;
+    if finished.status.success() {
         return Ok(());
     }
-    Err(first_line(&output).unwrap_or_else(|| format!("exited with {status}")))
-}
-
-/// Read what `pipe` has now, keeping the first [`READ_MAX`] bytes in
-/// `keep` and dropping the rest. False once the pipe is closed or broken.
-fn drain(pipe: &mut ChildStdout, keep: &mut Vec<u8>) -> bool {
-    let mut buf = [0u8; 4096];
-    // Bounded, so a command that writes without pause cannot keep the
-    // deadline from being looked at.
-    for _ in 0..64 {
-        match pipe.read(&mut buf) {
-            Ok(0) => return false,
-            Ok(n) => {
-                let room = READ_MAX.saturating_sub(keep.len());
-                keep.extend_from_slice(&buf[..n.min(room)]);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return false,
-        }
-    }
-    true
-}
-
-/// Kill the command's process group and reap the command. It has not been
-/// reaped yet, so its pid still names its group.
-fn stop(child: &mut Child) {
-    if let Ok(pid) = i32::try_from(child.id()) {
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    Err(first_line(&finished.stdout.bytes)
+        .unwrap_or_else(|| format!("exited with {}", finished.status)))
 }
 
 /// `30 s` for whole seconds, else as [`format_duration`] writes it.
@@ -771,7 +705,7 @@ mod tests {
     use super::*;
     use crate::test_support::{Rng, mutate, scratch_dir};
     use std::os::unix::fs::symlink;
-    use std::time::UNIX_EPOCH;
+    use std::time::{Instant, UNIX_EPOCH};
 
     fn is_root() -> bool {
         nix::unistd::geteuid().is_root()

@@ -99,6 +99,48 @@ impl UpdateServer {
     }
 }
 
+/// A device reporting to a collector: a fresh release key, nginx serving
+/// its releases with a collector behind `/report`, and a device (`name`)
+/// polling every 2 s with heartbeats every second, initialised but not
+/// started. The rig of the outbox and signed-report tests.
+pub struct ReportingRig {
+    pub key: crate::publisher::KeyPair,
+    pub server: UpdateServer,
+    pub dev: crate::device::Device,
+    /// Holds the keys and the site; removed last.
+    _dir: crate::tmp::TempDir,
+}
+
+impl ReportingRig {
+    /// Panics when nginx cannot start: guard with `require!("nginx")`.
+    pub fn new(name: &str) -> ReportingRig {
+        let dir = crate::tmp::TempDir::new(&format!("{name}-keys"));
+        let key = crate::publisher::keygen(dir.path(), "release");
+        let server = UpdateServer::start(&dir.join("site"), true);
+        let mut spec = crate::device::DeviceSpec::simple(&key);
+        spec.server = format!(
+            "{}heartbeat_interval = \"1s\"\n",
+            server.server_toml("2s", "1s")
+        );
+        let dev = crate::device::Device::new(name, spec);
+        dev.init();
+        ReportingRig {
+            key,
+            server,
+            dev,
+            _dir: dir,
+        }
+    }
+
+    /// The collector behind `/report`.
+    pub fn collector(&self) -> &Collector {
+        self.server
+            .collector
+            .as_ref()
+            .expect("a reporting rig's server has a collector")
+    }
+}
+
 fn server_toml(
     manifest_url: &str,
     ca_file: &Path,

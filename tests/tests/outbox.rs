@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use updraft_tests::collector::{Mode, json_lines};
-use updraft_tests::device::{Device, DeviceSpec};
-use updraft_tests::publisher::{image, keygen, publish};
-use updraft_tests::server::UpdateServer;
+use updraft_tests::publisher::{image, publish};
+use updraft_tests::server::ReportingRig;
 use updraft_tests::tmp::TempDir;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -20,18 +19,15 @@ const WAIT: Duration = Duration::from_secs(90);
 #[test]
 fn reports_made_offline_arrive_in_order_with_heartbeats_folded() {
     updraft_tests::require!("nginx");
-    let keys = TempDir::new("outbox-keys");
-    let key = keygen(keys.path(), "release");
-    let server = UpdateServer::start(&keys.join("site"), true);
+    let rig = ReportingRig::new("outbox");
+    let ReportingRig {
+        key,
+        server,
+        mut dev,
+        ..
+    } = rig;
     let collector = server.collector.as_ref().unwrap();
     collector.set_mode(Mode::Refusing).unwrap();
-    let mut spec = DeviceSpec::simple(&key);
-    spec.server = format!(
-        "{}heartbeat_interval = \"1s\"\n",
-        server.server_toml("2s", "1s")
-    );
-    let mut dev = Device::new("outbox", spec);
-    dev.init();
     dev.start_daemon();
     // Offline: heartbeats pile up, then a whole install happens.
     std::thread::sleep(Duration::from_secs(4));
@@ -136,18 +132,15 @@ fn reports_made_offline_arrive_in_order_with_heartbeats_folded() {
 #[test]
 fn signed_reports_verify_and_a_crash_never_reuses_a_counter() {
     updraft_tests::require!("nginx");
-    let keys = TempDir::new("signed-reports-keys");
-    let key = keygen(keys.path(), "release");
-    let server = UpdateServer::start(&keys.join("site"), true);
+    let rig = ReportingRig::new("signed-reports");
+    let ReportingRig {
+        key,
+        server,
+        mut dev,
+        ..
+    } = rig;
     let collector = server.collector.as_ref().unwrap();
     collector.set_mode(Mode::Refusing).unwrap();
-    let mut spec = DeviceSpec::simple(&key);
-    spec.server = format!(
-        "{}heartbeat_interval = \"1s\"\n",
-        server.server_toml("2s", "1s")
-    );
-    let mut dev = Device::new("signed-reports", spec);
-    dev.init();
     dev.start_daemon();
     let img = dev.path("v1.img");
     image(&img, 2 * 1024 * 1024, 5);
@@ -277,17 +270,9 @@ fn signed_reports_verify_and_a_crash_never_reuses_a_counter() {
 #[test]
 fn a_damaged_device_key_is_kept_shown_and_reports_go_unsigned() {
     updraft_tests::require!("nginx");
-    let keys = TempDir::new("damaged-key-keys");
-    let key = keygen(keys.path(), "release");
-    let server = UpdateServer::start(&keys.join("site"), true);
+    let rig = ReportingRig::new("damaged-key");
+    let ReportingRig { server, mut dev, .. } = rig;
     let collector = server.collector.as_ref().unwrap();
-    let mut spec = DeviceSpec::simple(&key);
-    spec.server = format!(
-        "{}heartbeat_interval = \"1s\"\n",
-        server.server_toml("2s", "1s")
-    );
-    let mut dev = Device::new("damaged-key", spec);
-    dev.init();
     let key_file = dev.state_dir.join("device-key.pem");
     let damaged = b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
     std::fs::write(&key_file, damaged).unwrap();

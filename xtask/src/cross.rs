@@ -31,8 +31,9 @@
 //! foreign executable explicitly.
 //!
 //! The targets build side by side, each in its own target directory with
-//! its output in a log file under `target/` (printed when it fails); then
-//! each target's tests run, one target after the other.
+//! its output in a log file under `target/` (printed when it fails); each
+//! target's tests run as soon as its build ends, beside the other target's
+//! build or tests, every line prefixed with the target's name.
 //!
 //! Tests that cannot run under emulation skip loudly; each target's skips
 //! are collected through `UPDRAFT_SKIP_LOG` and listed with their reasons
@@ -220,9 +221,13 @@ pub fn run(args: &[String]) -> Result {
     // with its output in a log file (its tail printed when it fails): a
     // build is a chain of single-crate steps (the agent, its test harness,
     // the links) that leave a core idle, which the other target's build
-    // fills. Then each target's tests run, one target after the other.
-    let mut outcomes: Vec<Outcome> = Vec::new();
-    let msrv_outcome = std::thread::scope(|s| {
+    // fills. Each target's tests start as soon as its own build ends, beside
+    // the other target's build or tests: emulated tests mostly wait (armv7's
+    // longest, a maintenance window, on the next minute boundary), so the
+    // two runs share the cores instead of queueing for them. Each line of a
+    // test run is prefixed with its target.
+    let nextest = nextest::available();
+    let (outcomes, msrv_outcome) = std::thread::scope(|s| {
         let msrv_check = (!same_compiler && !msrv_built).then(|| {
             let first = opts.targets[0];
             let oldest = &oldest;
@@ -231,11 +236,11 @@ pub fn run(args: &[String]) -> Result {
                 msrv_build(first, oldest)
             })
         });
-        let builds: Vec<_> = opts
+        let runs: Vec<_> = opts
             .targets
             .iter()
             .map(|t| {
-                let (opts, tc) = (&opts, compiler(t));
+                let (opts, tc, host_bins) = (&opts, compiler(t), &host_bins);
                 println!(
                     "\n== {}: building the agent and the tests ({})",
                     t.triple,
@@ -244,32 +249,33 @@ pub fn run(args: &[String]) -> Result {
                 s.spawn(move || {
                     let mut o = new_outcome(t);
                     build_target(t, tc, opts, &build_log(t), &mut o);
+                    println!("\n== {}: built in {:.1} s", t.triple, o.build_secs);
+                    if o.error.is_some() {
+                        print_tail(&build_log(t), 80);
+                    } else {
+                        test_target(t, tc, opts, host_bins, nextest, &mut o);
+                    }
                     o
                 })
             })
             .collect();
-        for (t, build) in opts.targets.iter().zip(builds) {
-            let o = build.join().unwrap_or_else(|_| {
-                let mut o = new_outcome(t);
-                o.error = Some("the build thread panicked".into());
-                o
-            });
-            println!("\n== {}: built in {:.1} s", t.triple, o.build_secs);
-            if o.error.is_some() {
-                print_tail(&build_log(t), 80);
-            }
-            outcomes.push(o);
-        }
-        let nextest = nextest::available();
-        for (t, o) in opts.targets.iter().zip(outcomes.iter_mut()) {
-            if o.error.is_none() {
-                test_target(t, compiler(t), &opts, &host_bins, nextest, o);
-            }
-        }
-        msrv_check.map(|h| {
+        let outcomes: Vec<Outcome> = opts
+            .targets
+            .iter()
+            .zip(runs)
+            .map(|(t, run)| {
+                run.join().unwrap_or_else(|_| {
+                    let mut o = new_outcome(t);
+                    o.error = Some("the build and test thread panicked".into());
+                    o
+                })
+            })
+            .collect();
+        let msrv_outcome = msrv_check.map(|h| {
             h.join()
                 .unwrap_or_else(|_| (0.0, Err("the MSRV check's thread panicked".to_string())))
-        })
+        });
+        (outcomes, msrv_outcome)
     });
 
     println!("\ncross-test summary:");
@@ -536,7 +542,8 @@ fn test_target(
         .env("UPDRAFT_BIN_DIR", &profile_dir)
         .env("UPDRAFT_HOST_BIN_DIR", host_bins)
         .env("UPDRAFT_SKIP_LOG", &skip_log);
-    let result = nextest::run_counting(&mut test, &mut o.counts);
+    let prefix = format!("[{}] ", t.short);
+    let result = nextest::run_counting(&mut test, &prefix, &mut o.counts);
     o.test_secs = start.elapsed().as_secs_f64();
     o.hangs = std::fs::read_to_string(&hang_log)
         .map(|s| s.lines().map(|l| l.replace('\t', ": ")).collect())

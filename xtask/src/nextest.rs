@@ -41,8 +41,9 @@ pub(crate) fn available() -> bool {
 }
 
 /// Run `cmd` (a `cargo nextest run` or a `cargo test`), passing its output
-/// through, and add up the result lines of either runner.
-pub(crate) fn run_counting(cmd: &mut Command, counts: &mut Counts) -> Result {
+/// through with `prefix` before each line (runs side by side stay
+/// readable), and add up the result lines of either runner.
+pub(crate) fn run_counting(cmd: &mut Command, prefix: &str, counts: &mut Counts) -> Result {
     let shown = format!("{cmd:?}");
     // nextest reports on stderr, libtest on stdout: read both, one thread
     // each, so neither pipe fills while the other is read.
@@ -52,6 +53,7 @@ pub(crate) fn run_counting(cmd: &mut Command, counts: &mut Counts) -> Result {
         .spawn()
         .map_err(|e| format!("starting {shown}: {e}"))?;
     let stderr = child.stderr.take();
+    let err_prefix = prefix.to_string();
     let from_stderr = std::thread::spawn(move || {
         let mut c = Counts::default();
         if let Some(err) = stderr {
@@ -59,7 +61,7 @@ pub(crate) fn run_counting(cmd: &mut Command, counts: &mut Counts) -> Result {
                 .lines()
                 .map_while(std::result::Result::ok)
             {
-                eprintln!("{line}");
+                eprintln!("{err_prefix}{line}");
                 c.add(parse_line(&line));
             }
         }
@@ -68,7 +70,7 @@ pub(crate) fn run_counting(cmd: &mut Command, counts: &mut Counts) -> Result {
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines() {
             let line = line.map_err(|e| format!("reading test output: {e}"))?;
-            println!("{line}");
+            println!("{prefix}{line}");
             counts.add(parse_line(&line));
         }
     }

@@ -79,9 +79,25 @@ pub enum Style {
 /// (on 64-bit targets the flag is 0 and changes nothing).
 const LARGE: OFlag = OFlag::O_LARGEFILE;
 
+/// A directory of the tree, never through a link.
 const DIR_FLAGS: OFlag = OFlag::O_RDONLY
     .union(LARGE)
     .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+
+/// A file of a generation being written: created here or not at all, never
+/// through a link.
+const NEW_FILE_FLAGS: OFlag = OFlag::O_WRONLY
+    .union(LARGE)
+    .union(OFlag::O_CREAT)
+    .union(OFlag::O_EXCL)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+
+/// A file read to hash or link it, never through a link.
+const READ_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(LARGE)
     .union(OFlag::O_NOFOLLOW)
     .union(OFlag::O_CLOEXEC);
 
@@ -210,12 +226,7 @@ pub fn write(
                 let fd = openat(
                     parent,
                     leaf,
-                    OFlag::O_WRONLY
-                        | LARGE
-                        | OFlag::O_CREAT
-                        | OFlag::O_EXCL
-                        | OFlag::O_NOFOLLOW
-                        | OFlag::O_CLOEXEC,
+                    NEW_FILE_FLAGS,
                     Mode::from_bits_truncate(mode),
                 )
                 .map_err(at)?;
@@ -304,7 +315,7 @@ fn open_regular(
     let fd = openat(
         src_dir,
         leaf,
-        OFlag::O_RDONLY | LARGE | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        READ_FLAGS,
         Mode::empty(),
     )
     .ok()?;
@@ -332,12 +343,7 @@ fn copy_same(
     let fd = openat(
         dst_dir,
         leaf,
-        OFlag::O_WRONLY
-            | LARGE
-            | OFlag::O_CREAT
-            | OFlag::O_EXCL
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_CLOEXEC,
+        NEW_FILE_FLAGS,
         Mode::from_bits_truncate(0o644),
     )
     .map_err(|e| err!(Io, "{dir}/{leaf}: {e}"))?;
@@ -391,7 +397,7 @@ fn link_same(
     let linked = openat(
         dst_dir,
         leaf,
-        OFlag::O_RDONLY | LARGE | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        READ_FLAGS,
         Mode::empty(),
     )
     .ok()

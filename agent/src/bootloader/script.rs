@@ -29,16 +29,14 @@
 //! without a deadline, never pass anything through a shell, and never take
 //! output it could not parse as a state.
 
-use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use super::{BootState, Bootloader, SlotBoot, model};
-use crate::child::Watched;
+use crate::child::{Failure, Finished, Watched};
 use crate::error::{Context, Error, Kind, Result};
 use crate::progress::{Ticker, Uninterrupted};
 use crate::slot::SlotName;
@@ -50,63 +48,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes kept of each of the script's output streams.
 pub const MAX_OUTPUT: usize = 64 * 1024;
 
-/// Without a pidfd (kernels before 5.3), how often a script that closed
-/// its output is checked for having exited.
-const NO_PIDFD_SLICE: Duration = Duration::from_millis(100);
-
 /// Bytes of standard error quoted in an error message.
 const STDERR_QUOTE: usize = 1000;
 
 pub struct ScriptBootloader {
     script: PathBuf,
     timeout: Duration,
-}
-
-/// What a finished run left.
-struct Finished {
-    status: ExitStatus,
-    stdout: Capture,
-    stderr: Capture,
-}
-
-/// One output stream, capped.
-#[derive(Default)]
-struct Capture {
-    bytes: Vec<u8>,
-    truncated: bool,
-    open: bool,
-}
-
-impl Capture {
-    /// Read what the pipe has now; marks EOF.
-    fn drain(&mut self, pipe: &mut dyn Read) -> io::Result<()> {
-        let mut buf = [0u8; 8192];
-        while self.open {
-            match pipe.read(&mut buf) {
-                Ok(0) => self.open = false,
-                Ok(n) => {
-                    let room = MAX_OUTPUT - self.bytes.len();
-                    if n > room {
-                        self.truncated = true;
-                    }
-                    self.bytes.extend_from_slice(&buf[..n.min(room)]);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-}
-
-fn set_nonblocking(fd: i32) -> io::Result<()> {
-    // SAFETY: fcntl on a descriptor we own.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// The end of standard error, for an error message.
@@ -124,23 +71,6 @@ fn quote_stderr(bytes: &[u8]) -> String {
         cut += 1;
     }
     format!("stderr (last {STDERR_QUOTE} bytes): …{}", &text[cut..])
-}
-
-/// Kill the script's process group and reap the script. Called only
-/// before the script has been reaped, so its pid (and group id) cannot
-/// have been reused.
-fn kill(child: &mut Child) {
-    match i32::try_from(child.id()) {
-        // SAFETY: signals the process group the script leads (it was
-        // started with process_group(0)), i.e. only what updraft started.
-        Ok(pid) => unsafe {
-            libc::kill(-pid, libc::SIGKILL);
-        },
-        Err(_) => {
-            let _ = child.kill();
-        }
-    }
-    let _ = child.wait();
 }
 
 /// Parse the output of `SCRIPT read`.
@@ -262,6 +192,10 @@ impl ScriptBootloader {
         Ok(f.stdout.bytes)
     }
 
+    /// Run the script until it exits or its timeout passes, its output
+    /// captured; the wait sleeps in `poll(2)` on its pipes and its pidfd
+    /// through `t` (see [`Uninterrupted`]), and a script still running at
+    /// the timeout has its process group killed.
     fn spawn_and_wait(&self, args: &[&str], t: &mut dyn Ticker) -> Result<Finished> {
         let mut cmd = Command::new(&self.script);
         // The script must not talk to systemd as if it were the daemon.
@@ -270,85 +204,30 @@ impl ScriptBootloader {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .current_dir("/")
-            .process_group(0);
-        let mut child = Watched::spawn(&mut cmd).kind_context(Kind::Bootloader, "starting it")?;
-        let result = self.collect(&mut child, &mut Uninterrupted::new(t));
-        if result.is_err() {
-            kill(child.child());
-        }
-        result
-    }
-
-    /// Gather the script's output until it exits, sleeping in `poll(2)` on
-    /// its pipes and its pidfd (without one, on an old kernel, waking
-    /// every [`NO_PIDFD_SLICE`] once both pipes are closed).
-    fn collect(&self, child: &mut Watched, wait: &mut Uninterrupted<'_>) -> Result<Finished> {
-        let io_err = |e: io::Error| {
-            Error::from(e)
-                .wrap("reading its output")
-                .with_kind(Kind::Bootloader)
-        };
-        let (Some(mut out_pipe), Some(mut err_pipe)) =
-            (child.child().stdout.take(), child.child().stderr.take())
-        else {
-            bail!(Bootloader, "its output pipes are missing");
-        };
-        set_nonblocking(out_pipe.as_raw_fd()).map_err(io_err)?;
-        set_nonblocking(err_pipe.as_raw_fd()).map_err(io_err)?;
-        let mut stdout = Capture {
-            open: true,
-            ..Capture::default()
-        };
-        let mut stderr = Capture {
-            open: true,
-            ..Capture::default()
-        };
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            if let Some(status) = child
-                .try_wait()
-                .kind_context(Kind::Bootloader, "waiting for it")?
-            {
-                // What it wrote before exiting is still in the pipes; a
-                // background process it left holding them is not waited for.
-                stdout.drain(&mut out_pipe).map_err(io_err)?;
-                stderr.drain(&mut err_pipe).map_err(io_err)?;
-                return Ok(Finished {
-                    status,
-                    stdout,
-                    stderr,
-                });
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                // The caller kills the script's process group.
-                bail!(
+            .current_dir("/");
+        let mut child =
+            Watched::spawn_group(&mut cmd).kind_context(Kind::Bootloader, "starting it")?;
+        let mut wait = Uninterrupted::new(t);
+        child
+            .collect(self.timeout, MAX_OUTPUT, &mut |fds, left| {
+                wait.wait(fds, left);
+                Ok(())
+            })
+            .map_err(|f| match f {
+                Failure::Read(e) => Error::from(e)
+                    .wrap("reading its output")
+                    .with_kind(Kind::Bootloader),
+                Failure::Wait(e) => Error::from(e)
+                    .wrap("waiting for it")
+                    .with_kind(Kind::Bootloader),
+                Failure::TimedOut(stderr) => err!(
                     Bootloader,
                     "still running after {} ms: killed it; {}",
                     self.timeout.as_millis(),
                     quote_stderr(&stderr.bytes)
-                );
-            }
-            let mut left = deadline - now;
-            // A closed pipe polls as hung up at once: only open ones are
-            // watched, so the wait sleeps until there is something to do.
-            let mut fds = Vec::with_capacity(3);
-            if stdout.open {
-                fds.push(out_pipe.as_fd());
-            }
-            if stderr.open {
-                fds.push(err_pipe.as_fd());
-            }
-            match child.fd() {
-                Some(fd) => fds.push(fd),
-                None if fds.is_empty() => left = left.min(NO_PIDFD_SLICE),
-                None => {}
-            }
-            wait.wait(&fds, left);
-            stdout.drain(&mut out_pipe).map_err(io_err)?;
-            stderr.drain(&mut err_pipe).map_err(io_err)?;
-        }
+                ),
+                Failure::Interrupted(e) => e.with_kind(Kind::Bootloader),
+            })
     }
 
     fn read_state(&self, t: &mut dyn Ticker) -> Result<BootState> {

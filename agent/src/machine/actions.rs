@@ -620,34 +620,26 @@ pub(super) fn run_bounded(
     cmd.args(args).stdin(std::process::Stdio::null());
     let mut child =
         Watched::spawn(&mut cmd).map_err(|e| err!(Io, "starting {what} {prog}: {e}"))?;
-    let deadline = std::time::Instant::now() + limit;
     let progress = Progress {
         phase: phase.into(),
         ..Progress::default()
     };
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) if status.success() => return Ok(()),
-            Ok(Some(status)) => bail!(Io, "{what} {prog} failed: {status}"),
-            Ok(None) => {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    child.kill();
-                    bail!(
-                        Io,
-                        "{what} {prog} did not finish within {} s",
-                        limit.as_secs()
-                    );
-                }
-                t.tick(&progress)?;
-                t.wait(child.fd().as_slice(), left.min(WAIT_SLICE))?;
-            }
-            Err(e) => {
-                return Err(Error::new(
-                    Kind::Io,
-                    format!("waiting for {what} {prog}: {e}"),
-                ));
-            }
-        }
+    let finished = child
+        .collect(limit, 0, &mut |fds, left| {
+            t.tick(&progress)?;
+            t.wait(fds, left.min(WAIT_SLICE))
+        })
+        .map_err(|f| match f {
+            Failure::TimedOut(_) => err!(
+                Io,
+                "{what} {prog} did not finish within {} s",
+                limit.as_secs()
+            ),
+            Failure::Read(e) | Failure::Wait(e) => err!(Io, "waiting for {what} {prog}: {e}"),
+            Failure::Interrupted(e) => e,
+        })?;
+    if !finished.status.success() {
+        bail!(Io, "{what} {prog} failed: {}", finished.status);
     }
+    Ok(())
 }

@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use crate::bootloader::{self, BootState, Bootloader};
 use crate::channel::Followed;
-use crate::child::Watched;
+use crate::child::{Failure, Watched};
 use crate::config::{Config, RebootMode};
 use crate::error::{Cause, Error, Kind, Result};
 use crate::fetch::Fetcher;

@@ -19,10 +19,10 @@
 //! running release is fine) and never treats a counter it cannot read as
 //! a floor of 0.
 
-use std::io::Read;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::child::{Failure, Watched};
 use crate::config::{CounterKind, OnUnreadable, Rollback, TpmAccess};
 use crate::error::{Error, Kind, Result};
 
@@ -179,9 +179,9 @@ pub(crate) struct Ran {
 }
 
 /// Run `argv` (its program looked up on `PATH`) with no input, its output
-/// captured, for at most [`COMMAND_TIMEOUT`]. `what` names it in errors.
+/// captured, for at most [`COMMAND_TIMEOUT`], sleeping in `poll(2)` until
+/// it exits. `what` names it in errors.
 pub(crate) fn run(argv: &[String], what: &str) -> Result<Ran> {
-    use std::os::unix::process::CommandExt;
     let Some((prog, args)) = argv.split_first() else {
         return Err(Error::new(Kind::Config, format!("{what}: no program")));
     };
@@ -191,81 +191,31 @@ pub(crate) fn run(argv: &[String], what: &str) -> Result<Ran> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .current_dir("/")
-        .process_group(0);
-    let mut child = cmd
-        .spawn()
+        .current_dir("/");
+    let mut child = Watched::spawn_group(&mut cmd)
         .map_err(|e| Error::new(Kind::Io, format!("{what}: starting `{prog}`: {e}")))?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    for (i, pipe) in [
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let mut kept = Vec::new();
-            if let Some(mut p) = pipe {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = p.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    let room = MAX_OUTPUT.saturating_sub(kept.len());
-                    kept.extend_from_slice(&buf[..n.min(room)]);
-                }
-            }
-            let _ = tx.send((i, kept));
-        });
-    }
-    drop(tx);
-    let deadline = Instant::now() + COMMAND_TIMEOUT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
-            Ok(None) => {
-                // SAFETY: signalling the process group of a child we started.
-                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-                let _ = child.wait();
-                return Err(Error::new(
-                    Kind::Io,
-                    format!(
-                        "{what}: `{prog}` still running after {} s: killed it",
-                        COMMAND_TIMEOUT.as_secs()
-                    ),
-                ));
-            }
-            Err(e) => {
-                return Err(Error::new(
-                    Kind::Io,
-                    format!("{what}: waiting for `{prog}`: {e}"),
-                ));
-            }
-        }
-    };
-    let mut out = [Vec::new(), Vec::new()];
-    for _ in 0..2 {
-        // A background process holding the pipes is not waited for.
-        match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok((i, bytes)) => out[i] = bytes,
-            Err(_) => break,
-        }
-    }
-    let [stdout, stderr] = out;
+    let finished = child
+        .collect(COMMAND_TIMEOUT, MAX_OUTPUT, &mut |fds, left| {
+            crate::progress::wait_readable(fds, left);
+            Ok(())
+        })
+        .map_err(|f| {
+            let how = match f {
+                Failure::TimedOut(_) => format!(
+                    "`{prog}` still running after {} s: killed it",
+                    COMMAND_TIMEOUT.as_secs()
+                ),
+                Failure::Read(e) => format!("reading the output of `{prog}`: {e}"),
+                Failure::Wait(e) => format!("waiting for `{prog}`: {e}"),
+                Failure::Interrupted(e) => format!("waiting for `{prog}`: {e}"),
+            };
+            Error::new(Kind::Io, format!("{what}: {how}"))
+        })?;
     Ok(Ran {
-        success: status.success(),
-        stdout,
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
-        status: status.to_string(),
+        success: finished.status.success(),
+        stdout: finished.stdout.bytes,
+        stderr: String::from_utf8_lossy(&finished.stderr.bytes).into_owned(),
+        status: finished.status.to_string(),
     })
 }
 
