@@ -17,13 +17,23 @@
 //! message (a server's error text, a release name) are escaped, so nothing a
 //! remote party sends can forge a log line or a journal priority. This
 //! module only formats and writes; it never decides what is worth logging.
+//!
+//! Under systemd the same entry goes to journald's native socket instead
+//! ([`crate::journal`]) when it can, with structured fields: `PRIORITY`,
+//! `SYSLOG_IDENTIFIER=updraft`, `CODE_FILE`/`CODE_LINE`, and for an event
+//! logged through [`event`] `UPDRAFT_EVENT`, its `MESSAGE_ID` from
+//! [`crate::events`] and `UPDRAFT_RELEASE`, `UPDRAFT_SLOT`,
+//! `UPDRAFT_COMPONENT`, `UPDRAFT_REASON`. An entry the socket does not take
+//! is written as the stderr line, so nothing is lost to a full journal.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use log::kv::{self, VisitSource};
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
+use crate::journal::Journal;
 use crate::timestamp::Timestamp;
 
 /// The environment variable holding the level specification.
@@ -49,7 +59,15 @@ pub fn init() {
         Style::Terminal
     };
     let max = filter.max();
-    let logger: &'static Logger = Box::leak(Box::new(Logger { filter, style }));
+    let journal = match style {
+        Style::Journal => Journal::connect(std::path::Path::new(crate::journal::SOCKET)).ok(),
+        Style::Terminal => None,
+    };
+    let logger: &'static Logger = Box::leak(Box::new(Logger {
+        filter,
+        style,
+        journal,
+    }));
     if log::set_logger(logger).is_ok() {
         log::set_max_level(max);
         if let Some(e) = problem {
@@ -133,6 +151,98 @@ fn level(s: &str) -> Result<LevelFilter, String> {
 struct Logger {
     filter: Filter,
     style: Style,
+    /// journald's native socket, under systemd when it could be opened.
+    journal: Option<Journal>,
+}
+
+/// What an event logged with [`event`] is about; each present value
+/// becomes a journal field.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EventFields<'a> {
+    /// A kind's name from [`crate::events::KINDS`].
+    pub event: &'a str,
+    pub release: Option<&'a str>,
+    pub slot: Option<&'a str>,
+    pub component: Option<&'a str>,
+    pub reason: Option<&'a str>,
+}
+
+/// The target of events logged with [`event`] (`UPDRAFT_LOG=updraft::events=warn`
+/// keeps only the events an operator must act on).
+pub const EVENT_TARGET: &str = "updraft::events";
+
+/// Log `message` at `level` as an event of the kind `fields.event`, its
+/// fields attached for the journal. On a terminal the line is as
+/// `log::log!` makes it.
+pub fn event(level: Level, fields: &EventFields<'_>, message: std::fmt::Arguments<'_>) {
+    let logger = log::logger();
+    let meta = Metadata::builder()
+        .level(level)
+        .target(EVENT_TARGET)
+        .build();
+    if level > log::max_level() || !logger.enabled(&meta) {
+        return;
+    }
+    let mut kvs: Vec<(&str, &str)> = vec![("event", fields.event)];
+    for (k, v) in [
+        ("release", fields.release),
+        ("slot", fields.slot),
+        ("component", fields.component),
+        ("reason", fields.reason),
+    ] {
+        if let Some(v) = v {
+            kvs.push((k, v));
+        }
+    }
+    logger.log(
+        &Record::builder()
+            .args(message)
+            .level(level)
+            .target(EVENT_TARGET)
+            .key_values(&kvs.as_slice())
+            .build(),
+    );
+}
+
+/// The most of one field's value sent to the journal.
+const FIELD_MAX: usize = 4096;
+
+/// The journal fields of `record` (its message as the stderr line has it,
+/// without priority or time).
+fn journal_fields(record: &Record) -> Vec<(String, String)> {
+    let mut fields = vec![
+        ("MESSAGE".to_string(), message_text(record)),
+        ("PRIORITY".to_string(), priority(record.level()).to_string()),
+        ("SYSLOG_IDENTIFIER".to_string(), "updraft".to_string()),
+    ];
+    if let Some(file) = record.file() {
+        fields.push(("CODE_FILE".into(), file.to_string()));
+    }
+    if let Some(line) = record.line() {
+        fields.push(("CODE_LINE".into(), line.to_string()));
+    }
+    struct Collect<'f>(&'f mut Vec<(String, String)>);
+    impl<'kvs> VisitSource<'kvs> for Collect<'_> {
+        fn visit_pair(&mut self, key: kv::Key<'kvs>, value: kv::Value<'kvs>) -> Result<(), kv::Error> {
+            let key = key.as_str();
+            if !key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+                return Ok(());
+            }
+            let value = value.to_string();
+            let value = crate::hash::truncate(&value, FIELD_MAX).to_string();
+            if key == "event" {
+                if let Some(kind) = crate::events::kind(&value) {
+                    self.0
+                        .push(("MESSAGE_ID".into(), kind.message_id.to_string()));
+                }
+            }
+            self.0
+                .push((format!("UPDRAFT_{}", key.to_ascii_uppercase()), value));
+            Ok(())
+        }
+    }
+    let _ = record.key_values().visit(&mut Collect(&mut fields));
+    fields
 }
 
 impl Log for Logger {
@@ -143,6 +253,16 @@ impl Log for Logger {
     fn log(&self, record: &Record) {
         if !self.enabled(record.metadata()) {
             return;
+        }
+        if let Some(journal) = &self.journal {
+            let fields = journal_fields(record);
+            let refs: Vec<(&str, &str)> = fields
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            if journal.send(&refs).is_ok() {
+                return;
+            }
         }
         let line = format_line(self.style, record, now_millis());
         // One write per line: stderr is unbuffered, so concurrent lines do
@@ -186,18 +306,23 @@ fn format_line(style: Style, record: &Record, now_ms: u128) -> String {
             let _ = write!(line, "{stamp}.{:03}Z {:<5} ", now_ms % 1000, record.level());
         }
     }
-    // Records from dependencies name their module; updraft's own read as
-    // plain sentences.
-    let target = record.target();
-    if target != "updraft" && !target.starts_with("updraft::") {
-        line.push('[');
-        push_escaped(&mut line, target);
-        line.push_str("] ");
-    }
-    let message = record.args().to_string();
-    push_escaped(&mut line, &message);
+    line.push_str(&message_text(record));
     line.push('\n');
     line
+}
+
+/// The message as a line shows it: `[module] ` for a dependency's records
+/// (updraft's own read as plain sentences), control characters escaped.
+fn message_text(record: &Record) -> String {
+    let mut text = String::with_capacity(96);
+    let target = record.target();
+    if target != "updraft" && !target.starts_with("updraft::") {
+        text.push('[');
+        push_escaped(&mut text, target);
+        text.push_str("] ");
+    }
+    push_escaped(&mut text, &record.args().to_string());
+    text
 }
 
 /// Append `s` with control characters made visible: `\n`, `\r`, `\t` as
@@ -357,6 +482,7 @@ mod tests {
         let logger = Logger {
             filter: Filter::default(),
             style: Style::Journal,
+            journal: None,
         };
         let meta = |level| Metadata::builder().level(level).target("updraft").build();
         assert!(logger.enabled(&meta(Level::Info)));
@@ -371,5 +497,104 @@ mod tests {
         assert!(!journal_stream_matches("8", 8, 12345));
         assert!(!journal_stream_matches("x:y", 8, 12345));
         assert!(!journal_stream_matches("", 0, 0));
+    }
+
+    fn fields_of(record: &Record) -> Vec<(String, String)> {
+        journal_fields(record)
+            .into_iter()
+            .filter(|(k, _)| k != "CODE_FILE" && k != "CODE_LINE")
+            .collect()
+    }
+
+    fn pairs(rows: &[(&str, &str)]) -> Vec<(String, String)> {
+        rows.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn an_event_carries_its_message_id_and_what_it_is_about() {
+        let kvs = [
+            ("event", "committed"),
+            ("release", "1.2"),
+            ("slot", "B"),
+            ("reason", "health checks passed"),
+        ];
+        let source = kvs.as_slice();
+        let record = Record::builder()
+            .level(Level::Info)
+            .target(EVENT_TARGET)
+            .args(format_args!("committed: release 1.2 slot B"))
+            .key_values(&source)
+            .build();
+        assert_eq!(
+            fields_of(&record),
+            pairs(&[
+                ("MESSAGE", "committed: release 1.2 slot B"),
+                ("PRIORITY", "6"),
+                ("SYSLOG_IDENTIFIER", "updraft"),
+                ("MESSAGE_ID", "304d0bcac2744e2e8adc8929fd0b186e"),
+                ("UPDRAFT_EVENT", "committed"),
+                ("UPDRAFT_RELEASE", "1.2"),
+                ("UPDRAFT_SLOT", "B"),
+                ("UPDRAFT_REASON", "health checks passed"),
+            ])
+        );
+    }
+
+    #[test]
+    fn plain_records_unknown_kinds_and_odd_keys_get_no_message_id() {
+        let plain = Record::builder()
+            .level(Level::Warn)
+            .target("ureq::pool")
+            .args(format_args!("line\nbreak"))
+            .build();
+        assert_eq!(
+            fields_of(&plain),
+            pairs(&[
+                ("MESSAGE", "[ureq::pool] line\\nbreak"),
+                ("PRIORITY", "4"),
+                ("SYSLOG_IDENTIFIER", "updraft"),
+            ])
+        );
+        let kvs = [("event", "no-such-kind"), ("Bad Key", "x")];
+        let source = kvs.as_slice();
+        let unknown = Record::builder()
+            .level(Level::Error)
+            .target(EVENT_TARGET)
+            .args(format_args!("m"))
+            .key_values(&source)
+            .build();
+        assert_eq!(
+            fields_of(&unknown),
+            pairs(&[
+                ("MESSAGE", "m"),
+                ("PRIORITY", "3"),
+                ("SYSLOG_IDENTIFIER", "updraft"),
+                ("UPDRAFT_EVENT", "no-such-kind"),
+            ])
+        );
+    }
+
+    #[test]
+    fn a_long_reason_is_cut_for_the_journal_and_every_field_name_is_valid() {
+        let long = "x".repeat(10_000);
+        let kvs = [("event", "failed"), ("reason", long.as_str())];
+        let source = kvs.as_slice();
+        let record = Record::builder()
+            .level(Level::Warn)
+            .target(EVENT_TARGET)
+            .args(format_args!("failed"))
+            .key_values(&source)
+            .line(Some(42))
+            .file(Some("agent/src/machine/mod.rs"))
+            .build();
+        let fields = journal_fields(&record);
+        let reason = fields.iter().find(|(k, _)| k == "UPDRAFT_REASON");
+        assert_eq!(reason.map(|(_, v)| v.len()), Some(FIELD_MAX));
+        assert!(fields.contains(&("CODE_LINE".into(), "42".into())));
+        for (k, _) in &fields {
+            assert!(crate::journal::valid_name(k), "{k}");
+        }
     }
 }

@@ -112,6 +112,11 @@ pub fn bundle(dir: &Path, out: &Path, part_size: u64) -> Result<Summary> {
         .iter()
         .map(|d| (d.url.clone(), d.size, None, dir.join(&d.url)))
         .collect();
+    // The attestation first: small, and a device requiring it reads it
+    // before any artifact.
+    if let Some(a) = &m.attestation {
+        artifacts.insert(0, (a.url.clone(), a.size, None, dir.join(&a.url)));
+    }
     artifacts.push((
         m.artifact.url.clone(),
         m.artifact.size,

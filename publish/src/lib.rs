@@ -8,6 +8,7 @@
 //! device binary.
 
 pub mod app;
+pub mod attest;
 pub mod bundle;
 pub mod delta;
 pub mod description;

@@ -90,7 +90,7 @@ const PROGRAM: Program = Program {
       [--slot-name NAME] \\
       [--channel NAME] [--serial N] [--allow-serial-jump] [--security-version N] [--expires 30d] \\
       [--rollout PERCENT] [--frame-size BYTES] [--level N] [--threads N] [--delta-memory MIB] \
-      [--bundle FILE.updraft] --out DIR",
+      [--attest-with BUILDER.key [--builder-id URI]] [--bundle FILE.updraft] --out DIR",
             about: "",
             options: &[
                 opt(
@@ -179,6 +179,16 @@ const PROGRAM: Program = Program {
                     "decoded bytes per frame, 1 to 8 MiB (default 2 MiB)",
                 ),
                 opt(
+                    "--attest-with",
+                    "BUILDER.key",
+                    "sign a build provenance attestation (in-toto, SLSA provenance v1) naming the release's artifacts with this builder key (docs/manifest.md)",
+                ),
+                opt(
+                    "--builder-id",
+                    "URI",
+                    "the builder id signed into the attestation (default urn:updraft:builder:<key id>)",
+                ),
+                opt(
                     "--bundle",
                     "FILE.updraft",
                     "also write DIR as one bundle file (as `updraft-publish bundle`)",
@@ -253,7 +263,8 @@ payload. Nothing is signed again.",
         Command {
             name: "verify",
             summary: "check a release as a device would: signatures, payload, artifacts",
-            usage: "updraft-publish verify --pub K.pub [--pub K2.pub]... [--threshold N] DIR/manifest.json",
+            usage: "updraft-publish verify --pub K.pub [--pub K2.pub]... [--threshold N] \\
+      [--builder-pub B.pub]... [--builder-threshold N] DIR/manifest.json",
             about: "",
             options: &[
                 opt(
@@ -262,6 +273,16 @@ payload. Nothing is signed again.",
                     "release public key (repeatable, required)",
                 ),
                 opt("--threshold", "N", "signatures needed (default 1)"),
+                opt(
+                    "--builder-pub",
+                    "B.pub",
+                    "builder public key: the attestation must be there and signed by it, as a device with [provenance] builders requires (repeatable)",
+                ),
+                opt(
+                    "--builder-threshold",
+                    "N",
+                    "builder signatures needed (default 1)",
+                ),
             ],
             words: &[],
             examples: &["updraft-publish verify --pub keys/release.pub site/manifest.json"],
@@ -631,6 +652,23 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                 level: usage(f.number("level"))?.unwrap_or(DEFAULT_LEVEL),
                 threads,
                 delta_memory,
+                attest: match usage(f.one("attest-with"))? {
+                    Some(p) => {
+                        let key = Key::load(&PathBuf::from(p))?;
+                        let id = match usage(f.one("builder-id"))? {
+                            Some(id) => id.to_string(),
+                            None => updraft_publish::attest::default_builder_id(&key),
+                        };
+                        Some((key, id))
+                    }
+                    None if f.one("builder-id").ok().flatten().is_some() => {
+                        return Err(Failure::Usage(
+                            None,
+                            "--builder-id needs --attest-with".into(),
+                        ));
+                    }
+                    None => None,
+                },
             };
             let s = release::release(&spec)?;
             println!(
@@ -732,10 +770,26 @@ fn command(c: &'static Command, rest: &[String]) -> Result<(), Failure> {
                     "verify takes one manifest path".into(),
                 ));
             };
+            let builders = f
+                .all("builder-pub")
+                .iter()
+                .map(|p| keys::load_pub(&PathBuf::from(p)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let builders = match builders.is_empty() {
+                true => None,
+                false => Some(
+                    updraft::trust::KeySet::new(
+                        builders,
+                        usage(f.number("builder-threshold"))?.unwrap_or(1),
+                    )
+                    .map_err(|e| Failure::Usage(None, format!("--builder-pub: {e}")))?,
+                ),
+            };
             for line in verify::verify(
                 &PathBuf::from(manifest),
                 pubs,
                 usage(f.number("threshold"))?.unwrap_or(1),
+                builders.as_ref(),
             )? {
                 println!("{line}");
             }

@@ -51,6 +51,9 @@ pub fn modules(dir: &Path, out: &Path) -> Result<Vec<Module>> {
     os.extend(key_documents(dir)?.into_iter().map(|(_, p)| p));
     os.push(dir.join(&m.artifact.url));
     os.extend(m.deltas.iter().map(|d| dir.join(&d.url)));
+    // The provenance attestation travels with the slot, where a device
+    // that requires one looks for it among the action's files.
+    os.extend(m.attestation.iter().map(|a| dir.join(&a.url)));
     written.push(module(out, &slot.name, &slot.version, "os", &os)?);
 
     for c in &m.components {

@@ -134,6 +134,9 @@ pub struct ReleaseSpec {
     pub threads: usize,
     /// Memory a delta is made within ([`crate::delta::DeltaOptions::memory_budget`]).
     pub delta_memory: usize,
+    /// Sign a build provenance attestation with this builder key and
+    /// builder id (`--attest-with`, `--builder-id`).
+    pub attest: Option<(Key, String)>,
 }
 
 /// What was written.
@@ -712,7 +715,7 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
     }
     let issued = Timestamp::now();
     let of_components = !components.is_empty();
-    let m = Manifest {
+    let mut m = Manifest {
         spec_version: if of_components {
             updraft::manifest::component::SPEC_VERSION
         } else {
@@ -732,9 +735,18 @@ pub fn release(spec: &ReleaseSpec) -> Result<Summary> {
         image,
         artifact,
         deltas,
+        attestation: None,
         slot: of_components.then_some(slot),
         components,
     };
+    if let Some((key, builder_id)) = &spec.attest {
+        let inputs: Vec<(String, Sha256)> = m
+            .deltas
+            .iter()
+            .map(|d| (format!("delta base of {}", d.url), d.from_sha256))
+            .collect();
+        crate::attest::attach(&mut m, &spec.out, key, builder_id, &inputs)?;
+    }
     m.validate()
         .map_err(|e| format!("the release would not validate: {e}"))?;
     let payload = updraft::manifest::component::to_payload(&m).map_err(|e| e.to_string())?;

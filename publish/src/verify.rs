@@ -24,7 +24,12 @@ use crate::release::hash_file;
 
 /// Verify `manifest_path` with `keys` (threshold `threshold`) and every
 /// artifact beside it. Returns a summary line per check.
-pub fn verify(manifest_path: &Path, keys: Vec<PublicKey>, threshold: usize) -> Result<Vec<String>> {
+pub fn verify(
+    manifest_path: &Path,
+    keys: Vec<PublicKey>,
+    threshold: usize,
+    builders: Option<&KeySet>,
+) -> Result<Vec<String>> {
     let raw = std::fs::read(manifest_path)
         .map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
     let set = KeySet::new(keys, threshold).map_err(|e| e.to_string())?;
@@ -66,6 +71,7 @@ pub fn verify(manifest_path: &Path, keys: Vec<PublicKey>, threshold: usize) -> R
     for c in &m.components {
         lines.push(check_component(dir, c)?);
     }
+    lines.extend(crate::attest::check(dir, &m, builders)?);
     if m.expires <= updraft::timestamp::Timestamp::now() {
         return Err(format!("manifest expired at {}", m.expires));
     }
@@ -230,6 +236,23 @@ pub fn inspect(path: &Path, json: bool) -> Result<String> {
             Part::Command(p) => format!("command, {} ({} bytes)", p.artifact.url, p.artifact.size),
         };
         s.push_str(&format!("component:    {} {}: {what}\n", c.name, c.version));
+    }
+    if let Some(a) = &m.attestation {
+        s.push_str(&format!(
+            "attestation:  {} ({} bytes, sha256 {})\n",
+            a.url, a.size, a.sha256
+        ));
+        let path = path.parent().unwrap_or(Path::new(".")).join(&a.url);
+        if let Ok(st) = std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|raw| crate::attest::unverified(&raw))
+        {
+            s.push_str(&format!(
+                "builder:      {} ({} subjects, not verified)\n",
+                st.builder_id.as_deref().unwrap_or("(none)"),
+                st.subjects.len()
+            ));
+        }
     }
     for sig in &env.signatures {
         s.push_str(&format!("signature:    keyid {}\n", sig.keyid));

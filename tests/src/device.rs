@@ -94,6 +94,16 @@ pub struct DeviceSpec {
 }
 
 impl DeviceSpec {
+    /// Require a build provenance attestation signed by `threshold` of
+    /// `builders` (the `[provenance]` section).
+    pub fn require_provenance(&mut self, builders: &[&KeyPair], threshold: usize) {
+        let paths: Vec<PathBuf> = builders.iter().map(|b| b.public.clone()).collect();
+        self.sections.push_str(&format!(
+            "[provenance]\nbuilders = {}\nthreshold = {threshold}\n",
+            toml_list(&paths)
+        ));
+    }
+
     pub fn simple(release: &KeyPair) -> DeviceSpec {
         DeviceSpec {
             slot_size: 16 * 1024 * 1024,

@@ -336,7 +336,13 @@ fn bash_completion_completes_commands_and_their_options() {
     assert!(complete("updraft-publish", &["release", "--key", ""]).is_empty());
     assert_eq!(
         complete("updraft-publish", &["verify", "--key", "x", "--"]),
-        ["--pub", "--threshold", "--help"]
+        [
+            "--pub",
+            "--threshold",
+            "--builder-pub",
+            "--builder-threshold",
+            "--help"
+        ]
     );
 }
 

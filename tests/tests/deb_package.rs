@@ -172,6 +172,7 @@ fn files_owners_and_modes() {
         "/lib/systemd/system/updraft.service",
         "/usr/lib/tmpfiles.d/updraft.conf",
         "/usr/lib/sysusers.d/updraft.conf",
+        "/usr/lib/systemd/catalog/updraft.catalog",
         "/etc/updraft/updraft.toml",
         "/usr/share/bash-completion/completions/updraft",
         "/usr/share/doc/updraft/copyright",

@@ -261,3 +261,45 @@ fn tmpfiles_creates_the_uboot_lock_root_only() {
     assert_eq!((lock.uid(), lock.gid()), (0, 0));
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// The journal catalog packages install compiles with journalctl's own
+/// `--update-catalog` and lists every event kind with its subject, so
+/// `journalctl -x` can show it beside updraft's entries.
+#[test]
+fn the_journal_catalog_compiles_and_lists_every_event_kind() {
+    if !have("journalctl") {
+        skip!("journalctl is not installed (Debian package systemd)");
+    }
+    let root = scratch("catalog");
+    let dir = root.join("usr/lib/systemd/catalog");
+    std::fs::create_dir_all(&dir).expect("catalog dir");
+    std::fs::copy(
+        repo_root().join("systemd/updraft.catalog"),
+        dir.join("updraft.catalog"),
+    )
+    .expect("staging the catalog");
+    let root_arg = format!("--root={}", root.display());
+    let update = Command::new("journalctl")
+        .args([root_arg.as_str(), "--update-catalog"])
+        .output()
+        .expect("running journalctl --update-catalog");
+    assert!(
+        update.status.success() && update.stderr.is_empty(),
+        "journalctl --update-catalog: {}",
+        String::from_utf8_lossy(&update.stderr)
+    );
+    let list = Command::new("journalctl")
+        .args([root_arg.as_str(), "--list-catalog"])
+        .output()
+        .expect("running journalctl --list-catalog");
+    assert!(list.status.success());
+    let listed = String::from_utf8_lossy(&list.stdout);
+    for kind in updraft::events::KINDS {
+        let line = listed
+            .lines()
+            .find(|l| l.starts_with(kind.message_id))
+            .unwrap_or_else(|| panic!("{} ({}) not listed:\n{listed}", kind.name, kind.message_id));
+        assert!(line.ends_with(&format!("updraft: {}", kind.subject)), "{line}");
+    }
+    assert_eq!(listed.lines().count(), updraft::events::KINDS.len(), "{listed}");
+}

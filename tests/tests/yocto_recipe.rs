@@ -134,6 +134,7 @@ fn recipe_uses_the_crate_list_and_the_shipped_systemd_files() {
         "systemd/updraft.service",
         "systemd/updraft.tmpfiles",
         "systemd/updraft.sysusers",
+        "systemd/updraft.catalog",
         "systemd/updraft.service.d/50-health-checks.conf.example",
     ] {
         assert!(

@@ -251,6 +251,11 @@ pub(crate) fn stage_files(stage: &Path) -> Result {
         0o644,
     )?;
     copy(
+        &r.join("systemd/updraft.catalog"),
+        &stage.join("usr/lib/systemd/catalog/updraft.catalog"),
+        0o644,
+    )?;
+    copy(
         &r.join("yocto/meta-updraft/recipes-support/updraft/files/updraft.toml"),
         &stage.join("etc/updraft/updraft.toml"),
         0o644,

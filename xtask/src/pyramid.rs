@@ -110,6 +110,7 @@ pub(crate) const FILES: &[Placement] = &[
     p("tests/tests/fleet.rs", No, "poll jitter across a fleet; logic"),
     p("tests/tests/inhibitors.rs", No, "inhibitor rules; logic"),
     p("tests/tests/key_rotation.rs", No, "key chain rules; signatures are unit-tested emulated"),
+    p("tests/tests/provenance.rs", No, "attestation rules; the statement parser and the rule are unit-tested emulated"),
     p("tests/tests/operator_cancel.rs", No, "cancel rules; logic"),
     p("tests/tests/polling.rs", No, "poll and retry rules; logic"),
     p("tests/tests/provisioned.rs", No, "first-boot rules; logic"),

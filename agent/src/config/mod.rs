@@ -40,6 +40,17 @@ pub struct Config {
     pub rollback: Rollback,
     /// `[components.NAME]`, in the file's order.
     pub components: Vec<ComponentConfig>,
+    /// `[provenance]`: the builders whose attestation a release needs.
+    pub provenance: Provenance,
+}
+
+/// `[provenance]`: the builder keys (PEM public key files) a release's
+/// build provenance attestation must be signed by, and how many of them.
+/// None configured: attestations are neither fetched nor required.
+#[derive(Debug, Clone, Default)]
+pub struct Provenance {
+    pub builders: Vec<PathBuf>,
+    pub threshold: usize,
 }
 
 /// `[apps]`: where applications live and how their units are restarted.
@@ -809,6 +820,25 @@ impl Config {
         })
     }
 
+    /// The builder keys of `[provenance]`, or `None` when none are
+    /// configured (no attestation is required).
+    pub fn builder_keys(&self) -> Result<Option<KeySet>> {
+        let p = &self.provenance;
+        if p.builders.is_empty() {
+            return Ok(None);
+        }
+        let keys = p
+            .builders
+            .iter()
+            .map(|path| PublicKey::load(path))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| e.wrap("provenance.builders"))?;
+        KeySet::new(keys, p.threshold).map(Some).map_err(|e| {
+            e.wrap("provenance.builders with provenance.threshold")
+                .with_kind(Kind::Config)
+        })
+    }
+
     pub fn db_path(&self) -> PathBuf {
         self.system.state_dir.join("updraft.db")
     }
@@ -1553,5 +1583,28 @@ reboot_command = ["/sbin/reboot"]
             let e = with(lines).unwrap_err().to_string();
             assert!(e.contains(want), "{lines:?}: {e}");
         }
+    }
+
+    #[test]
+    fn provenance_names_builder_keys_and_a_threshold() {
+        let with = |lines: &str| Config::parse(&format!("{MINIMAL}[provenance]\n{lines}"));
+        let none = Config::parse(MINIMAL).unwrap();
+        assert!(none.provenance.builders.is_empty());
+        assert!(none.builder_keys().unwrap().is_none());
+        let p = with("builders = [\"/etc/updraft/builder.pub\"]\n")
+            .unwrap()
+            .provenance;
+        assert_eq!(p.builders, vec![PathBuf::from("/etc/updraft/builder.pub")]);
+        assert_eq!(p.threshold, 1);
+        let cfg = with("builders = [\"/nonexistent/builder.pub\"]\nthreshold = 1\n").unwrap();
+        let e = cfg.builder_keys().unwrap_err();
+        assert_eq!(e.kind(), Kind::Config);
+        assert!(
+            e.message()
+                .starts_with("provenance.builders: reading public key /nonexistent/builder.pub"),
+            "{e}"
+        );
+        let e = with("builder = [\"/b.pub\"]\n").unwrap_err().to_string();
+        assert!(e.contains("builder"), "{e}");
     }
 }

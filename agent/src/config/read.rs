@@ -9,7 +9,7 @@ use super::*;
 
 impl Config {
     pub(super) fn from_tables(tables: &[Table]) -> Result<Config> {
-        const SECTIONS: [&str; 11] = [
+        const SECTIONS: [&str; 12] = [
             "server",
             "device",
             "trust",
@@ -20,6 +20,7 @@ impl Config {
             "policy",
             "apps",
             "rollback",
+            "provenance",
             "components.NAME",
         ];
         for t in tables {
@@ -298,6 +299,16 @@ impl Config {
 
         let rollback = rollback(section("rollback"))?;
 
+        let mut s = section("provenance");
+        let provenance = Provenance {
+            builders: s.paths("builders")?.unwrap_or_default(),
+            threshold: s
+                .unsigned("threshold")?
+                .map(|v| v as usize)
+                .unwrap_or_else(one),
+        };
+        s.finish()?;
+
         let mut components = Vec::new();
         for t in tables {
             let Some(name) = t.name.strip_prefix("components.") else {
@@ -318,6 +329,7 @@ impl Config {
             apps,
             rollback,
             components,
+            provenance,
         })
     }
 }

@@ -111,11 +111,19 @@ pub fn serve(config: &Path) -> Result<()> {
             |c| c.system.degraded_retry.0,
         );
         let delay = degraded::retry_delay(attempts, base);
-        log::error!(
-            "updraft {} cannot start: {}; running degraded (status answers, nothing is updated), starting again in {}",
-            env!("CARGO_PKG_VERSION"),
-            failure.error,
-            crate::timestamp::format_duration(delay)
+        let reason = failure.error.to_string();
+        crate::logging::event(
+            log::Level::Error,
+            &crate::logging::EventFields {
+                event: "degraded",
+                reason: Some(&reason),
+                ..Default::default()
+            },
+            format_args!(
+                "updraft {} cannot start: {reason}; running degraded (status answers, nothing is updated), starting again in {}",
+                env!("CARGO_PKG_VERSION"),
+                crate::timestamp::format_duration(delay)
+            ),
         );
         let d = degraded.get_or_insert_with(Degraded::new);
         if d.wait(&failure, &mut held, Instant::now() + delay) == degraded::Ended::Stop {
@@ -858,7 +866,16 @@ impl Daemon {
             Err(e) => {
                 let named = self.full_disk(e);
                 let e = named.as_ref().unwrap_or(e);
-                log::warn!("check failed: {e}");
+                let reason = e.to_string();
+                crate::logging::event(
+                    log::Level::Warn,
+                    &crate::logging::EventFields {
+                        event: "check-failed",
+                        reason: Some(&reason),
+                        ..Default::default()
+                    },
+                    format_args!("check failed: {reason}"),
+                );
                 self.metrics.record_error(e.kind());
                 if e.kind() == Kind::Signature {
                     self.metrics.record_signature_failure();

@@ -154,6 +154,7 @@ impl Machine {
         };
         // Before anything about the install is written.
         self.gate_install(m)?;
+        self.gate_provenance(origin, m, t)?;
         if unreject {
             log::info!(
                 "release {}: installing again on operator request despite an earlier rollback",
@@ -243,7 +244,18 @@ impl Machine {
             }
             Ok(())
         })?;
-        log::info!("running: release {version} slot {booted}: no install recorded; {how}");
+        let slot = booted.to_string();
+        crate::logging::event(
+            log::Level::Info,
+            &crate::logging::EventFields {
+                event: "running",
+                release: Some(version),
+                slot: Some(&slot),
+                reason: Some(&how),
+                ..Default::default()
+            },
+            format_args!("running: release {version} slot {booted}: no install recorded; {how}"),
+        );
         Ok(Some(how))
     }
 

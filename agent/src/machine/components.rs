@@ -217,6 +217,7 @@ impl Machine {
                     self.booted.other()
                 );
                 self.gate_install(m)?;
+                self.gate_provenance(origin, m, t)?;
                 if !operator {
                     if let Some(why) = self.write_held(&m.release.version) {
                         return Ok(CheckOutcome::Held(why));
@@ -226,6 +227,7 @@ impl Machine {
             }
             Ok(Plan::Install(changed)) => {
                 self.gate_install(m)?;
+                self.gate_provenance(origin, m, t)?;
                 let changed: Vec<Component> = changed.into_iter().cloned().collect();
                 self.install_components(origin, m, &changed, t)
             }

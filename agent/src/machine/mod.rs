@@ -83,6 +83,7 @@ mod fleet;
 mod floor;
 mod operator;
 mod policy;
+mod provenance;
 mod retry;
 mod server;
 mod verdict;
@@ -237,6 +238,8 @@ pub struct Machine {
     network_down_since: Option<Timestamp>,
     /// The hardware rollback floor, when `[rollback]` configures one.
     floor: Option<floor::HardwareFloor>,
+    /// The builder keys of `[provenance]`, when configured.
+    builders: Option<crate::keys::KeySet>,
 }
 
 /// A reboot the reboot command accepted.
@@ -268,6 +271,7 @@ impl Machine {
         }
         let (store, recovered) = crate::protect::open_store(&cfg.db_path())?;
         let trust = restore_trust(&cfg, &store)?;
+        let builders = cfg.builder_keys()?;
         store.adopt_legacy_floor(trust.version())?;
         let server_template = cfg.server.clone();
         let channel = Followed::resolve(&cfg.server, &store)?;
@@ -294,7 +298,17 @@ impl Machine {
             .unwrap_or(0);
         if let Some(r) = &recovered {
             let what = r.describe(&cfg.db_path());
-            log::error!("{what}");
+            let slot = booted.to_string();
+            crate::logging::event(
+                log::Level::Error,
+                &crate::logging::EventFields {
+                    event: "database-recovered",
+                    slot: Some(&slot),
+                    reason: Some(&what),
+                    ..Default::default()
+                },
+                format_args!("{what}"),
+            );
             let report = report::database_recovered(&device_id, booted, &what);
             store.atomically(|s| {
                 s.add_history(&Event {
@@ -314,6 +328,7 @@ impl Machine {
             protection,
             network_down_since: None,
             floor: floor::HardwareFloor::from_config(&cfg),
+            builders,
             cfg,
             mode,
             store,
@@ -486,25 +501,27 @@ impl Machine {
         let ev = (!event.is_empty()).then_some(&ev);
         self.store.transition(&next, ev, &refs)?;
         let level = transition_level(next.name(), event);
-        match (job, detail) {
-            (Some(j), Some(d)) => log::log!(
+        if event.is_empty() {
+            log::debug!("{}", next.name());
+        } else {
+            let slot = job.map(|j| j.target.to_string());
+            let fields = crate::logging::EventFields {
+                event,
+                release: job.map(|j| j.version.as_str()),
+                slot: slot.as_deref(),
+                component: None,
+                reason: detail,
+            };
+            let about = match job {
+                Some(j) => format!(": release {} slot {}", j.version, j.target),
+                None => String::new(),
+            };
+            let detail = detail.map(|d| format!(": {d}")).unwrap_or_default();
+            crate::logging::event(
                 level,
-                "{}: release {} slot {}: {d}",
-                next.name(),
-                j.version,
-                j.target
-            ),
-            (Some(j), None) => {
-                log::log!(
-                    level,
-                    "{}: release {} slot {}",
-                    next.name(),
-                    j.version,
-                    j.target
-                )
-            }
-            (None, Some(d)) => log::log!(level, "{}: {d}", next.name()),
-            (None, None) => log::debug!("{}", next.name()),
+                &fields,
+                format_args!("{}{about}{detail}", next.name()),
+            );
         }
         Ok(())
     }

@@ -305,6 +305,7 @@ impl Machine {
         // A release the hardware floor refuses leaves the job it would
         // supersede alone.
         self.gate_install(&v.manifest)?;
+        self.gate_provenance(origin, &v.manifest, t)?;
         let reason = format!(
             "superseded by release {} serial {}",
             v.manifest.release.version, v.manifest.serial

@@ -176,6 +176,8 @@ struct Wire {
     security_version: u64,
     release: Release,
     components: Vec<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    attestation: Option<super::provenance::AttestationRef>,
 }
 
 /// One component as written; `kind` is the tag.
@@ -344,6 +346,7 @@ pub(crate) fn parse(payload: &[u8]) -> Result<Manifest> {
         image,
         artifact,
         deltas,
+        attestation: w.attestation,
         slot: Some(named),
         components,
     })
@@ -472,6 +475,7 @@ pub fn to_payload(m: &Manifest) -> serde_json::Result<Vec<u8>> {
         security_version: m.security_version,
         release: m.release.clone(),
         components,
+        attestation: m.attestation.clone(),
     })
 }
 

@@ -18,6 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod component;
+pub mod provenance;
 
 use crate::envelope::{Envelope, Verified};
 use crate::error::{Error, Kind, Result};
@@ -75,6 +76,10 @@ pub struct Manifest {
     pub artifact: Artifact,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deltas: Vec<Delta>,
+    /// The release's build provenance attestation, when it has one
+    /// ([`provenance`]). An updraft that predates it ignores the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attestation: Option<provenance::AttestationRef>,
     /// Version 2: the `slot` component's name and version; `image`,
     /// `artifact` and `deltas` above are its own. Written and read by
     /// [`crate::manifest::component`], never by the derived serde of version 1.
@@ -330,6 +335,9 @@ impl Manifest {
             if d.size == 0 || d.from_size == 0 {
                 return bad(format!("delta {i} has a zero size"));
             }
+        }
+        if let Some(a) = &self.attestation {
+            a.check()?;
         }
         component::check(self)
     }
@@ -624,6 +632,7 @@ mod tests {
                 ],
             },
             deltas: vec![],
+            attestation: None,
             slot: None,
             components: vec![],
         }

@@ -239,6 +239,7 @@ impl Lab {
             committed(s, V2) && s["booted_slot"] == "B"
         })?;
         println!("   console: {V2} was written to B, booted under systemd and committed");
+        println!("   journal: {}", journal_event(&mut vm, "committed", V2)?);
         let started = app_started(&vm, APP_V1, 0)?;
         wait_status(
             &mut vm,
@@ -438,6 +439,12 @@ impl Lab {
             &sd.join("updraft.sysusers"),
             &root,
             "usr/lib/sysusers.d/updraft.conf",
+            0o644,
+        )?;
+        install(
+            &sd.join("updraft.catalog"),
+            &root,
+            "usr/lib/systemd/catalog/updraft.catalog",
             0o644,
         )?;
         let example = sd.join("updraft.service.d/50-health-checks.conf.example");
@@ -1025,6 +1032,65 @@ esac
     )
 }
 
+/// Ask the guest for this boot's journal entries of the event kind `event`
+/// and check them: one for `release` with the kind's `MESSAGE_ID` and
+/// updraft's fields (`journalctl -o json`), and the catalog's text beside
+/// it (`journalctl -x`). A line saying what was found.
+fn journal_event(vm: &mut Vm, event: &str, release: &str) -> Result<String> {
+    let kind = updraft::events::kind(event).ok_or_else(|| format!("{event} is no event kind"))?;
+    let id = kind.message_id;
+    let m = vm.mark();
+    vm.send(&format!("vm-journal {id}"))?;
+    vm.wait_line(
+        &format!("the journal's entries of {event}"),
+        m,
+        std::time::Duration::from_secs(60),
+        |l| l.contains(&format!("updraft-vm: journal-end {id}")),
+    )?;
+    let lines = &vm.lines()[m..];
+    let entry = lines
+        .iter()
+        .filter_map(|l| l.split_once("updraft-vm: journal-json ").map(|(_, j)| j))
+        .filter_map(|j| serde_json::from_str::<Value>(j.trim()).ok())
+        .find(|e| e["UPDRAFT_RELEASE"] == release);
+    let Some(entry) = entry else {
+        return Err(vm.failure(&format!(
+            "no journal entry with MESSAGE_ID={id} ({event}) for release {release}"
+        )));
+    };
+    for (field, want) in [
+        ("MESSAGE_ID", id),
+        ("UPDRAFT_EVENT", event),
+        ("SYSLOG_IDENTIFIER", "updraft"),
+        ("_SYSTEMD_UNIT", "updraft.service"),
+    ] {
+        if entry[field] != want {
+            return Err(vm.failure(&format!(
+                "the journal entry of {event} has {field}={} instead of {want}: {entry}",
+                entry[field]
+            )));
+        }
+    }
+    // `journalctl -x` puts the catalog's subject, its fields filled in,
+    // under the entry.
+    let slot = entry["UPDRAFT_SLOT"].as_str().unwrap_or("?").to_string();
+    let subject = kind
+        .subject
+        .replace("@UPDRAFT_RELEASE@", release)
+        .replace("@UPDRAFT_SLOT@", &slot);
+    let explained = lines
+        .iter()
+        .any(|l| l.contains("updraft-vm: journal-x ") && l.contains(&subject));
+    if !explained {
+        return Err(vm.failure(&format!(
+            "journalctl -x does not show the catalog's subject {subject:?} for {event}"
+        )));
+    }
+    Ok(format!(
+        "{event} of {release} logged with MESSAGE_ID={id}, UPDRAFT_SLOT={slot}; journalctl -x: \"{subject}\""
+    ))
+}
+
 /// The status script with the app's line.
 fn status_script() -> String {
     STATUS_SCRIPT.replace(
@@ -1069,6 +1135,16 @@ exec </dev/ttyS0 >/dev/console 2>&1
 stty -echo 2>/dev/null
 while read -r cmd; do
     case "$cmd" in
+        vm-journal\ *)
+            # This boot's journal entries of updraft with one MESSAGE_ID,
+            # as JSON and as `journalctl -x` explains them (/var is a
+            # tmpfs: the catalog's database is made now).
+            id=${cmd#vm-journal }
+            journalctl --update-catalog
+            journalctl -b -o json -u updraft.service "MESSAGE_ID=$id" | sed 's/^/updraft-vm: journal-json /'
+            journalctl -b -x --no-pager -u updraft.service "MESSAGE_ID=$id" | sed 's/^/updraft-vm: journal-x /'
+            echo "updraft-vm: journal-end $id"
+            ;;
         vm-poweroff) echo "updraft-vm: halting"; systemctl poweroff ;;
         vm-reboot) echo "updraft-vm: rebooting"; systemctl reboot ;;
     esac

@@ -71,6 +71,11 @@ do_install:append() {
     install -m 0644 ${S}/systemd/updraft.tmpfiles ${D}${nonarch_libdir}/tmpfiles.d/updraft.conf
     install -m 0644 ${S}/systemd/updraft.sysusers ${D}${nonarch_libdir}/sysusers.d/updraft.conf
 
+    # The journal catalog: what `journalctl -x` shows beside updraft's
+    # entries (systemd-journal-catalog-update.service rebuilds the index).
+    install -d ${D}${nonarch_libdir}/systemd/catalog
+    install -m 0644 ${S}/systemd/updraft.catalog ${D}${nonarch_libdir}/systemd/catalog/updraft.catalog
+
     install -d ${D}${docdir}/${PN}
     install -m 0644 ${S}/systemd/updraft.service.d/50-health-checks.conf.example ${D}${docdir}/${PN}/
 
@@ -110,6 +115,7 @@ CONFFILES:${PN}-fw-env = "${sysconfdir}/fw_env.config"
 FILES:${PN} += "${systemd_system_unitdir}/updraft.service \
                 ${nonarch_libdir}/tmpfiles.d/updraft.conf \
                 ${nonarch_libdir}/sysusers.d/updraft.conf \
+                ${nonarch_libdir}/systemd/catalog/updraft.catalog \
                 "
 CONFFILES:${PN} = "${sysconfdir}/updraft/updraft.toml"
 
