@@ -46,6 +46,18 @@ impl Swtpm {
         let dir = TempDir::new(&format!("{name}-swtpm"));
         let state = dir.join("state");
         std::fs::create_dir_all(&state).expect("swtpm state directory");
+        Swtpm::start_with(dir, state)
+    }
+
+    /// Start a TPM on the state in `state` (created if missing), e.g. one
+    /// a virtual machine's TPM keeps between its runs.
+    pub fn start_on(name: &str, state: &std::path::Path) -> Swtpm {
+        let dir = TempDir::new(&format!("{name}-swtpm"));
+        std::fs::create_dir_all(state).expect("swtpm state directory");
+        Swtpm::start_with(dir, state.to_path_buf())
+    }
+
+    fn start_with(dir: TempDir, state: PathBuf) -> Swtpm {
         let mut t = Swtpm {
             child: None,
             port: 0,
@@ -134,6 +146,15 @@ impl Swtpm {
     /// with its own (empty) authorization, as provisioning does
     /// (docs/security.md).
     pub fn define_counter(&self, index: u32) {
+        self.define(
+            index,
+            "nt=counter|ownerread|ownerwrite|authread|authwrite|no_da",
+        );
+    }
+
+    /// Define `index` with 8 bytes and `attributes` (tpm2_nvdefine's `-a`),
+    /// for indexes provisioning gets wrong.
+    pub fn define(&self, index: u32, attributes: &str) {
         let out = self.tool(
             "tpm2_nvdefine",
             &[
@@ -143,7 +164,7 @@ impl Swtpm {
                 "-s",
                 "8",
                 "-a",
-                "nt=counter|ownerread|ownerwrite|authread|authwrite|no_da",
+                attributes,
             ],
         );
         assert!(

@@ -1,5 +1,6 @@
 //! The hardware rollback floor against a real TPM 2.0 (swtpm on loopback,
-//! reached through tpm2-tools) and against the command counter.
+//! reached through tpm2-tools, or spoken to directly with
+//! `access = "direct"`) and against the command counter.
 //!
 //! The counter's value is the lowest security version the device installs.
 //! It moves only once a release is committed (not at download, not during
@@ -13,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use updraft::rollback_counter::Counter;
+use updraft::rollback_counter::tpm_direct::Tpm2Direct;
 use updraft_tests::device::{Device, DeviceSpec};
 use updraft_tests::publisher::{KeyPair, Repo, image, keygen};
 use updraft_tests::swtpm::Swtpm;
@@ -502,5 +505,96 @@ fn the_command_counter_keeps_the_floor_through_two_scripts_even_when_the_advance
             "release 1.5 security version 5 is below the hardware floor 6 ({counter})"
         )),
         "{err}"
+    );
+}
+
+#[test]
+fn the_direct_tpm_counter_advances_on_commit_and_a_wiped_device_refuses_an_older_release() {
+    updraft_tests::require!("swtpm", "tpm2_nvdefine", "tpm2_nvread");
+    let tpm = Swtpm::start("floor-direct");
+    tpm.define_counter(INDEX);
+    let mut r = rig("floor-direct", &tpm2_section(&tpm, "access = \"direct\"\n"));
+    assert_eq!(r.floor()["value"], json!(0), "{:#}", r.floor());
+    let old = r.publish("old", "1.0", 11, 1, 1);
+    r.install_and_commit(&old, "1.0");
+    let new = r.publish("new", "2.0", 22, 2, 3);
+    let st = r.install_and_commit(&new, "2.0");
+    // What tpm2-tools read is what updraft's own commands left.
+    assert_eq!(tpm.value(INDEX), Some(3));
+    assert_eq!(st["hardware_floor"]["value"], json!(3), "{st:#}");
+    assert!(
+        r.dev.log().contains(&format!(
+            "release 2.0: {COUNTER} advanced from 1 to 3 (committed, security version 3)"
+        )),
+        "{}",
+        r.dev.log_tail()
+    );
+
+    wipe_database(&r.dev);
+    r.dev.init();
+    let err = r.refused(&old);
+    assert!(
+        err.contains(&format!(
+            "release 1.0 security version 1 is below the hardware floor 3 ({COUNTER})"
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_direct_access_names_what_the_tpm_answered_for_a_badly_provisioned_index() {
+    updraft_tests::require!("swtpm", "tpm2_nvdefine", "tpm2_nvread");
+    let mut tpm = Swtpm::start("floor-direct-answers");
+    let tcti = tpm.tcti();
+    let mut c = Tpm2Direct::new(INDEX, &tcti);
+    assert_eq!(c.describe(), COUNTER);
+    let e = c.read().unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "{COUNTER} (tcti {tcti}) is not defined on the TPM: define it at provisioning"
+        )),
+        "{e}"
+    );
+
+    tpm.define_counter(INDEX);
+    assert_eq!(c.read().unwrap(), 0, "a counter never incremented");
+    assert_eq!(c.advance_to(2).unwrap(), 2);
+    assert_eq!(c.advance_to(1).unwrap(), 2, "never moves down");
+    assert_eq!(tpm.value(INDEX), Some(2));
+    tpm.increment(INDEX);
+    assert_eq!(c.read().unwrap(), 3, "reads what the tools wrote");
+    let e = c.advance_to(3 + 257).unwrap_err().to_string();
+    assert!(e.contains("more than 256"), "{e}");
+
+    // An ordinary index could be written back: no floor.
+    let ordinary = INDEX + 1;
+    tpm.define(ordinary, "ownerread|ownerwrite|authread|authwrite|no_da");
+    let e = Tpm2Direct::new(ordinary, &tcti)
+        .read()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tpm2 NV index 0x1500017") && e.contains("is not an NV counter"),
+        "{e}"
+    );
+
+    // A counter only the owner may increment: the TPM's refusal, named.
+    let owner_only = INDEX + 2;
+    tpm.define(owner_only, "nt=counter|ownerread|ownerwrite|authread|no_da");
+    let mut c2 = Tpm2Direct::new(owner_only, &tcti);
+    assert_eq!(c2.read().unwrap(), 0);
+    let e = c2.advance_to(1).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "TPM2_NV_Increment on 0x1500018 (tcti {tcti}): TPM_RC_AUTH_UNAVAILABLE (0x12f)"
+        )),
+        "{e}"
+    );
+
+    tpm.stop();
+    let e = c.read().unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("TPM2_NV_Read on 0x1500016 (tcti {tcti}): ")),
+        "{e}"
     );
 }

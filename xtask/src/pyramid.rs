@@ -103,7 +103,7 @@ pub(crate) const FILES: &[Placement] = &[
     // Logic the target does not change: the host run proves it.
     p("tests/tests/bandwidth_cap.rs", No, "rate arithmetic in u64; logic"),
     p("tests/tests/channels.rs", No, "channel rules; logic"),
-    p("tests/tests/rollback_counter.rs", No, "hardware floor rules against swtpm through host tpm2-tools; logic"),
+    p("tests/tests/rollback_counter.rs", No, "hardware floor rules against swtpm through host tpm2-tools and directly; logic"),
     p("tests/tests/cli_help.rs", No, "the CLI's text"),
     p("tests/tests/exit_codes.rs", No, "exit statuses; the decision behind them is unit-tested emulated"),
     p("tests/tests/ddi_client.rs", No, "the DDI conversation; ddi.rs's parser unit tests run emulated"),

@@ -48,7 +48,7 @@ use crate::util::{self, Result};
 use machine::{Loader, Machine};
 
 const USAGE: &str =
-    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--app-cuts N] [--seed S] [--systemd-only|--previous-only|--apps-only|--adopt-only|--deb-only|--no-previous|--no-deb|--prerequisites]
+    "usage: cargo xtask vm-test [x86_64|aarch64|all] [--cuts N] [--app-cuts N] [--seed S] [--systemd-only|--previous-only|--apps-only|--adopt-only|--deb-only|--floor-only|--no-previous|--no-deb|--no-floor|--prerequisites]
   boots a QEMU machine with Debian's generic kernel, busybox and updraft: x86_64 (SeaBIOS,
   GRUB; the default) or aarch64 (-M virt, U-Boot, the aarch64 release build), or both,
   and runs: 1 full-image update, 3 failing health check, 4 release that cannot boot
@@ -66,9 +66,12 @@ const USAGE: &str =
   all in the other updater's variables;
   then on x86_64 10, updraft's Debian package on the systemd guest: the previous build
   installed, degraded until configured, then idle, upgraded to this one, removed, purged;
+  then on x86_64 11, the hardware rollback floor in QEMU's TPM (swtpm on the host): a release
+  raising the security version committed and the TPM counter advanced; the data partition
+  rewritten empty and an older signed release refused by the counter;
   --systemd-only: scenario 6 alone; --previous-only: scenario 7 alone; --apps-only: scenario
-  8 alone; --adopt-only: scenario 9 alone; --deb-only: scenario 10 alone; --no-previous: all
-  but 7 (CI's x86_64 run: the aarch64 machine boots 7 beside it); --no-deb: all but 10;
+  8 alone; --adopt-only: scenario 9 alone; --deb-only: scenario 10 alone; --floor-only: scenario 11 alone; --no-previous: all
+  but 7 (CI's x86_64 run: the aarch64 machine boots 7 beside it); --no-deb: all but 10; --no-floor: all but 11;
   --prerequisites: install (as root on Debian) what the machines need, and stop: two runs
   for different machines can then go on side by side without both calling apt-get";
 
@@ -91,6 +94,7 @@ pub fn run(args: &[String]) -> Result {
     let mut only: Option<Only> = None;
     let mut previous = true;
     let mut deb = true;
+    let mut floor = true;
     let mut prerequisites_only = false;
     let mut machines: Vec<&'static Machine> = Vec::new();
     let mut it = args.iter();
@@ -102,7 +106,9 @@ pub fn run(args: &[String]) -> Result {
             "--apps-only" => only = Some(Only::Apps),
             "--adopt-only" => only = Some(Only::Adopt),
             "--deb-only" => only = Some(Only::Deb),
+            "--floor-only" => only = Some(Only::Floor),
             "--no-deb" => deb = false,
+            "--no-floor" => floor = false,
             "--no-previous" => previous = false,
             "--prerequisites" => prerequisites_only = true,
             name if Machine::by_name(name).is_some() => {
@@ -158,13 +164,16 @@ pub fn run(args: &[String]) -> Result {
         if previous
             && !matches!(
                 only,
-                Some(Only::Systemd | Only::Apps | Only::Adopt | Only::Deb)
+                Some(Only::Systemd | Only::Apps | Only::Adopt | Only::Deb | Only::Floor)
             )
         {
             early.extend(build_previous_release_early(m));
         }
         if m.name == machine::X86_64.name
-            && !matches!(only, Some(Only::Previous | Only::Apps | Only::Adopt))
+            && !matches!(
+                only,
+                Some(Only::Previous | Only::Apps | Only::Adopt | Only::Floor)
+            )
         {
             early.extend(scenario::prepare_debian_tree());
         }
@@ -174,7 +183,17 @@ pub fn run(args: &[String]) -> Result {
             seed,
         };
         let result = util::guarded("vm-test", || {
-            scenarios(m, &p, counts, only, Leave { previous, deb })
+            scenarios(
+                m,
+                &p,
+                counts,
+                only,
+                Leave {
+                    previous,
+                    deb,
+                    floor,
+                },
+            )
         });
         // Never leave a build running behind a failed run.
         for work in early {
@@ -228,14 +247,17 @@ enum Only {
     Adopt,
     /// Scenario 10, the Debian package on the systemd guest.
     Deb,
+    /// Scenario 11, the hardware rollback floor in QEMU's TPM.
+    Floor,
 }
 
-/// The scenarios a full run may leave out: 7 (`--no-previous`) and 10
-/// (`--no-deb`).
+/// The scenarios a full run may leave out: 7 (`--no-previous`), 10
+/// (`--no-deb`) and 11 (`--no-floor`).
 #[derive(Clone, Copy)]
 struct Leave {
     previous: bool,
     deb: bool,
+    floor: bool,
 }
 
 /// How many power cuts scenarios 5 and 8 make, and from which seed.
@@ -334,6 +356,11 @@ fn scenarios(
                 m.name
             )),
             Only::Deb => lab.deb_package(),
+            Only::Floor if !x86 => Err(format!(
+                "scenario 11 (the hardware rollback floor) runs on the x86_64 machine only, not on {}",
+                m.name
+            )),
+            Only::Floor => lab.hardware_floor(),
         }
     } else {
         lab.full_update()
@@ -365,6 +392,14 @@ fn scenarios(
                 (true, true) => lab.deb_package(),
                 (true, false) => {
                     println!("== 10-deb: left out (--no-deb)");
+                    Ok(())
+                }
+            })
+            .and_then(|()| match (x86, run.floor) {
+                (false, _) => Ok(()),
+                (true, true) => lab.hardware_floor(),
+                (true, false) => {
+                    println!("== 11-hardware-floor: left out (--no-floor)");
                     Ok(())
                 }
             })

@@ -82,8 +82,11 @@ pub struct Rollback {
     pub counter: CounterKind,
     /// `tpm2`: the NV index of counter type.
     pub nv_index: Option<u32>,
-    /// `tpm2`: how tpm2-tools reach the TPM (their `-T` option).
+    /// `tpm2`: how tpm2-tools reach the TPM (their `-T` option), or with
+    /// `access = "direct"` where updraft sends the commands itself.
     pub tcti: String,
+    /// `tpm2`: through tpm2-tools or directly.
+    pub access: TpmAccess,
     /// `command`: prints the counter's value in decimal.
     pub read_command: Vec<String>,
     /// `command`: gets the target value appended.
@@ -97,6 +100,7 @@ impl Default for Rollback {
             counter: CounterKind::None,
             nv_index: None,
             tcti: "device:/dev/tpmrm0".into(),
+            access: TpmAccess::Tools,
             read_command: Vec::new(),
             advance_command: Vec::new(),
             on_unreadable: OnUnreadable::Refuse,
@@ -119,6 +123,67 @@ pub enum CounterKind {
     None,
     Tpm2,
     Command,
+}
+
+/// `rollback.access`: how the `tpm2` counter reaches the TPM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TpmAccess {
+    /// tpm2-tools' programs, given `tcti` with `-T`.
+    Tools,
+    /// updraft's own TPM 2.0 commands to `tcti`'s device or swtpm socket.
+    Direct,
+}
+
+/// Where the commands go, from `rollback.tcti`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TpmTransport {
+    /// A TPM character device (`/dev/tpmrm0`, `/dev/tpm0`).
+    Device(PathBuf),
+    /// swtpm's data channel on TCP.
+    Tcp(String, u16),
+    /// swtpm's data channel on a unix socket.
+    Unix(PathBuf),
+}
+
+/// `rollback.tcti` as a direct transport: `device:PATH`,
+/// `swtpm:host=H,port=P` (defaults `localhost`, 2321, as tpm2-tools have
+/// them) or `swtpm:path=SOCKET`.
+pub fn tpm_transport(tcti: &str) -> std::result::Result<TpmTransport, String> {
+    let bad = |why: &str| format!("rollback.tcti {tcti:?} {why}");
+    if let Some(path) = tcti.strip_prefix("device:") {
+        if !path.starts_with('/') {
+            return Err(bad("names no absolute device path (device:/dev/tpmrm0)"));
+        }
+        return Ok(TpmTransport::Device(PathBuf::from(path)));
+    }
+    let Some(conf) = tcti.strip_prefix("swtpm:") else {
+        return Err(bad(
+            "cannot be used with rollback.access = \"direct\": only device:PATH, swtpm:host=HOST,port=PORT or swtpm:path=SOCKET",
+        ));
+    };
+    let (mut host, mut port, mut path) = ("localhost".to_string(), 2321u16, None);
+    for kv in conf.split(',').filter(|s| !s.is_empty()) {
+        match kv.split_once('=') {
+            Some(("host", h)) if !h.is_empty() => host = h.to_string(),
+            Some(("port", p)) => {
+                port = p
+                    .parse()
+                    .ok()
+                    .filter(|&p| p > 0)
+                    .ok_or_else(|| bad(&format!("has port {p:?}, not a port number")))?;
+            }
+            Some(("path", p)) if p.starts_with('/') => path = Some(PathBuf::from(p)),
+            _ => {
+                return Err(bad(&format!(
+                    "has {kv:?}: swtpm takes host=, port= or path=/…"
+                )));
+            }
+        }
+    }
+    Ok(match path {
+        Some(p) => TpmTransport::Unix(p),
+        None => TpmTransport::Tcp(host, port),
+    })
 }
 
 /// `rollback.on_unreadable`: what a counter that cannot be read means for
@@ -1377,6 +1442,38 @@ reboot_command = ["/sbin/reboot"]
     }
 
     #[test]
+    fn a_direct_tcti_names_a_device_or_a_software_tpms_socket() {
+        use TpmTransport::{Device, Tcp, Unix};
+        let ok = [
+            ("device:/dev/tpmrm0", Device("/dev/tpmrm0".into())),
+            ("swtpm:", Tcp("localhost".into(), 2321)),
+            (
+                "swtpm:host=127.0.0.1,port=40000",
+                Tcp("127.0.0.1".into(), 40000),
+            ),
+            ("swtpm:port=2400", Tcp("localhost".into(), 2400)),
+            ("swtpm:path=/run/swtpm.sock", Unix("/run/swtpm.sock".into())),
+        ];
+        for (tcti, want) in ok {
+            assert_eq!(tpm_transport(tcti), Ok(want), "{tcti}");
+        }
+        let bad = [
+            ("device:", "names no absolute device path"),
+            ("device:tpmrm0", "names no absolute device path"),
+            ("tabrmd:", "only device:PATH"),
+            ("mssim:port=2321", "only device:PATH"),
+            ("swtpm:port=0", "has port \"0\", not a port number"),
+            ("swtpm:port=70000", "not a port number"),
+            ("swtpm:path=rel.sock", "swtpm takes host=, port= or path=/"),
+            ("swtpm:user=x", "has \"user=x\""),
+        ];
+        for (tcti, want) in bad {
+            let e = tpm_transport(tcti).unwrap_err();
+            assert!(e.contains(want) && e.contains(tcti), "{tcti}: {e}");
+        }
+    }
+
+    #[test]
     fn the_rollback_counter_is_configured_with_its_own_keys_only() {
         let with = |lines: &str| Config::parse(&format!("{MINIMAL}[rollback]\n{lines}"));
         let none = Config::parse(MINIMAL).unwrap().rollback;
@@ -1387,6 +1484,19 @@ reboot_command = ["/sbin/reboot"]
         assert_eq!(tpm.counter, CounterKind::Tpm2);
         assert_eq!(tpm.nv_index, Some(0x0150_0016));
         assert_eq!(tpm.tcti, "device:/dev/tpmrm0");
+        assert_eq!(
+            tpm.access,
+            TpmAccess::Tools,
+            "what a [rollback] meant before access"
+        );
+        let direct = with("counter = \"tpm2\"\naccess = \"direct\"\n")
+            .unwrap()
+            .rollback;
+        assert_eq!(direct.access, TpmAccess::Direct);
+        assert_eq!(
+            tpm_transport(&direct.tcti),
+            Ok(TpmTransport::Device("/dev/tpmrm0".into()))
+        );
         let tpm = with("counter = \"tpm2\"\nnv_index = \"0x1500020\"\ntcti = \"swtpm:host=127.0.0.1,port=2321\"\non_unreadable = \"allow\"\n")
             .unwrap()
             .rollback;
@@ -1423,6 +1533,18 @@ reboot_command = ["/sbin/reboot"]
             (
                 "counter = \"tpm2\"\ntcti = \" \"\n",
                 "rollback.tcti is empty",
+            ),
+            (
+                "counter = \"tpm2\"\naccess = \"tss\"\n",
+                "\"tss\" is not one of \"tools\", \"direct\"",
+            ),
+            (
+                "counter = \"tpm2\"\naccess = \"direct\"\ntcti = \"tabrmd:\"\n",
+                "rollback.tcti \"tabrmd:\" cannot be used with rollback.access = \"direct\"",
+            ),
+            (
+                "counter = \"command\"\naccess = \"direct\"\n",
+                "rollback.access is only used with counter = \"tpm2\"",
             ),
             (
                 "counter = \"tpm2\"\nread_command = [\"x\"]\n",

@@ -365,6 +365,10 @@ fn rollback(mut s: Section<'_>) -> Result<Rollback> {
         }
     };
     let tcti = s.string("tcti")?;
+    let access = s.choice(
+        "access",
+        &[("tools", TpmAccess::Tools), ("direct", TpmAccess::Direct)],
+    )?;
     let read_command = s.strings("read_command")?;
     let advance_command = s.strings("advance_command")?;
     let on_unreadable = s
@@ -388,6 +392,9 @@ fn rollback(mut s: Section<'_>) -> Result<Rollback> {
         }
         if tcti.is_some() {
             return wrong("tcti", "tpm2");
+        }
+        if access.is_some() {
+            return wrong("access", "tpm2");
         }
     }
     if counter != CounterKind::Command {
@@ -418,11 +425,17 @@ fn rollback(mut s: Section<'_>) -> Result<Rollback> {
     if tcti.as_deref().is_some_and(|t| t.trim().is_empty()) {
         return Err(Error::new(Kind::Config, "rollback.tcti is empty"));
     }
+    let access = access.unwrap_or(d.access);
+    let tcti = tcti.unwrap_or(d.tcti);
+    if access == TpmAccess::Direct {
+        tpm_transport(&tcti).map_err(|e| Error::new(Kind::Config, e))?;
+    }
     s.finish()?;
     Ok(Rollback {
         counter,
         nv_index: nv_index.or((counter == CounterKind::Tpm2).then_some(DEFAULT_NV_INDEX)),
-        tcti: tcti.unwrap_or(d.tcti),
+        tcti,
+        access,
         read_command,
         advance_command,
         on_unreadable,

@@ -8,8 +8,9 @@
 //! validly signed, vulnerable release. A counter that only ever moves up,
 //! in storage the data partition does not hold, survives that.
 //!
-//! This module owns the [`Counter`] interface and its two implementations
-//! ([`tpm2`], [`command`]), and the pure rules the state machine applies:
+//! This module owns the [`Counter`] interface and its implementations
+//! ([`tpm2`] through tpm2-tools, [`tpm_direct`] speaking [`tpm_wire`]'s
+//! bytes to the TPM itself, [`command`]), and the pure rules the state machine applies:
 //! whether a release may be installed against a reading ([`admit`]), how
 //! many increments an advance may take ([`increments_needed`]) and what a
 //! start must advance the counter to ([`catch_up`]). It never decides
@@ -22,11 +23,13 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::child::{Failure, Watched};
-use crate::config::{CounterKind, OnUnreadable, Rollback};
+use crate::config::{CounterKind, OnUnreadable, Rollback, TpmAccess};
 use crate::error::{Error, Kind, Result};
 
 pub mod command;
 pub mod tpm2;
+pub mod tpm_direct;
+pub mod tpm_wire;
 
 /// The most increments one advance may take. A TPM NV counter can never
 /// be decreased or reset, so a security version far above the floor
@@ -57,10 +60,13 @@ pub trait Counter {
 pub fn from_config(cfg: &Rollback) -> Option<Box<dyn Counter>> {
     match cfg.counter {
         CounterKind::None => None,
-        CounterKind::Tpm2 => Some(Box::new(tpm2::Tpm2::new(
-            cfg.nv_index.unwrap_or(crate::config::DEFAULT_NV_INDEX),
-            &cfg.tcti,
-        ))),
+        CounterKind::Tpm2 => {
+            let index = cfg.nv_index.unwrap_or(crate::config::DEFAULT_NV_INDEX);
+            Some(match cfg.access {
+                TpmAccess::Tools => Box::new(tpm2::Tpm2::new(index, &cfg.tcti)),
+                TpmAccess::Direct => Box::new(tpm_direct::Tpm2Direct::new(index, &cfg.tcti)),
+            })
+        }
         CounterKind::Command => Some(Box::new(command::CommandCounter::new(
             cfg.read_command.clone(),
             cfg.advance_command.clone(),

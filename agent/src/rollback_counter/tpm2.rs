@@ -131,28 +131,39 @@ impl Counter for Tpm2 {
     }
 
     fn advance_to(&mut self, target: u64) -> Result<u64> {
-        let mut value = self.read()?;
-        let steps = increments_needed(value, target, &self.describe())?;
-        // One increment moves a counter by one, except the first, which
-        // starts it above the highest value any counter on this TPM had.
-        for _ in 0..steps.min(MAX_STEP) {
-            if value >= target {
-                break;
-            }
-            self.increment()?;
-            value = self.read()?;
-        }
-        if value < target {
-            return Err(Error::new(
-                Kind::Io,
-                format!(
-                    "{} is {value} after {steps} increments, still below {target}",
-                    self.describe()
-                ),
-            ));
-        }
-        Ok(value)
+        advance_by_increments(self, target, Tpm2::increment)
     }
+}
+
+/// Increment the NV counter `c` until it reads at least `target`, reading
+/// it back after each increment; its value then. Shared by both ways of
+/// reaching the TPM.
+pub(super) fn advance_by_increments<C: Counter>(
+    c: &mut C,
+    target: u64,
+    increment: fn(&mut C) -> Result<()>,
+) -> Result<u64> {
+    let mut value = c.read()?;
+    let steps = increments_needed(value, target, &c.describe())?;
+    // One increment moves a counter by one, except the first, which
+    // starts it above the highest value any counter on this TPM had.
+    for _ in 0..steps.min(MAX_STEP) {
+        if value >= target {
+            break;
+        }
+        increment(c)?;
+        value = c.read()?;
+    }
+    if value < target {
+        return Err(Error::new(
+            Kind::Io,
+            format!(
+                "{} is {value} after {steps} increments, still below {target}",
+                c.describe()
+            ),
+        ));
+    }
+    Ok(value)
 }
 
 /// Whether `tpm2_getcap handles-nv-index`'s list (`- 0x1500016` lines)

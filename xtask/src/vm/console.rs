@@ -15,6 +15,7 @@
 //! that process by its PID (never by name), and it must never decide what
 //! a scenario asserts.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -171,6 +172,18 @@ impl Vm {
         flash: &Path,
         log: &Path,
     ) -> Result<Vm> {
+        Vm::start_with(machine, name, disk, flash, log, &[])
+    }
+
+    /// [`Vm::start`] with `extra` arguments for QEMU (a TPM's devices).
+    pub fn start_with(
+        machine: &Machine,
+        name: &str,
+        disk: &Path,
+        flash: &Path,
+        log: &Path,
+        extra: &[OsString],
+    ) -> Result<Vm> {
         // In the temporary directory: a socket's path must stay short.
         let qmp = std::env::temp_dir().join(format!(
             "updraft-vm-{}-{}.qmp",
@@ -180,6 +193,7 @@ impl Vm {
         let _ = std::fs::remove_file(&qmp);
         let mut cmd = Command::new(machine.qemu);
         cmd.args(machine.qemu_args(disk, flash))
+            .args(extra)
             .arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", qmp.display()))
             .stdin(Stdio::piped())

@@ -164,6 +164,8 @@ pub struct Settings {
     pub ca_file: PathBuf,
     /// The release signing key's public half.
     pub release_key: PathBuf,
+    /// Sections appended to the configuration (`[rollback]`), or empty.
+    pub extra: String,
 }
 
 /// The Debian kernel a machine boots, fetched by [`super::debs`].
@@ -719,7 +721,8 @@ timeout = "60s"
 [system]
 reboot_command = ["reboot", "-f"]
 state_dir = "/data/updraft"
-"#,
+{extra}"#,
+        extra = s.extra,
         server = server_section(s),
         a = disk::SLOT_A.number,
         b = disk::SLOT_B.number,

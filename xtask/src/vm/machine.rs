@@ -107,6 +107,9 @@ pub const X86_64: Machine = Machine {
         // Its applet list names the links of the guest's busybox (the
         // same Debian package, fetched with the kernel).
         ("busybox-static", "/bin/busybox"),
+        // Scenario 11's TPM, and defining its NV counter from the host.
+        ("swtpm", "/usr/bin/swtpm"),
+        ("tpm2-tools", "/usr/bin/tpm2_nvdefine"),
     ],
 };
 

@@ -40,7 +40,13 @@
 //!     `deb_package.rs`): the previous build installed with dpkg, the unit
 //!     enabled but not started, degraded until configured, then idle; an
 //!     upgrade to this build keeping the edited conffile and the state;
-//!     `dpkg -r` and `dpkg -P` leaving the state directory alone.
+//!     `dpkg -r` and `dpkg -P` leaving the state directory alone;
+//! 11. the hardware rollback floor (x86_64, on a disk of its own,
+//!     `hw_floor.rs`): QEMU's TPM backed by swtpm on the host, updraft
+//!     speaking TPM 2.0 to `/dev/tpmrm0`; the counter advanced at the
+//!     commit of a release raising the security version, and after the
+//!     data partition is rewritten empty an older signed release refused
+//!     by the counter.
 //!
 //! Each scenario runs one QEMU machine (reboots happen inside it), asserts
 //! what the serial console showed, powers the guest off cleanly, and then
@@ -85,6 +91,9 @@ mod app_cuts;
 // Scenario 9, a device another updater's boot script boots, adopted.
 #[path = "adopt.rs"]
 mod adopt;
+// Scenario 11, the hardware rollback floor in QEMU's TPM.
+#[path = "hw_floor.rs"]
+mod hw_floor;
 
 pub use app_cuts::{AppCut, cut_summary as app_cut_summary};
 
@@ -236,6 +245,7 @@ impl Lab {
             report_url: format!("https://{HOST_FROM_GUEST}:{port}/report"),
             ca_file: nginx.ca_file().to_path_buf(),
             release_key: key.public.clone(),
+            extra: String::new(),
         };
         let guest = Guest::prepare(machine, guest_updraft, work)?;
         println!("kernel {}", guest.kernel.version);
@@ -410,6 +420,15 @@ impl Lab {
 
     /// Publish `r`, with a delta from each of `from`.
     fn publish(&mut self, r: &Release, from: &[&str]) -> Result {
+        self.publish_as(r, from, &[])
+    }
+
+    /// Publish `r` with more of the publisher's options (no delta).
+    fn publish_with(&mut self, r: &Release, options: &[&str]) -> Result {
+        self.publish_as(r, &[], options)
+    }
+
+    fn publish_as(&mut self, r: &Release, from: &[&str], options: &[&str]) -> Result {
         let img = self.image(r)?;
         let mut args: Vec<String> = vec![
             "release".into(),
@@ -426,6 +445,7 @@ impl Lab {
             "--out".into(),
             self.site.display().to_string(),
         ];
+        args.extend(options.iter().map(|o| o.to_string()));
         for v in from {
             let base = self
                 .images

@@ -155,6 +155,7 @@ impl Lab {
             report_url: self.settings.report_url.clone(),
             ca_file: self.settings.ca_file.clone(),
             release_key: self.settings.release_key.clone(),
+            extra: String::new(),
         };
         let t = Instant::now();
         let a = self.systemd_image(&base, V1, &settings)?;
