@@ -355,14 +355,17 @@ mod tests {
     fn collect_kills_the_whole_group_at_the_deadline() {
         // The grandchild holds the pipes; it must not outlive the deadline
         // nor keep the wait going.
-        let mut w = Watched::spawn_group(&mut sh("echo started >&2; sleep 30 & sleep 30"))
-            .expect("sh");
+        let mut w =
+            Watched::spawn_group(&mut sh("echo started >&2; sleep 30 & sleep 30")).expect("sh");
         let started = Instant::now();
         let f = w.collect(Duration::from_millis(500), 1024, &mut no_tick());
         let Err(Failure::TimedOut(stderr)) = f else {
             panic!("expected a timeout, got {f:?}");
         };
-        assert!(started.elapsed() < Duration::from_secs(20), "the deadline held");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the deadline held"
+        );
         assert_eq!(stderr.bytes, b"started\n");
         assert!(w.try_wait().expect("try_wait").is_some(), "reaped");
     }

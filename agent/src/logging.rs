@@ -223,7 +223,11 @@ fn journal_fields(record: &Record) -> Vec<(String, String)> {
     }
     struct Collect<'f>(&'f mut Vec<(String, String)>);
     impl<'kvs> VisitSource<'kvs> for Collect<'_> {
-        fn visit_pair(&mut self, key: kv::Key<'kvs>, value: kv::Value<'kvs>) -> Result<(), kv::Error> {
+        fn visit_pair(
+            &mut self,
+            key: kv::Key<'kvs>,
+            value: kv::Value<'kvs>,
+        ) -> Result<(), kv::Error> {
             let key = key.as_str();
             if !key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
                 return Ok(());

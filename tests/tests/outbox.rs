@@ -271,7 +271,9 @@ fn signed_reports_verify_and_a_crash_never_reuses_a_counter() {
 fn a_damaged_device_key_is_kept_shown_and_reports_go_unsigned() {
     updraft_tests::require!("nginx");
     let rig = ReportingRig::new("damaged-key");
-    let ReportingRig { server, mut dev, .. } = rig;
+    let ReportingRig {
+        server, mut dev, ..
+    } = rig;
     let collector = server.collector.as_ref().unwrap();
     let key_file = dev.state_dir.join("device-key.pem");
     let damaged = b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";

@@ -299,7 +299,14 @@ fn the_journal_catalog_compiles_and_lists_every_event_kind() {
             .lines()
             .find(|l| l.starts_with(kind.message_id))
             .unwrap_or_else(|| panic!("{} ({}) not listed:\n{listed}", kind.name, kind.message_id));
-        assert!(line.ends_with(&format!("updraft: {}", kind.subject)), "{line}");
+        assert!(
+            line.ends_with(&format!("updraft: {}", kind.subject)),
+            "{line}"
+        );
     }
-    assert_eq!(listed.lines().count(), updraft::events::KINDS.len(), "{listed}");
+    assert_eq!(
+        listed.lines().count(),
+        updraft::events::KINDS.len(),
+        "{listed}"
+    );
 }

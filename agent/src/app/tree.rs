@@ -223,13 +223,8 @@ pub fn write(
                     continue;
                 }
                 let parent = dirs.get(dir).map_err(at)?;
-                let fd = openat(
-                    parent,
-                    leaf,
-                    NEW_FILE_FLAGS,
-                    Mode::from_bits_truncate(mode),
-                )
-                .map_err(at)?;
+                let fd = openat(parent, leaf, NEW_FILE_FLAGS, Mode::from_bits_truncate(mode))
+                    .map_err(at)?;
                 let mut file = File::from(fd);
                 if style == Style::Generation {
                     // The umask must not narrow the listed mode.
@@ -312,13 +307,7 @@ fn open_regular(
     size: u64,
 ) -> Option<(File, std::fs::Metadata)> {
     let src_dir = from.get(dir).ok()?;
-    let fd = openat(
-        src_dir,
-        leaf,
-        READ_FLAGS,
-        Mode::empty(),
-    )
-    .ok()?;
+    let fd = openat(src_dir, leaf, READ_FLAGS, Mode::empty()).ok()?;
     let file = File::from(fd);
     let meta = file.metadata().ok()?;
     (meta.is_file() && meta.len() == size).then_some((file, meta))
@@ -394,19 +383,14 @@ fn link_same(
     if linkat(src_dir, leaf, dst_dir, leaf, AtFlags::empty()).is_err() {
         return Ok(false);
     }
-    let linked = openat(
-        dst_dir,
-        leaf,
-        READ_FLAGS,
-        Mode::empty(),
-    )
-    .ok()
-    .and_then(|fd| {
-        let meta = File::from(fd.try_clone().ok()?).metadata().ok()?;
-        (meta.is_file() && meta.mode() & 0o7777 == mode)
-            .then(|| hash_fd(fd, size).ok())
-            .flatten()
-    });
+    let linked = openat(dst_dir, leaf, READ_FLAGS, Mode::empty())
+        .ok()
+        .and_then(|fd| {
+            let meta = File::from(fd.try_clone().ok()?).metadata().ok()?;
+            (meta.is_file() && meta.mode() & 0o7777 == mode)
+                .then(|| hash_fd(fd, size).ok())
+                .flatten()
+        });
     if linked == Some((size, *sha256)) {
         return Ok(true);
     }

@@ -18,8 +18,8 @@
 use serde::{Deserialize, Serialize};
 
 pub mod component;
-pub mod provenance;
 pub mod encryption;
+pub mod provenance;
 
 use crate::envelope::{Envelope, Verified};
 use crate::error::{Error, Kind, Result};

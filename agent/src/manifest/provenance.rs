@@ -312,6 +312,7 @@ mod tests {
                 sha256: h("delta"),
             }],
             attestation: None,
+            encryption: None,
             slot: None,
             components: vec![Component {
                 name: "cfg".into(),
