@@ -82,18 +82,7 @@ pub fn keygen(prefix: &Path) -> Result<(PathBuf, PathBuf)> {
         "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
         encode_base64(&der)
     );
-    if let Some(dir) = key_path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&key_path)
-        .map_err(|e| format!("creating {}: {e}", key_path.display()))?;
-    f.write_all(pem.as_bytes())
-        .and_then(|_| f.sync_all())
-        .map_err(|e| format!("writing {}: {e}", key_path.display()))?;
+    write_secret(&key_path, pem.as_bytes())?;
     let public =
         PublicKey::from_bytes(signing.verifying_key().as_bytes()).map_err(|e| e.to_string())?;
     std::fs::write(&pub_path, public.to_pem())
@@ -117,21 +106,27 @@ pub fn keygen_recipient(prefix: &Path) -> Result<(PathBuf, PathBuf)> {
         }
     }
     let key = updraft::encrypt::SecretKey::generate().map_err(|e| e.to_string())?;
-    if let Some(dir) = key_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+    write_secret(&key_path, format!("{}\n", key.to_base64()).as_bytes())?;
+    std::fs::write(&pub_path, format!("{}\n", encode_base64(&key.public())))
+        .map_err(|e| format!("writing {}: {e}", pub_path.display()))?;
+    Ok((key_path, pub_path))
+}
+
+/// Create the secret key file `path` (its directory too) with mode 0600 and
+/// `contents`, durably; never over an existing file.
+fn write_secret(path: &Path, contents: &[u8]) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&key_path)
-        .map_err(|e| format!("creating {}: {e}", key_path.display()))?;
-    f.write_all(format!("{}\n", key.to_base64()).as_bytes())
+        .open(path)
+        .map_err(|e| format!("creating {}: {e}", path.display()))?;
+    f.write_all(contents)
         .and_then(|_| f.sync_all())
-        .map_err(|e| format!("writing {}: {e}", key_path.display()))?;
-    std::fs::write(&pub_path, format!("{}\n", encode_base64(&key.public())))
-        .map_err(|e| format!("writing {}: {e}", pub_path.display()))?;
-    Ok((key_path, pub_path))
+        .map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
 fn with_suffix(prefix: &Path, ext: &str) -> PathBuf {
