@@ -14,6 +14,28 @@ use std::time::{Duration, Instant};
 
 use crate::tmp::TempDir;
 
+/// What the swtpm tests run: the software TPM and the tpm2-tools calls the
+/// tests and the `tools` access make.
+pub const TOOLS: &[&str] = &[
+    "swtpm",
+    "tpm2_nvdefine",
+    "tpm2_nvread",
+    "tpm2_nvincrement",
+    "tpm2_getcap",
+    "tpm2_nvreadpublic",
+];
+
+/// Skip (or, with `CI=true`, fail) a test when a program of [`TOOLS`] is
+/// missing.
+#[macro_export]
+macro_rules! require_swtpm {
+    () => {{
+        if let Some(why) = $crate::prereq::unavailable($crate::swtpm::TOOLS) {
+            $crate::skip!("{why}");
+        }
+    }};
+}
+
 /// A running swtpm.
 pub struct Swtpm {
     child: Option<Child>,

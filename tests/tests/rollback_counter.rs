@@ -176,14 +176,7 @@ fn wipe_database(dev: &Device) {
 
 #[test]
 fn the_tpm_counter_advances_on_commit_only_never_for_a_download_a_trial_or_a_rollback() {
-    updraft_tests::require!(
-        "swtpm",
-        "tpm2_nvdefine",
-        "tpm2_nvread",
-        "tpm2_nvincrement",
-        "tpm2_getcap",
-        "tpm2_nvreadpublic"
-    );
+    updraft_tests::require_swtpm!();
     let tpm = Swtpm::start("floor-commit");
     tpm.define_counter(INDEX);
     let mut r = rig("floor-commit", &tpm2_section(&tpm, ""));
@@ -247,14 +240,7 @@ fn the_tpm_counter_advances_on_commit_only_never_for_a_download_a_trial_or_a_rol
 
 #[test]
 fn a_device_whose_database_is_wiped_refuses_an_older_signed_release_by_the_tpm_counter() {
-    updraft_tests::require!(
-        "swtpm",
-        "tpm2_nvdefine",
-        "tpm2_nvread",
-        "tpm2_nvincrement",
-        "tpm2_getcap",
-        "tpm2_nvreadpublic"
-    );
+    updraft_tests::require_swtpm!();
     let tpm = Swtpm::start("floor-wiped");
     tpm.define_counter(INDEX);
     let mut r = rig("floor-wiped", &tpm2_section(&tpm, ""));
@@ -289,14 +275,7 @@ fn a_device_whose_database_is_wiped_refuses_an_older_signed_release_by_the_tpm_c
 
 #[test]
 fn a_power_cut_between_the_commit_and_the_advance_is_caught_up_at_the_next_start() {
-    updraft_tests::require!(
-        "swtpm",
-        "tpm2_nvdefine",
-        "tpm2_nvread",
-        "tpm2_nvincrement",
-        "tpm2_getcap",
-        "tpm2_nvreadpublic"
-    );
+    updraft_tests::require_swtpm!();
     let mut tpm = Swtpm::start("floor-cut");
     tpm.define_counter(INDEX);
     let mut r = rig("floor-cut", &tpm2_section(&tpm, ""));
@@ -339,14 +318,7 @@ fn a_power_cut_between_the_commit_and_the_advance_is_caught_up_at_the_next_start
 
 #[test]
 fn a_counter_above_the_running_release_gates_installs_only_never_the_boot() {
-    updraft_tests::require!(
-        "swtpm",
-        "tpm2_nvdefine",
-        "tpm2_nvread",
-        "tpm2_nvincrement",
-        "tpm2_getcap",
-        "tpm2_nvreadpublic"
-    );
+    updraft_tests::require_swtpm!();
     let tpm = Swtpm::start("floor-above");
     tpm.define_counter(INDEX);
     let mut r = rig("floor-above", &tpm2_section(&tpm, ""));
@@ -388,14 +360,7 @@ fn a_counter_above_the_running_release_gates_installs_only_never_the_boot() {
 
 #[test]
 fn an_unreadable_counter_stops_installs_unless_allowed_and_status_says_so() {
-    updraft_tests::require!(
-        "swtpm",
-        "tpm2_nvdefine",
-        "tpm2_nvread",
-        "tpm2_nvincrement",
-        "tpm2_getcap",
-        "tpm2_nvreadpublic"
-    );
+    updraft_tests::require_swtpm!();
     let mut tpm = Swtpm::start("floor-gone");
     tpm.define_counter(INDEX);
     let mut r = rig("floor-gone", &tpm2_section(&tpm, ""));
