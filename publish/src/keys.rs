@@ -61,16 +61,7 @@ impl Key {
 /// overwrite an existing key.
 pub fn keygen(prefix: &Path) -> Result<(PathBuf, PathBuf)> {
     use ring::rand::SecureRandom;
-    let key_path = with_suffix(prefix, "key");
-    let pub_path = with_suffix(prefix, "pub");
-    for p in [&key_path, &pub_path] {
-        if p.exists() {
-            return Err(format!(
-                "{} exists: refusing to overwrite a key",
-                p.display()
-            ));
-        }
-    }
+    let (key_path, pub_path) = new_pair_paths(prefix)?;
     let mut seed = [0u8; 32];
     ring::rand::SystemRandom::new()
         .fill(&mut seed)
@@ -95,16 +86,7 @@ pub fn keygen(prefix: &Path) -> Result<(PathBuf, PathBuf)> {
 /// `PREFIX.pub` (the base64 public key, a line of a recipient list).
 /// Never overwrites a file.
 pub fn keygen_recipient(prefix: &Path) -> Result<(PathBuf, PathBuf)> {
-    let key_path = with_suffix(prefix, "key");
-    let pub_path = with_suffix(prefix, "pub");
-    for p in [&key_path, &pub_path] {
-        if p.exists() {
-            return Err(format!(
-                "{} exists: refusing to overwrite a key",
-                p.display()
-            ));
-        }
-    }
+    let (key_path, pub_path) = new_pair_paths(prefix)?;
     let key = updraft::encrypt::SecretKey::generate().map_err(|e| e.to_string())?;
     write_secret(&key_path, format!("{}\n", key.to_base64()).as_bytes())?;
     std::fs::write(&pub_path, format!("{}\n", encode_base64(&key.public())))
@@ -127,6 +109,21 @@ fn write_secret(path: &Path, contents: &[u8]) -> Result<()> {
     f.write_all(contents)
         .and_then(|_| f.sync_all())
         .map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// `PREFIX.key` and `PREFIX.pub`, refused when either exists.
+fn new_pair_paths(prefix: &Path) -> Result<(PathBuf, PathBuf)> {
+    let key_path = with_suffix(prefix, "key");
+    let pub_path = with_suffix(prefix, "pub");
+    for p in [&key_path, &pub_path] {
+        if p.exists() {
+            return Err(format!(
+                "{} exists: refusing to overwrite a key",
+                p.display()
+            ));
+        }
+    }
+    Ok((key_path, pub_path))
 }
 
 fn with_suffix(prefix: &Path, ext: &str) -> PathBuf {
