@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use ed25519_dalek::{Signer, SigningKey};
 
-use crate::fsutil::atomic_write;
+use crate::fsutil::{KeyFileError, load_or_make_key};
 use crate::keys::{PublicKey, encode_base64, pem_body};
 
 /// The private key's file name in `system.state_dir`.
@@ -152,47 +152,38 @@ fn paths(state_dir: &Path) -> (PathBuf, PathBuf) {
 /// file that cannot be read or parsed is left as it is and reported.
 pub fn load_or_create(state_dir: &Path) -> Identity {
     let (key_path, pub_path) = paths(state_dir);
-    let key = match std::fs::read_to_string(&key_path) {
-        Ok(text) => match DeviceKey::from_pem(&text) {
-            Ok(k) => k,
-            Err(e) => return unusable(&key_path, &e),
+    let loaded = load_or_make_key(
+        &key_path,
+        &pub_path,
+        DeviceKey::from_pem,
+        || {
+            let seed = crate::random::bytes::<32>().map_err(|e| e.to_string())?;
+            let key = DeviceKey::from_seed(&seed)?;
+            let pem = key.to_pem();
+            Ok((key, pem))
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match create(&key_path) {
-            Ok(k) => {
+        |k| k.public().to_pem(),
+    );
+    match loaded {
+        Ok((key, made)) => {
+            if made {
                 log::info!(
                     "made device key {} (key id {}) for signing reports",
                     key_path.display(),
-                    k.public().keyid()
+                    key.public().keyid()
                 );
-                k
             }
-            Err(e) => return unusable(&key_path, &e),
-        },
-        Err(e) => return unusable(&key_path, &e.to_string()),
-    };
-    let key = Box::new(key);
-    // The public half for readers that may not read the key; rewritten
-    // from the key when missing or different (the key is what counts).
-    let public = key.public().to_pem();
-    if std::fs::read_to_string(&pub_path).ok().as_deref() != Some(public.as_str()) {
-        if let Err(e) = atomic_write(&pub_path, public.as_bytes(), 0o644) {
-            log::warn!("device key: writing {}: {e}", pub_path.display());
+            Identity::Usable(Box::new(key))
         }
+        Err(KeyFileError::Read(e)) => unusable(&key_path, &e.to_string()),
+        Err(KeyFileError::Parse(e) | KeyFileError::Make(e)) => unusable(&key_path, &e),
     }
-    Identity::Usable(key)
 }
 
 fn unusable(path: &Path, why: &str) -> Identity {
     let why = format!("device key {}: {why}", path.display());
     log::warn!("{why}; reports are sent unsigned (the file is left as it is)");
     Identity::Unusable(why)
-}
-
-fn create(path: &Path) -> std::result::Result<DeviceKey, String> {
-    let seed = crate::random::bytes::<32>().map_err(|e| e.to_string())?;
-    let key = DeviceKey::from_seed(&seed)?;
-    atomic_write(path, key.to_pem().as_bytes(), 0o600).map_err(|e| e.to_string())?;
-    Ok(key)
 }
 
 /// The identity as a reader that must not make a key sees it (the offline

@@ -347,47 +347,49 @@ pub fn device_key() -> Option<&'static SecretKey> {
 /// encrypted. Logs the key when it is made, and a key that cannot be
 /// used.
 pub fn load_or_create(state_dir: &Path) {
-    let fresh = !state_dir.join(KEY_FILE).exists();
-    let (line, key) = load(state_dir);
+    let (line, key, made) = load(state_dir);
     match &key {
         None => log::warn!("{line}"),
-        Some(_) if fresh => log::info!("made {line}"),
+        Some(_) if made => log::info!("made {line}"),
         Some(_) => log::debug!("{line}"),
     }
     let _ = DEVICE.set(key);
 }
 
-fn load(state_dir: &Path) -> (String, Option<SecretKey>) {
+/// The key, the line that describes it (or why there is none), and whether
+/// it was made now.
+fn load(state_dir: &Path) -> (String, Option<SecretKey>, bool) {
     let path = state_dir.join(KEY_FILE);
-    let key = match std::fs::read_to_string(&path) {
-        Ok(text) => SecretKey::from_base64(&text).map_err(|e| format!("{}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => SecretKey::generate()
-            .and_then(|k| {
-                crate::fsutil::atomic_write(
-                    &path,
-                    format!("{}\n", k.to_base64()).as_bytes(),
-                    0o600,
-                )?;
-                Ok(k)
-            })
-            .map_err(|e| format!("creating {}: {e}", path.display())),
-        Err(e) => Err(format!("reading {}: {e}", path.display())),
-    };
-    match key {
-        Ok(k) => {
-            let public = encode_base64(&k.public);
-            // Written when missing or stale only: no write per start.
-            let pub_path = state_dir.join(PUB_FILE);
-            let text = format!("{public}\n");
-            if std::fs::read_to_string(&pub_path).ok().as_deref() != Some(text.as_str()) {
-                let _ = crate::fsutil::atomic_write(&pub_path, text.as_bytes(), 0o644);
-            }
-            (
-                format!("device encryption key {} (recipient id {})", public, k.id()),
-                Some(k),
-            )
+    let loaded = crate::fsutil::load_or_make_key(
+        &path,
+        &state_dir.join(PUB_FILE),
+        |text| SecretKey::from_base64(text).map_err(|e| e.to_string()),
+        || {
+            let k = SecretKey::generate().map_err(|e| e.to_string())?;
+            let text = format!("{}\n", k.to_base64());
+            Ok((k, text))
+        },
+        |k| format!("{}\n", encode_base64(&k.public)),
+    );
+    use crate::fsutil::KeyFileError;
+    match loaded {
+        Ok((k, made)) => (
+            format!(
+                "device encryption key {} (recipient id {})",
+                encode_base64(&k.public),
+                k.id()
+            ),
+            Some(k),
+            made,
+        ),
+        Err(e) => {
+            let why = match e {
+                KeyFileError::Parse(e) => format!("{}: {e}", path.display()),
+                KeyFileError::Make(e) => format!("creating {}: {e}", path.display()),
+                KeyFileError::Read(e) => format!("reading {}: {e}", path.display()),
+            };
+            (format!("no device encryption key: {why}"), None, false)
         }
-        Err(e) => (format!("no device encryption key: {e}"), None),
     }
 }
 
@@ -608,7 +610,7 @@ mod tests {
     #[test]
     fn the_device_key_is_made_once_private_and_kept() {
         let dir = crate::test_support::scratch_dir("encrypt", "device-key");
-        let (line, k) = load(&dir);
+        let (line, k, _) = load(&dir);
         let k = k.unwrap();
         assert!(line.contains(&k.id().to_hex()), "{line}");
         use std::os::unix::fs::PermissionsExt;
@@ -617,11 +619,11 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
-        let (_, again) = load(&dir);
+        let (_, again, _) = load(&dir);
         assert_eq!(again.unwrap().public(), k.public());
         assert_eq!(inspect(&dir).unwrap(), encode_base64(&k.public()));
         std::fs::write(dir.join(KEY_FILE), "garbage\n").unwrap();
-        let (line, none) = load(&dir);
+        let (line, none, _) = load(&dir);
         assert!(none.is_none() && line.contains(KEY_FILE), "{line}");
         assert_eq!(
             std::fs::read_to_string(dir.join(KEY_FILE)).unwrap(),

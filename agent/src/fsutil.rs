@@ -115,6 +115,50 @@ pub fn ensure_dir(dir: &Path, mode: u32) -> Result<()> {
         .with_context(|| format!("creating directory {}", dir.display()))
 }
 
+/// Why [`load_or_make_key`] has no key.
+#[derive(Debug)]
+pub(crate) enum KeyFileError {
+    /// The secret file is there but cannot be read.
+    Read(std::io::Error),
+    /// The secret file is there but does not hold a key.
+    Parse(String),
+    /// There was none, and making one failed.
+    Make(String),
+}
+
+/// A device key kept as a secret file (mode 0600) beside its public half
+/// (0644): the secret read and parsed with `parse`, or, when there is none,
+/// made by `make` (the key and the file's text) and written atomically;
+/// an existing file that cannot be read or parsed is never replaced. The
+/// public file is rewritten from the key (`public_text`) only when missing
+/// or different, so a start writes nothing. Also whether the key was made
+/// now.
+pub(crate) fn load_or_make_key<K>(
+    secret: &Path,
+    public: &Path,
+    parse: impl FnOnce(&str) -> std::result::Result<K, String>,
+    make: impl FnOnce() -> std::result::Result<(K, String), String>,
+    public_text: impl FnOnce(&K) -> String,
+) -> std::result::Result<(K, bool), KeyFileError> {
+    let (key, made) = match std::fs::read_to_string(secret) {
+        Ok(text) => (parse(&text).map_err(KeyFileError::Parse)?, false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let (key, text) = make().map_err(KeyFileError::Make)?;
+            atomic_write(secret, text.as_bytes(), 0o600)
+                .map_err(|e| KeyFileError::Make(e.to_string()))?;
+            (key, true)
+        }
+        Err(e) => return Err(KeyFileError::Read(e)),
+    };
+    let text = public_text(&key);
+    if std::fs::read_to_string(public).ok().as_deref() != Some(text.as_str()) {
+        if let Err(e) = atomic_write(public, text.as_bytes(), 0o644) {
+            log::warn!("writing {}: {e}", public.display());
+        }
+    }
+    Ok((key, made))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
